@@ -1,0 +1,45 @@
+"""Request and response bodies (msgspec Structs; unknown fields are refused)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class NewThread(msgspec.Struct, forbid_unknown_fields=True):
+    title: str = msgspec.field(default="New chat")
+    workspace: str | None = None
+
+
+class NewMessage(msgspec.Struct, forbid_unknown_fields=True):
+    content: str
+    background: bool | None = None  # finish the turn even if the client disconnects
+
+
+class Login(msgspec.Struct, forbid_unknown_fields=True):
+    token: str | None = None
+    code: str | None = None
+
+
+class ThreadOut(msgspec.Struct):
+    id: str
+    workspace: str
+    title: str
+    created: float
+    updated: float
+    running: bool = False
+
+
+class ThreadDetail(msgspec.Struct):
+    thread: ThreadOut
+    records: list[dict[str, Any]]
+    has_more: bool
+
+
+class MeOut(msgspec.Struct):
+    id: str
+    name: str
+    workspaces: list[str]
+    permissions: list[str]
+    model: dict[str, Any]

@@ -1,0 +1,110 @@
+"""Thread endpoints: create, list, read, delete, post a message (SSE), cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+import msgspec
+from litestar import Controller, Request, delete, get, post
+from litestar.exceptions import ClientException, NotFoundException
+from litestar.params import Parameter
+from litestar.response import ServerSentEvent
+from litestar.response.sse import ServerSentEventMessage
+
+from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut
+from datadesk.chat.loop import start_turn
+from datadesk.chat.runtime import Runtime
+from datadesk.chat.turns import RunningTurn
+from datadesk.domain.ids import check_id
+from datadesk.domain.records import ThreadMeta
+from datadesk.domain.users import User
+from datadesk.store.threads import ThreadHandle
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 100_000
+
+
+def thread_out(rt: Runtime, meta: ThreadMeta) -> ThreadOut:
+    return ThreadOut(id=meta.id, workspace=meta.workspace, title=meta.title, created=meta.created,
+                     updated=meta.updated, running=rt.turns.get(meta.id) is not None)
+
+
+def find_thread(rt: Runtime, user: User, tid: str) -> ThreadHandle:
+    check_id(tid, "thread")
+    return rt.threads.get(tid, user.id, user.workspaces)
+
+
+class ThreadController(Controller):
+    path = "/api/threads"
+
+    @post("/", status_code=201)
+    async def create_thread(self, data: NewThread, user: User, rt: Runtime) -> ThreadOut:
+        ws = data.workspace or user.workspaces[0]
+        check_id(ws, "workspace")
+        if ws not in user.workspaces:
+            # not a member: same answer as a workspace that does not exist
+            raise NotFoundException(f"workspace {ws!r} not found")
+        handle = rt.threads.create(ws, user.id, data.title.strip() or "New chat")
+        return thread_out(rt, handle.meta)
+
+    @get("/")
+    async def list_threads(self, user: User, rt: Runtime) -> list[ThreadOut]:
+        return [thread_out(rt, m) for m in rt.threads.list(user.id, user.workspaces)]
+
+    @get("/{tid:str}")
+    async def get_thread(
+        self, tid: str, user: User, rt: Runtime,
+        limit: int = Parameter(default=200, ge=1, le=1000, description="newest records to return"),
+    ) -> ThreadDetail:
+        handle = find_thread(rt, user, tid)
+        records = handle.log.tail(limit + 1)
+        has_more = len(records) > limit
+        records = records[-limit:]
+        return ThreadDetail(thread=thread_out(rt, handle.meta),
+                            records=[msgspec.to_builtins(r) for r in records], has_more=has_more)
+
+    @delete("/{tid:str}", status_code=204)
+    async def delete_thread(self, tid: str, user: User, rt: Runtime) -> None:
+        handle = find_thread(rt, user, tid)
+        await rt.turns.cancel(handle.id)
+        rt.threads.delete(handle)
+
+    @post("/{tid:str}/cancel", status_code=200)
+    async def cancel_turn(self, tid: str, user: User, rt: Runtime) -> dict[str, Any]:
+        handle = find_thread(rt, user, tid)
+        cancelled = await rt.turns.cancel(handle.id)
+        return {"cancelled": cancelled, "thread": handle.id}
+
+    @post("/{tid:str}/messages", status_code=200)
+    async def post_message(self, tid: str, data: NewMessage, user: User, rt: Runtime,
+                           request: Request) -> ServerSentEvent:
+        handle = find_thread(rt, user, tid)
+        text = data.content.strip()
+        if not text:
+            raise ClientException("message content is empty")
+        if len(text) > MAX_MESSAGE_CHARS:
+            raise ClientException(f"message is too long ({len(text)} chars; limit {MAX_MESSAGE_CHARS})")
+        background = rt.settings.chat.finish_in_background if data.background is None else data.background
+        turn = await start_turn(rt, handle, user, text, background)
+        return ServerSentEvent(_stream(turn), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _stream(turn: RunningTurn) -> AsyncIterator[ServerSentEventMessage]:
+    """Drain the turn's events; on client disconnect cancel it unless it runs in the background."""
+    done = False
+    try:
+        while True:
+            ev = await turn.queue.get()
+            yield ServerSentEventMessage(data=msgspec.json.encode(ev.data).decode(), event=ev.type)
+            if ev.type == "done":
+                done = True
+                return
+    finally:
+        if not done and not turn.background and turn.task is not None and not turn.task.done():
+            log.info("client left turn %s: cancelling", turn.turn_id)
+            turn.task.cancel()
+            # let the cancelled turn record its state before the request ends
+            await asyncio.wait([turn.task], timeout=10)

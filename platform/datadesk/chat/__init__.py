@@ -1,0 +1,1 @@
+"""The turn loop: context -> model -> tools -> records -> events."""

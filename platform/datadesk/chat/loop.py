@@ -1,0 +1,201 @@
+"""One turn: user record -> context -> model -> tools -> records -> repeat -> answer.
+
+Every step is recorded as it completes, so a crash or a cancel leaves a log
+the next turn can continue from: an assistant record with tool calls is
+always followed by one tool record per call (a cancelled call gets a
+`cancelled` record), and a reply stopped mid-stream is kept with its partial
+text and status `cancelled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import msgspec
+
+from datadesk.chat.runtime import Runtime
+from datadesk.chat.turns import RunningTurn
+from datadesk.context.window import BASE_RULES, build_messages, manifest
+from datadesk.domain.records import Record, ToolCall
+from datadesk.domain.users import User
+from datadesk.llm.base import ModelDelta, ModelError, ModelReply
+from datadesk.llm.tokens import count_messages
+from datadesk.store.threadlog import LogClosed
+from datadesk.store.threads import ThreadHandle
+from datadesk.tools.registry import ToolContext, ToolResult
+
+log = logging.getLogger(__name__)
+
+PREVIEW_CHARS = 2_000
+
+
+def system_prompt(rt: Runtime, workspace: str) -> str:
+    cfg, _ = rt.workspace(workspace)
+    parts = [BASE_RULES]
+    if cfg.prompt.strip():
+        parts.append("## Workspace\n" + cfg.prompt.strip())
+    return "\n\n".join(parts)
+
+
+class TurnLoop:
+    """Runs one turn of one thread, emitting events on `turn` and appending records."""
+
+    def __init__(self, rt: Runtime, turn: RunningTurn, handle: ThreadHandle, user: User) -> None:
+        self.rt = rt
+        self.turn = turn
+        self.handle = handle
+        self.user = user
+        self.log = handle.log
+        self.settings = rt.settings.chat
+
+    def _append(self, **fields: Any) -> Record:
+        fields.setdefault("turn_id", self.turn.turn_id)
+        return self.log.append(lambda seq: Record(seq=seq, ts=time.time(), **fields))
+
+    async def run(self, text: str) -> None:
+        status = "ok"
+        try:
+            self._append(role="user", content=text)
+            if self.handle.meta.title == "New chat":
+                self.rt.threads.touch(self.handle, title=text.strip().splitlines()[0][:80] or None)
+            status = await self._steps()
+        except asyncio.CancelledError:
+            status = "cancelled"
+            self.turn.emit("error", kind="cancelled", message="the turn was cancelled; what completed is kept")
+        except LogClosed as exc:
+            status = "error"
+            self.turn.emit("error", kind="thread_gone", message=str(exc))
+        except Exception as exc:  # never lose the stream without saying why
+            log.exception("turn %s failed", self.turn.turn_id)
+            status = "error"
+            self.turn.emit("error", kind="internal", message=f"internal error ({type(exc).__name__})")
+        finally:
+            try:
+                self.rt.threads.touch(self.handle)
+            except Exception:
+                pass
+            self.turn.emit("done", turn_id=self.turn.turn_id, status=status)
+
+    async def _steps(self) -> str:
+        specs = self.rt.tools.permitted(self.user.permission_set)
+        tools = [s.openai_schema() for s in specs]
+        prompt = system_prompt(self.rt, self.handle.meta.workspace)
+        for step in range(1, self.settings.max_steps + 1):
+            messages, records, stats = build_messages(
+                prompt, self.log, self.settings.history_budget_tokens, count_messages
+            )
+            self._write_manifest(step, records, messages, [s.name for s in specs], stats)
+            reply = await self._call_model(messages, tools)
+            if reply is None:
+                return "error"
+            if not reply.tool_calls:
+                rec = self._append(role="assistant", content=reply.content, model=reply.model or self.rt.model.name,
+                                   usage=reply.usage, provider_fields=reply.provider_fields)
+                self.turn.emit("message.completed", seq=rec.seq, content=rec.content, model=rec.model,
+                               usage=msgspec.to_builtins(rec.usage) if rec.usage else None)
+                return "ok"
+            calls = _unique_ids(reply.tool_calls)
+            self._append(role="assistant", content=reply.content, tool_calls=calls,
+                         model=reply.model or self.rt.model.name, usage=reply.usage,
+                         provider_fields=reply.provider_fields)
+            await self._run_tools(calls)
+        rec = self._append(role="assistant", status="error",
+                           content=f"I stopped after {self.settings.max_steps} tool rounds without a final answer.",
+                           meta={"error": "step_limit"})
+        self.turn.emit("error", kind="step_limit", message=rec.content)
+        return "error"
+
+    async def _call_model(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply | None:
+        parts: list[str] = []
+        try:
+            async for ev in self.rt.model.stream(messages, tools):
+                if isinstance(ev, ModelDelta):
+                    parts.append(ev.text)
+                    self.turn.emit("message.delta", text=ev.text)
+                elif isinstance(ev, ModelReply):
+                    return ev
+            raise ModelError("the model stream ended without a reply")
+        except asyncio.CancelledError:
+            self._append(role="assistant", content="".join(parts), status="cancelled",
+                         model=self.rt.model.name)
+            raise
+        except ModelError as exc:
+            self._append(role="assistant", content="".join(parts), status="error",
+                         model=self.rt.model.name, meta={"error": str(exc), "kind": type(exc).__name__})
+            self.turn.emit("error", kind="model", message=str(exc))
+            return None
+
+    async def _run_tools(self, calls: list[ToolCall]) -> None:
+        recorded: set[str] = set()
+
+        async def one(call: ToolCall) -> None:
+            self.turn.emit("tool.started", call_id=call.id, name=call.name, arguments=call.arguments)
+            started = time.perf_counter()
+            ctx = ToolContext(
+                workspace=self.handle.meta.workspace, user=self.user.id, thread=self.handle.id,
+                permissions=self.user.permission_set,
+                workspace_dir=self.rt.layout.workspace_dir(self.handle.meta.workspace),
+                thread_dir=self.handle.dir, call_id=call.id,
+            )
+            try:
+                result = await asyncio.wait_for(
+                    self.rt.tools.run(call.name, call.arguments, ctx), self.settings.tool_timeout_s
+                )
+            except asyncio.TimeoutError:
+                result = ToolResult(f"{call.name} timed out after {self.settings.tool_timeout_s:g} s", is_error=True)
+            ms = round((time.perf_counter() - started) * 1000, 1)
+            rec = self._append(role="tool", tool_call_id=call.id, name=call.name, content=result.content,
+                               status="error" if result.is_error else "ok",
+                               meta={"duration_ms": ms, **result.meta} if result.meta else {"duration_ms": ms})
+            recorded.add(call.id)
+            self.turn.emit("tool.finished", call_id=call.id, name=call.name, ok=not result.is_error,
+                           seq=rec.seq, duration_ms=ms, preview=result.content[:PREVIEW_CHARS],
+                           **({"meta": result.meta} if result.meta else {}))
+
+        try:
+            await asyncio.gather(*(one(c) for c in calls))
+        except asyncio.CancelledError:
+            for call in calls:
+                if call.id not in recorded:
+                    self._append(role="tool", tool_call_id=call.id, name=call.name, status="cancelled",
+                                 content="cancelled: the user stopped the turn before this call finished")
+            raise
+
+    def _write_manifest(self, step: int, records: list[Record], messages: list[dict[str, Any]],
+                        tools: list[str], stats: dict[str, int]) -> None:
+        m = manifest(self.turn.turn_id, step, self.rt.model.name, records, messages, tools,
+                     count_messages(messages), stats)
+        with open(self.handle.dir / "context.jsonl", "ab") as fh:
+            fh.write(msgspec.json.encode(m) + b"\n")
+
+
+def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:
+    """Give every call a distinct, valid id (some servers send none or repeat them)."""
+    from datadesk.domain.ids import ID_PATTERN, new_id
+
+    seen: set[str] = set()
+    out = []
+    for c in calls:
+        cid = c.id if c.id and ID_PATTERN.fullmatch(c.id) and c.id not in seen else new_id("call_")
+        seen.add(cid)
+        out.append(ToolCall(id=cid, name=c.name, arguments=c.arguments))
+    return out
+
+
+async def start_turn(rt: Runtime, handle: ThreadHandle, user: User, text: str, background: bool) -> RunningTurn:
+    """Reserve the thread (409/429 if not possible) and start the turn task."""
+    turn = rt.turns.reserve(handle.id, user.id)
+    turn.background = background
+    loop = TurnLoop(rt, turn, handle, user)
+
+    async def runner() -> None:
+        try:
+            await loop.run(text)
+        finally:
+            rt.turns.release(turn)
+
+    turn.task = asyncio.create_task(runner(), name=f"turn-{turn.turn_id}")
+    return turn

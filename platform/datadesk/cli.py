@@ -1,0 +1,153 @@
+"""`datadesk serve | users ...`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+from datadesk.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger("datadesk")
+
+FIRST_ADMIN = "admin"
+ALL_PERMISSIONS = ["admin", "code_execution", "memory"]
+
+
+def build_model(settings: Settings):
+    """The configured LLM, or the clearly labelled scripted demo when none is configured."""
+    if settings.llm_configured:
+        from datadesk.llm.client import OpenAIChatModel
+
+        return OpenAIChatModel(settings.llm)
+    from datadesk.llm.scripted import demo_model
+
+    return demo_model()
+
+
+def bootstrap(settings: Settings) -> tuple[bool, str | None]:
+    """Create the data dir, the demo workspace and the first admin. Returns (created_admin, token)."""
+    from datadesk.store.layout import Layout
+    from datadesk.store.users import UserStore
+    from datadesk.store.workspaces import ensure_demo_workspace
+
+    layout = Layout(settings.home)
+    layout.home.mkdir(parents=True, exist_ok=True)
+    if ensure_demo_workspace(layout):
+        log.info("created the demo workspace in %s", layout.workspace_dir("demo"))
+    users = UserStore(layout)
+    if not users.list():
+        _, token = users.add(FIRST_ADMIN, ["demo"], ALL_PERMISSIONS)
+        return True, token
+    return False, None
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from datadesk.api.app import create_app
+    from datadesk.api.auth import RedactSecrets
+    from datadesk.chat.runtime import Runtime
+
+    if args.host:
+        settings.server.host = args.host
+    if args.port:
+        settings.server.port = args.port
+    created, token = bootstrap(settings)
+    rt = Runtime(settings=settings, model=build_model(settings))
+    admin = next((u for u in rt.users.list() if "admin" in u.permissions and not u.revoked), None)
+    host, port = settings.server.host, settings.server.port
+    base = settings.server.public_url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    print(f"DataDesk {rt.model_info()['name']} | data: {rt.layout.home}", flush=True)
+    if rt.model.is_demo:
+        print("  demo model, no LLM configured: set DATADESK_LLM_BASE_URL / DATADESK_LLM_API_KEY / "
+              "DATADESK_LLM_MODEL to use a real one", flush=True)
+    if admin is not None:
+        code = rt.users.new_login_code(admin.id, settings.auth.login_code_ttl_s)
+        print(f"  open this one-time login URL:\n\n    {base}/login?code={code}\n", flush=True)
+    if created and token:
+        print(f"  API token of user '{FIRST_ADMIN}' (shown once): {token}\n", flush=True)
+    config = uvicorn.Config(create_app(rt), host=host, port=port, proxy_headers=False, log_level="info")
+    for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
+        logging.getLogger(name).addFilter(RedactSecrets())
+    uvicorn.Server(config).run()
+    return 0
+
+
+def cmd_users(args: argparse.Namespace, settings: Settings) -> int:
+    from datadesk.store.layout import Layout
+    from datadesk.store.users import UserError, UserStore
+
+    users = UserStore(Layout(settings.home))
+    try:
+        if args.users_cmd == "add":
+            perms = []
+            if args.can_execute_code:
+                perms.append("code_execution")
+            if args.admin:
+                perms.append("admin")
+            if args.memory:
+                perms.append("memory")
+            user, token = users.add(args.name, args.workspace, perms)
+            print(f"created user {user.id} (workspaces: {', '.join(user.workspaces)}; "
+                  f"permissions: {', '.join(user.permissions) or 'none'})")
+            print(f"API token (shown once, store it now): {token}")
+        elif args.users_cmd == "list":
+            for u in users.list():
+                state = "revoked" if u.revoked else "active"
+                print(f"{u.id}\t{state}\t{','.join(u.workspaces)}\t{','.join(u.permissions) or '-'}")
+        elif args.users_cmd == "revoke":
+            users.revoke(args.name)
+            print(f"revoked user {args.name}: all tokens and sessions stopped working")
+        elif args.users_cmd == "login-url":
+            code = users.new_login_code(args.name, settings.auth.login_code_ttl_s)
+            base = settings.server.public_url or f"http://{settings.server.host}:{settings.server.port}"
+            print(f"{base}/login?code={code}")
+        elif args.users_cmd == "token":
+            print(users.new_token(args.name))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="datadesk", description="Self-hosted data-analysis chat.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="run the web app (creates ./var and a demo workspace on first start)")
+    s.add_argument("--host", help="listen address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="listen port (default 8000)")
+    u = sub.add_parser("users", help="manage users and tokens")
+    us = u.add_subparsers(dest="users_cmd", required=True)
+    a = us.add_parser("add", help="add a user and print its API token once")
+    a.add_argument("name")
+    a.add_argument("--workspace", action="append", required=True, help="workspace (repeat for several)")
+    a.add_argument("--can-execute-code", action="store_true", help="grant the code_execution permission")
+    a.add_argument("--admin", action="store_true", help="grant the admin permission")
+    a.add_argument("--memory", action="store_true", help="grant the memory permission")
+    us.add_parser("list", help="list users")
+    r = us.add_parser("revoke", help="revoke a user's tokens and sessions")
+    r.add_argument("name")
+    lu = us.add_parser("login-url", help="print a one-time login URL for a user")
+    lu.add_argument("name")
+    t = us.add_parser("token", help="issue an additional API token for a user")
+    t.add_argument("name")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.cmd == "serve":
+        return cmd_serve(args, settings)
+    return cmd_users(args, settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

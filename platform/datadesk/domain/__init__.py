@@ -1,0 +1,1 @@
+"""Plain records shared by every layer (no I/O, no framework imports)."""

@@ -1,0 +1,1 @@
+"""Model access: the OpenAI-compatible client, the scripted model, token counting."""

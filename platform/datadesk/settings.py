@@ -1,0 +1,144 @@
+"""One `Settings` object, read once (environment + optional TOML), passed down.
+
+Precedence: explicit constructor values (tests) > environment > TOML file >
+defaults. The TOML file is `$DATADESK_CONFIG`, else `$DATADESK_HOME/datadesk.toml`
+if it exists. Its tables mirror the sub-settings: `[llm]`, `[chat]`, `[sql]`,
+`[server]`, `[auth]`. Every field is documented in the README (a test checks).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+import msgspec
+
+
+class LLMSettings(msgspec.Struct, forbid_unknown_fields=True):
+    base_url: str | None = None
+    api_key: str | None = None
+    model: str = "gpt-4o-mini"
+    timeout_s: float = 120.0
+    max_retries: int = 3
+    retry_backoff_s: float = 0.5
+    temperature: float | None = None
+
+
+class ChatSettings(msgspec.Struct, forbid_unknown_fields=True):
+    max_steps: int = 12
+    max_turns_per_user: int = 2
+    history_budget_tokens: int = 32_000
+    finish_in_background: bool = False
+    tool_timeout_s: float = 120.0
+
+
+class SQLSettings(msgspec.Struct, forbid_unknown_fields=True):
+    timeout_s: float = 30.0
+    max_rows: int = 100_000
+    result_chars: int = 8_000
+
+
+class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 1_048_576
+    public_url: str | None = None
+
+
+class AuthSettings(msgspec.Struct, forbid_unknown_fields=True):
+    login_attempts_per_minute: int = 10
+    session_ttl_s: int = 7 * 24 * 3600
+    login_code_ttl_s: int = 24 * 3600
+    cookie_secure: bool = False
+
+
+class Settings(msgspec.Struct, forbid_unknown_fields=True):
+    home: Path = Path("var")
+    llm: LLMSettings = msgspec.field(default_factory=LLMSettings)
+    chat: ChatSettings = msgspec.field(default_factory=ChatSettings)
+    sql: SQLSettings = msgspec.field(default_factory=SQLSettings)
+    server: ServerSettings = msgspec.field(default_factory=ServerSettings)
+    auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
+
+    @property
+    def llm_configured(self) -> bool:
+        return bool(self.llm.base_url or self.llm.api_key)
+
+
+class SettingsError(ValueError):
+    """A bad setting: names the source (file or variable), the key and what is wrong."""
+
+
+# Environment variables that map to one setting each (documented in the README).
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "DATADESK_LLM_BASE_URL": ("llm", "base_url"),
+    "DATADESK_LLM_API_KEY": ("llm", "api_key"),
+    "DATADESK_LLM_MODEL": ("llm", "model"),
+    "DATADESK_HOST": ("server", "host"),
+    "DATADESK_PORT": ("server", "port"),
+}
+# Standard OpenAI variables, used only when the DATADESK_ one is unset.
+FALLBACK_ENV_VARS: dict[str, tuple[str, str]] = {
+    "OPENAI_BASE_URL": ("llm", "base_url"),
+    "OPENAI_API_KEY": ("llm", "api_key"),
+    "OPENAI_MODEL": ("llm", "model"),
+}
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _dec_hook(typ: type, obj: Any) -> Any:
+    if typ is Path:
+        return Path(obj)
+    raise NotImplementedError(typ)
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build the Settings once from `env` (default: os.environ), the TOML file and overrides."""
+    env = os.environ if env is None else env
+    home = Path(overrides.get("home") or env.get("DATADESK_HOME") or "var")
+    config_path = env.get("DATADESK_CONFIG")
+    path = Path(config_path) if config_path else home / "datadesk.toml"
+    data: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"{path}: invalid TOML: {exc}") from exc
+    elif config_path:
+        raise SettingsError(f"DATADESK_CONFIG={config_path}: file not found")
+
+    from_env: dict[str, Any] = {}
+    for table in (FALLBACK_ENV_VARS, ENV_VARS):  # DATADESK_ wins: applied last
+        for var, (section, key) in table.items():
+            if env.get(var):
+                from_env.setdefault(section, {})[key] = env[var]
+    data = _merge(data, from_env)
+    data = _merge(data, {k: v for k, v in overrides.items() if k != "home"})
+    data["home"] = str(home)
+    try:
+        return msgspec.convert(data, Settings, strict=False, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise SettingsError(f"{path if path.is_file() else 'environment'}: {exc}") from exc
+
+
+def iter_setting_names(struct: type[msgspec.Struct] = Settings, prefix: str = "") -> list[str]:
+    """Dotted names of every setting (`llm.model`, `chat.max_steps`, ...)."""
+    names: list[str] = []
+    for f in msgspec.structs.fields(struct):
+        sub = f.type if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct) else None
+        if sub is not None:
+            names += iter_setting_names(sub, f"{prefix}{f.name}.")
+        else:
+            names.append(f"{prefix}{f.name}")
+    return names

@@ -1,0 +1,1 @@
+"""On-disk state: layout, thread logs, threads, users and sessions."""

@@ -1,0 +1,184 @@
+"""`log.jsonl`: the append-only truth of one thread.
+
+- One record per line; `seq` strictly increases.
+- An append is a single `write` of one complete line, under a lock that holds
+  across threads and processes (`filelock`), so lines never interleave.
+- A crash mid-write can leave a torn last line (no trailing newline). Readers
+  skip it; the next append moves the fragment to `log.torn` (kept for
+  forensics, nothing silently lost) and truncates the log back to its last
+  complete line before writing.
+- Reading the newest N records seeks from the end of the file, so the cost
+  does not grow with the length of the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import msgspec
+from filelock import FileLock
+
+from datadesk.domain.records import Record, record_decoder, record_encoder
+
+log = logging.getLogger(__name__)
+
+_BLOCK = 64 * 1024
+_local_locks: dict[str, threading.Lock] = {}
+_local_locks_guard = threading.Lock()
+
+
+def _thread_lock(path: Path) -> threading.Lock:
+    # filelock is re-entrant per process object; a threading lock keeps threads
+    # of this process orderly as well.
+    with _local_locks_guard:
+        return _local_locks.setdefault(str(path), threading.Lock())
+
+
+class LogClosed(Exception):
+    """The thread was deleted or cleared while something tried to append to it."""
+
+
+class ThreadLog:
+    """Append-only JSON-lines log of `Record`s."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._flock = FileLock(str(self.path) + ".lock")
+        self._tlock = _thread_lock(self.path)
+
+    # -- writing -----------------------------------------------------------
+    def append(self, make: Callable[[int], Record]) -> Record:
+        """Append the record `make(next_seq)` and return it.
+
+        The seq is assigned under the lock, so concurrent writers each get a
+        distinct, increasing seq and a whole line of their own.
+        """
+        # checked before taking the lock too: the lock file would recreate the directory
+        if not self.path.parent.is_dir():
+            raise LogClosed(f"thread {self.path.parent.name} no longer exists")
+        with self._tlock, self._flock:
+            last = self._repair_and_last()
+            record = make(last.seq + 1 if last else 1)
+            if last is not None and record.seq <= last.seq:
+                raise ValueError(f"seq {record.seq} does not follow {last.seq}")
+            line = record_encoder.encode(record) + b"\n"
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)  # one write of one line
+            finally:
+                os.close(fd)
+            return record
+
+    def _repair_and_last(self) -> Record | None:
+        """Truncate a torn tail (saving it to `log.torn`) and return the last record."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return None
+        if size == 0:
+            return None
+        with open(self.path, "rb+") as fh:
+            fh.seek(size - 1)
+            if fh.read(1) != b"\n":
+                end = self._last_newline_end(fh, size)
+                fh.seek(end)
+                fragment = fh.read()
+                torn = self.path.with_name(self.path.stem + ".torn")
+                with open(torn, "ab") as out:
+                    out.write(b"%d " % int(time.time()) + fragment.replace(b"\n", b" ") + b"\n")
+                fh.truncate(end)
+                fh.flush()
+                os.fsync(fh.fileno())
+                log.warning("repaired torn last line of %s (%d bytes moved to %s)", self.path, len(fragment), torn.name)
+        for rec in self.tail(1):
+            return rec
+        return None
+
+    @staticmethod
+    def _last_newline_end(fh, size: int) -> int:
+        """Offset just after the last b"\\n" in the file (0 if none)."""
+        pos = size
+        while pos > 0:
+            start = max(0, pos - _BLOCK)
+            fh.seek(start)
+            chunk = fh.read(pos - start)
+            idx = chunk.rfind(b"\n")
+            if idx >= 0:
+                return start + idx + 1
+            pos = start
+        return 0
+
+    # -- reading -----------------------------------------------------------
+    def tail(self, n: int) -> list[Record]:
+        """The newest `n` valid records, oldest first, reading from the end only."""
+        if n <= 0:
+            return []
+        try:
+            fh = open(self.path, "rb")
+        except FileNotFoundError:
+            return []
+        with fh:
+            fh.seek(0, os.SEEK_END)
+            pos = fh.tell()
+            buf = b""
+            found: list[Record] = []
+            first_block = True
+            while pos > 0 and len(found) < n:
+                start = max(0, pos - _BLOCK)
+                fh.seek(start)
+                buf = fh.read(pos - start) + buf
+                pos = start
+                lines = buf.split(b"\n")
+                # lines[0] may be partial (unless we reached the start of the file)
+                buf = lines[0] if pos > 0 else b""
+                complete = lines[1:] if pos > 0 else lines
+                if first_block:
+                    # the last element is the torn line (or b"" after a final newline)
+                    complete = complete[:-1] if complete else complete
+                    first_block = False
+                for raw in reversed(complete):
+                    rec = self._decode(raw)
+                    if rec is not None:
+                        found.append(rec)
+                        if len(found) >= n:
+                            break
+            return list(reversed(found))
+
+    def __iter__(self) -> Iterator[Record]:
+        """All valid records, oldest first (streams the file; skips a torn tail)."""
+        try:
+            fh = open(self.path, "rb")
+        except FileNotFoundError:
+            return
+        with fh:
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break  # torn last line
+                rec = self._decode(raw)
+                if rec is not None:
+                    yield rec
+
+    def find(self, predicate: Callable[[Record], bool], limit: int = 1) -> list[Record]:
+        """Newest-first search (for paging an old tool result back, etc.)."""
+        out: list[Record] = []
+        for rec in reversed(list(self)):
+            if predicate(rec):
+                out.append(rec)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def _decode(self, raw: bytes) -> Record | None:
+        raw = raw.strip()
+        if not raw:
+            return None
+        try:
+            return record_decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.warning("skipping an unreadable line in %s", self.path)
+            return None

@@ -1,0 +1,229 @@
+"""`users.json` (users, hashed tokens, permissions) and `sessions.json` (login sessions).
+
+Secrets are never stored in clear: API tokens, one-time login codes and
+session ids are random 256-bit values kept only as SHA-256 hashes (a slow
+password hash buys nothing for values with that much entropy). Writes are
+atomic renames under a cross-process file lock, so the CLI can add or revoke
+users while the server runs; the server notices by the file's mtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import msgspec
+from filelock import FileLock
+
+from datadesk.domain.ids import check_id, new_id
+from datadesk.domain.users import PERMISSION_NAMES, TokenEntry, User
+from datadesk.store.files import read_json, write_json
+from datadesk.store.layout import Layout
+
+
+class UserError(ValueError):
+    """A bad user operation (unknown user, duplicate name, unknown permission)."""
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+class LoginCode(msgspec.Struct):
+    hash: str
+    user: str
+    expires: float
+
+
+class Session(msgspec.Struct):
+    user: str
+    created: float
+    expires: float
+
+
+class UsersDoc(msgspec.Struct, omit_defaults=True):
+    version: int = 1
+    users: dict[str, User] = msgspec.field(default_factory=dict)
+    login_codes: list[LoginCode] = msgspec.field(default_factory=list)
+
+
+class UserStore:
+    """Reads and updates users, tokens, login codes and sessions."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self._lock = FileLock(str(layout.users_file) + ".lock")
+        self._slock = FileLock(str(layout.sessions_file) + ".lock")
+        self._mem_lock = threading.Lock()
+        self._cache: tuple[float, UsersDoc] | None = None
+
+    # -- documents -----------------------------------------------------------
+    def _load(self) -> UsersDoc:
+        path = self.layout.users_file
+        try:
+            mtime = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return UsersDoc()
+        with self._mem_lock:
+            if self._cache and self._cache[0] == mtime:
+                return self._cache[1]
+        doc = msgspec.convert(read_json(path, {}), UsersDoc)
+        with self._mem_lock:
+            self._cache = (mtime, doc)
+        return doc
+
+    def _update(self, change: Callable[[UsersDoc], object]) -> object:
+        with self._lock:
+            self._cache = None
+            doc = msgspec.convert(read_json(self.layout.users_file, {}), UsersDoc)
+            result = change(doc)
+            write_json(self.layout.users_file, doc, mode=0o600)
+            self._cache = None
+            return result
+
+    # -- users ---------------------------------------------------------------
+    def list(self) -> list[User]:
+        return list(self._load().users.values())
+
+    def get(self, uid: str) -> User | None:
+        return self._load().users.get(uid)
+
+    def add(self, name: str, workspaces: list[str], permissions: list[str] = ()) -> tuple[User, str]:
+        """Create a user and return it with its first API token (shown once)."""
+        check_id(name, "user name")
+        for ws in workspaces:
+            check_id(ws, "workspace")
+        if not workspaces:
+            raise UserError("a user needs at least one workspace")
+        unknown = set(permissions) - set(PERMISSION_NAMES)
+        if unknown:
+            raise UserError(f"unknown permission(s) {sorted(unknown)}; known: {list(PERMISSION_NAMES)}")
+        token = "ddt_" + secrets.token_urlsafe(32)
+
+        def change(doc: UsersDoc) -> User:
+            if name in doc.users:
+                raise UserError(f"user {name!r} already exists")
+            user = User(id=name, name=name, workspaces=list(dict.fromkeys(workspaces)),
+                        permissions=sorted(set(permissions)), created=time.time(),
+                        tokens=[TokenEntry(id=new_id("k"), hash=_hash(token), created=time.time())])
+            doc.users[name] = user
+            return user
+
+        return self._update(change), token  # type: ignore[return-value]
+
+    def new_token(self, uid: str) -> str:
+        token = "ddt_" + secrets.token_urlsafe(32)
+
+        def change(doc: UsersDoc) -> None:
+            user = self._need(doc, uid)
+            user.tokens.append(TokenEntry(id=new_id("k"), hash=_hash(token), created=time.time()))
+
+        self._update(change)
+        return token
+
+    def revoke(self, uid: str) -> None:
+        """Revoke a user: every token, login code and session stops working at once."""
+
+        def change(doc: UsersDoc) -> None:
+            user = self._need(doc, uid)
+            user.revoked = True
+            for tok in user.tokens:
+                tok.revoked = True
+            doc.login_codes = [c for c in doc.login_codes if c.user != uid]
+
+        self._update(change)
+        self._drop_sessions(lambda s: s.user == uid)
+
+    @staticmethod
+    def _need(doc: UsersDoc, uid: str) -> User:
+        user = doc.users.get(uid)
+        if user is None:
+            raise UserError(f"no user named {uid!r}")
+        return user
+
+    # -- authentication -----------------------------------------------------
+    def by_token(self, token: str) -> User | None:
+        """The active user owning API token `token`, else None."""
+        if not token:
+            return None
+        digest = _hash(token)
+        for user in self._load().users.values():
+            if user.revoked:
+                continue
+            for tok in user.tokens:
+                if not tok.revoked and hmac.compare_digest(tok.hash, digest):
+                    return user
+        return None
+
+    def new_login_code(self, uid: str, ttl_s: float) -> str:
+        """A one-time code for the login URL (exchanged for a session, then void)."""
+        code = secrets.token_urlsafe(32)
+
+        def change(doc: UsersDoc) -> None:
+            self._need(doc, uid)
+            now = time.time()
+            doc.login_codes = [c for c in doc.login_codes if c.expires > now]
+            doc.login_codes.append(LoginCode(hash=_hash(code), user=uid, expires=now + ttl_s))
+
+        self._update(change)
+        return code
+
+    def redeem_login_code(self, code: str) -> User | None:
+        """Consume a login code; returns its user, or None if unknown/expired/used."""
+        if not code:
+            return None
+        digest = _hash(code)
+
+        def change(doc: UsersDoc) -> User | None:
+            now = time.time()
+            hit = next((c for c in doc.login_codes if hmac.compare_digest(c.hash, digest)), None)
+            doc.login_codes = [c for c in doc.login_codes if c is not hit and c.expires > now]
+            if hit is None or hit.expires <= now:
+                return None
+            user = doc.users.get(hit.user)
+            return user if user and not user.revoked else None
+
+        return self._update(change)  # type: ignore[return-value]
+
+    # -- sessions ------------------------------------------------------------
+    def _sessions(self) -> dict[str, Session]:
+        raw = read_json(self.layout.sessions_file, {})
+        return msgspec.convert(raw, dict[str, Session])
+
+    def new_session(self, uid: str, ttl_s: float) -> str:
+        sid = secrets.token_urlsafe(32)
+        now = time.time()
+        with self._slock:
+            sessions = {k: v for k, v in self._sessions().items() if v.expires > now}
+            sessions[_hash(sid)] = Session(user=uid, created=now, expires=now + ttl_s)
+            write_json(self.layout.sessions_file, sessions, mode=0o600)
+        return sid
+
+    def by_session(self, sid: str) -> User | None:
+        if not sid:
+            return None
+        sess = self._sessions().get(_hash(sid))
+        if sess is None or sess.expires <= time.time():
+            return None
+        user = self.get(sess.user)
+        return user if user and not user.revoked else None
+
+    def end_session(self, sid: str) -> None:
+        digest = _hash(sid)
+        self._drop_sessions(lambda s, d=digest: False, key=digest)
+
+    def _drop_sessions(self, predicate: Callable[[Session], bool], key: str | None = None) -> None:
+        with self._slock:
+            sessions = self._sessions()
+            kept = {k: v for k, v in sessions.items() if k != key and not predicate(v)}
+            if len(kept) != len(sessions):
+                write_json(self.layout.sessions_file, kept, mode=0o600)
+
+
+def users_file_exists(home: Path) -> bool:
+    return Layout(home).users_file.exists()

@@ -1,0 +1,419 @@
+"""Locked-down, read-only SQL access to a workspace's DuckDB warehouse file.
+
+Every query gets a fresh connection (so callers on different threads never
+share one), opened read-only with extension auto-install/auto-load off, and
+then locked down before any user SQL runs:
+
+    SET allowed_directories=['<data_dir>/']   only the workspace's data dir
+    SET enable_external_access=false          no other files, no network
+    SET lock_configuration=true               the SQL cannot undo the above
+
+Two layers guard the warehouse: the statement check here (only SELECT-like
+statements and EXPLAIN of a SELECT get through) and the engine settings above
+(which would still stop a file read outside the data dir if the check missed
+one). `COPY ... TO` into the data dir is allowed by the engine settings, so the
+statement check is what refuses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import decimal
+import math
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import duckdb
+import msgspec
+import pyarrow as pa
+
+# Opening the same file twice in one process shares one DuckDB instance (the
+# Python client's instance cache), and its settings are instance-wide: once
+# locked they cannot be SET again. This lock makes "open, then lock down or
+# verify the lockdown" atomic with respect to other threads.
+_SETUP_LOCK = threading.Lock()
+_CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+# Extra time the async wrapper waits beyond the statement timeout before giving
+# up on a worker thread whose query ignored the interrupt.
+_ASYNC_GRACE_S = 5.0
+_MESSAGE_CHARS = 500
+ALLOWED = "SELECT (also WITH ... SELECT, FROM ..., VALUES), DESCRIBE, SHOW, SUMMARIZE, EXPLAIN <select>"
+
+
+class SQLError(Exception):
+    """A query the model or user can fix: bad SQL, missing warehouse, engine error."""
+
+
+class SQLRefused(SQLError):
+    """A statement that is not a read (COPY, ATTACH, SET, PRAGMA, CREATE, ...) or several at once."""
+
+
+class SQLTimeout(SQLError):
+    """The statement ran past the timeout and was interrupted."""
+
+
+class ColumnInfo(msgspec.Struct, frozen=True):
+    name: str
+    type: str
+    comment: str | None = None
+
+
+class TableInfo(msgspec.Struct, frozen=True):
+    """One table or view in the warehouse, as `Warehouse.describe()` lists it."""
+
+    name: str
+    kind: str  # "table" | "view"
+    columns: list[ColumnInfo]
+    schema: str = "main"
+    comment: str | None = None
+    row_estimate: int | None = None
+
+
+class QueryResult(msgspec.Struct):
+    """The rows of one query, JSON-able.
+
+    `row_count` counts rows produced, but only up to max_rows + 1 (enough to
+    know the result was cut): when `truncated` is True the real total is larger
+    than `len(rows)` and `row_count` is a lower bound.
+    """
+
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+    row_count: int
+    truncated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.structs.asdict(self)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
+
+
+def _sql_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def jsonable(value: Any) -> Any:
+    """A DuckDB Python value as something msgspec/json can encode without loss of meaning."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        # HUGEINT/UHUGEINT can exceed what JSON encoders accept as a number.
+        return value if -(2**63) <= value < 2**64 else str(value)
+    if isinstance(value, float):
+        # NaN/Infinity are not JSON; null keeps the column numeric for Arrow.
+        return value if math.isfinite(value) else None
+    if isinstance(value, decimal.Decimal):
+        return float(value) if value.is_finite() else None
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def _explained_statement(query: str) -> str | None:
+    """The statement after `EXPLAIN [ANALYZE | (options)]`, or None if it can't be found.
+
+    Uses DuckDB's own tokenizer so comments (including nested ones) are skipped
+    exactly as the parser skips them. This matters because EXPLAIN ANALYZE runs
+    the inner statement: `EXPLAIN ANALYZE COPY ... TO` writes a file.
+    """
+    tokens = [(pos, kind) for pos, kind in duckdb.tokenize(query) if kind != duckdb.token_type.comment]
+
+    def text(i: int) -> str:
+        end = tokens[i + 1][0] if i + 1 < len(tokens) else len(query)
+        return query[tokens[i][0] : end].strip().lower()
+
+    if not tokens or text(0) != "explain":
+        return None
+    i = 1
+    if i < len(tokens) and text(i) in ("analyze", "analyse"):
+        i += 1
+    elif i < len(tokens) and text(i).startswith("("):
+        depth = 0
+        while i < len(tokens):
+            tok = text(i)
+            depth += tok.count("(") - tok.count(")") if tokens[i][1] == duckdb.token_type.operator else 0
+            i += 1
+            if depth <= 0:
+                break
+    return query[tokens[i][0] :] if i < len(tokens) else None
+
+
+def check_statement(sql: object) -> str:
+    """Validate `sql` as exactly one read statement; return its kind ("SELECT"/"EXPLAIN")."""
+    if not isinstance(sql, str) or not sql.strip():
+        raise SQLError(f"empty SQL: send one read-only statement; allowed: {ALLOWED}")
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise SQLError(_short(exc)) from None
+    if not statements:
+        raise SQLError(f"empty SQL (only comments or semicolons): send one statement; allowed: {ALLOWED}")
+    if len(statements) > 1:
+        raise SQLRefused(
+            f"one statement at a time: got {len(statements)} statements; send each as its own call"
+        )
+    kind = statements[0].type.name
+    if kind == "SELECT":  # also WITH, DESCRIBE, SHOW, SUMMARIZE, FROM-first, VALUES
+        return kind
+    if kind == "EXPLAIN":
+        inner = _explained_statement(statements[0].query)
+        try:
+            inner_ok = inner is not None and [s.type.name for s in duckdb.extract_statements(inner)] == ["SELECT"]
+        except duckdb.Error:
+            inner_ok = False
+        if not inner_ok:
+            raise SQLRefused(f"EXPLAIN is allowed only for a single SELECT statement; allowed: {ALLOWED}")
+        return kind
+    shown = {"LOAD": "INSTALL/LOAD", "VARIABLE_SET": "SET"}.get(kind, kind.replace("_", " "))
+    hint = ""
+    if kind == "MULTI":
+        shown = "multi-part (e.g. PIVOT without an IN list)"
+        hint = " For PIVOT, list the values: PIVOT t ON col IN ('a', 'b') USING ...;"
+    raise SQLRefused(
+        f"{shown} statements are not allowed: the warehouse is read-only.{hint} Allowed: {ALLOWED}"
+    )
+
+
+class _Deadline:
+    """Interrupts a connection once `timeout_s` has passed, unless finished first."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, timeout_s: float | None) -> None:
+        self._con = con
+        self._lock = threading.Lock()
+        self._done = False
+        self.fired = False
+        self._timer = None
+        if timeout_s and timeout_s > 0:
+            self._timer = threading.Timer(timeout_s, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if not self._done:
+                self.fired = True
+                self._con.interrupt()
+
+    def finish(self) -> None:
+        # Under the lock so interrupt() never races with the connection closing.
+        with self._lock:
+            self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class BatchStream:
+    """Arrow record batches of one query, streamed; close it (or use `with`) when done.
+
+    Not capped by max_rows: the consumer (e.g. a Parquet writer) decides how
+    much to read. The statement timeout covers the whole stream.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader,
+                 deadline: _Deadline, timeout_s: float) -> None:
+        self._con, self._reader, self._deadline, self._timeout_s = con, reader, deadline, timeout_s
+        self.schema: pa.Schema = reader.schema
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        try:
+            while True:
+                try:
+                    batch = self._reader.read_next_batch()
+                except StopIteration:
+                    return
+                except (duckdb.Error, pa.ArrowException) as exc:
+                    if self._deadline.fired:
+                        raise SQLTimeout(_timeout_message(self._timeout_s)) from None
+                    raise SQLError(_short(exc)) from None
+                yield batch
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._deadline.finish()
+        self._con.close()
+
+    def __enter__(self) -> "BatchStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _timeout_message(timeout_s: float) -> str:
+    return f"query exceeded {timeout_s:g} s; narrow it or add a LIMIT"
+
+
+class Warehouse:
+    """Read-only, locked-down SQL over one workspace's DuckDB file.
+
+    `data_dir` is the only directory the SQL may read files from (it holds the
+    database file). Safe to share across threads and tasks: each call opens
+    its own connection.
+    """
+
+    def __init__(self, db_path: Path, data_dir: Path, timeout_s: float, max_rows: int) -> None:
+        self.db_path = Path(db_path).absolute()
+        self.data_dir = Path(data_dir).absolute()
+        self.timeout_s = float(timeout_s)
+        self.max_rows = int(max_rows)
+
+    # -- connections ---------------------------------------------------------
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        if not self.db_path.is_file():
+            raise SQLError(f"warehouse not found: this workspace has no {self.db_path.name}")
+        allowed = str(self.data_dir).rstrip("/") + "/"
+        with _SETUP_LOCK:
+            try:
+                con = duckdb.connect(str(self.db_path), read_only=True, config=dict(_CONNECT_CONFIG))
+            except duckdb.Error as exc:
+                raise SQLError(f"cannot open the warehouse: {_short(exc)}") from None
+            try:
+                locked = con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]
+                if locked:
+                    # A connection elsewhere in this process already locked the
+                    # shared instance; make sure it is locked down our way.
+                    dirs, external = con.execute(
+                        "SELECT current_setting('allowed_directories'), current_setting('enable_external_access')"
+                    ).fetchone()
+                    if external or allowed not in (dirs or []):
+                        raise SQLError("the warehouse is open in this process with other access settings")
+                else:
+                    # Order matters: allowed_directories can't change once
+                    # external access is off, and nothing can once locked.
+                    con.execute(f"SET allowed_directories=[{_sql_literal(allowed)}]")
+                    con.execute("SET enable_external_access=false")
+                    con.execute("SET lock_configuration=true")
+            except duckdb.Error as exc:
+                con.close()
+                raise SQLError(f"cannot lock down the warehouse connection: {_short(exc)}") from None
+            except BaseException:
+                con.close()
+                raise
+        return con
+
+    # -- queries -------------------------------------------------------------
+
+    def query_sync(self, sql: str) -> QueryResult:
+        """Run one read statement; at most max_rows rows come back (see QueryResult)."""
+        check_statement(sql)
+        con = self._connect()
+        deadline = _Deadline(con, self.timeout_s)
+        try:
+            con.execute(sql)
+            description = con.description or []
+            fetched = con.fetchmany(self.max_rows + 1)
+        except duckdb.Error as exc:
+            if deadline.fired:
+                raise SQLTimeout(_timeout_message(self.timeout_s)) from None
+            raise SQLError(_short(exc)) from None
+        finally:
+            deadline.finish()
+            con.close()
+        truncated = len(fetched) > self.max_rows
+        return QueryResult(
+            columns=[d[0] for d in description],
+            types=[str(d[1]) for d in description],
+            rows=[[jsonable(v) for v in row] for row in fetched[: self.max_rows]],
+            row_count=len(fetched),
+            truncated=truncated,
+        )
+
+    async def query(self, sql: str) -> QueryResult:
+        """`query_sync` in a worker thread, so the event loop keeps serving."""
+        check_statement(sql)  # fail fast on the loop: no thread for refused SQL
+        try:
+            # The deadline inside query_sync interrupts DuckDB; wait_for is a
+            # backstop in case the engine is slow to notice the interrupt.
+            return await asyncio.wait_for(
+                asyncio.to_thread(self.query_sync, sql), self.timeout_s + _ASYNC_GRACE_S
+            )
+        except asyncio.TimeoutError:
+            raise SQLTimeout(_timeout_message(self.timeout_s)) from None
+
+    def record_batches(self, sql: str, batch_size: int = 65_536,
+                       timeout_s: float | None = None) -> BatchStream:
+        """Stream the result of one read statement as Arrow record batches.
+
+        Validation, connection and binding happen now (errors raise here);
+        execution happens as the stream is read.
+        """
+        check_statement(sql)
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        con = self._connect()
+        deadline = _Deadline(con, timeout)
+        try:
+            rel = con.sql(sql)
+            if rel is None:  # cannot happen for checked statements; be explicit anyway
+                raise SQLError("statement returned no result set")
+            make_reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
+            reader = make_reader(batch_size)
+        except duckdb.Error as exc:
+            deadline.finish()
+            con.close()
+            if deadline.fired:
+                raise SQLTimeout(_timeout_message(timeout)) from None
+            raise SQLError(_short(exc)) from None
+        except BaseException:
+            deadline.finish()
+            con.close()
+            raise
+        return BatchStream(con, reader, deadline, timeout)
+
+    # -- schema --------------------------------------------------------------
+
+    def describe(self) -> list[TableInfo]:
+        """Tables and views of the warehouse with their columns, types and comments."""
+        con = self._connect()
+        try:
+            objects = con.execute(
+                """
+                SELECT schema_name, table_name, 'table', comment, estimated_size
+                  FROM duckdb_tables() WHERE NOT internal AND NOT temporary
+                   AND database_name = current_database()
+                UNION ALL
+                SELECT schema_name, view_name, 'view', comment, NULL
+                  FROM duckdb_views() WHERE NOT internal AND NOT temporary
+                   AND database_name = current_database()
+                ORDER BY 1, 2
+                """
+            ).fetchall()
+            columns = con.execute(
+                """
+                SELECT schema_name, table_name, column_name, data_type, comment
+                  FROM duckdb_columns() WHERE NOT internal AND database_name = current_database()
+                 ORDER BY schema_name, table_name, column_index
+                """
+            ).fetchall()
+        except duckdb.Error as exc:
+            raise SQLError(_short(exc)) from None
+        finally:
+            con.close()
+        by_table: dict[tuple[str, str], list[ColumnInfo]] = {}
+        for schema, table, name, typ, comment in columns:
+            by_table.setdefault((schema, table), []).append(ColumnInfo(name, typ, comment or None))
+        return [
+            TableInfo(
+                name=table, kind=kind, schema=schema, comment=comment or None,
+                row_estimate=size, columns=by_table.get((schema, table), []),
+            )
+            for schema, table, kind, comment, size in objects
+        ]

@@ -1,0 +1,147 @@
+"""The tool registry: specs, permissions, and a uniform way to run a call.
+
+Built-in tools (`sql_query`, later python/memory/skills) and MCP tools all
+register here, so the turn loop never special-cases one of them.
+
+Errors: a tool signals a problem the model can act on by raising `ToolError`
+(bad arguments, bad SQL, a refused statement). Any other exception is turned
+into a generic tool error by `ToolRegistry.run` and logged; nothing escapes to
+the turn loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import msgspec
+
+log = logging.getLogger(__name__)
+
+PERMISSIONS = ("code_execution", "memory", "admin")
+
+
+class ToolError(Exception):
+    """A failure the model can read and act on (bad arguments, bad SQL, refused statement)."""
+
+
+class ToolSpec(msgspec.Struct, frozen=True):
+    """What the registry knows about a tool.
+
+    - `permission`: required user permission (one of PERMISSIONS) or None.
+    - `offloadable`: its raw result may be offloaded to an artifact when large
+      (False for first-party tools with an explicit return contract).
+    - `read_only`: safe to re-run (used by re-query of expired artifacts).
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    permission: str | None = None
+    offloadable: bool = True
+    read_only: bool = False
+    source: str = "builtin"
+
+    def openai_schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+@dataclass
+class ToolContext:
+    """Who is calling and where: passed to every tool handler."""
+
+    workspace: str
+    user: str
+    thread: str
+    permissions: frozenset[str]
+    workspace_dir: Path
+    thread_dir: Path
+    call_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ToolResult:
+    """The raw outcome of a tool call. `content` is what the model reads."""
+
+    content: str
+    is_error: bool = False
+    data: Any = None  # structured form (e.g. {"columns": [...], "rows": [...]}) for offload
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+Handler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult]]
+
+
+@dataclass
+class Tool:
+    spec: ToolSpec
+    handler: Handler
+
+
+class ToolRegistry:
+    """Named tools in registration order (a stable order keeps prompt caches warm)."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, spec: ToolSpec, handler: Handler) -> None:
+        if spec.name in self._tools:
+            raise ValueError(f"tool {spec.name!r} is already registered")
+        if spec.permission is not None and spec.permission not in PERMISSIONS:
+            raise ValueError(f"tool {spec.name!r}: unknown permission {spec.permission!r}")
+        self._tools[spec.name] = Tool(spec, handler)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def permitted(self, permissions: frozenset[str]) -> list[ToolSpec]:
+        """Specs the holder of `permissions` may call, in registration order."""
+        return [
+            t.spec
+            for t in self._tools.values()
+            if t.spec.permission is None or t.spec.permission in permissions
+        ]
+
+    async def run(self, name: str, raw_arguments: str, ctx: ToolContext) -> ToolResult:
+        """Run one call; every failure becomes an error result the model can act on."""
+        tool = self._tools.get(name)
+        if tool is None:
+            known = ", ".join(s.name for s in self.permitted(ctx.permissions)) or "none"
+            return ToolResult(f"unknown tool {name!r}; available tools: {known}", is_error=True)
+        if tool.spec.permission and tool.spec.permission not in ctx.permissions:
+            return ToolResult(
+                f"permission denied: tool {name!r} needs the {tool.spec.permission!r} permission",
+                is_error=True,
+            )
+        try:
+            args = msgspec.json.decode(raw_arguments or "{}")
+        except msgspec.DecodeError as exc:
+            return ToolResult(f"invalid arguments for {name!r}: not valid JSON ({exc})", is_error=True)
+        if not isinstance(args, dict):
+            return ToolResult(f"invalid arguments for {name!r}: expected a JSON object", is_error=True)
+        missing = [k for k in tool.spec.parameters.get("required", []) if k not in args]
+        if missing:
+            return ToolResult(
+                f"invalid arguments for {name!r}: missing required {', '.join(missing)}",
+                is_error=True,
+            )
+        try:
+            return await tool.handler(args, ctx)
+        except ToolError as exc:
+            return ToolResult(f"{name} failed: {exc}", is_error=True)
+        except Exception as exc:  # a tool bug must not break the turn
+            log.exception("tool %s raised", name)
+            return ToolResult(f"{name} failed with an internal error ({type(exc).__name__})", is_error=True)

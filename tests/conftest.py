@@ -1,0 +1,137 @@
+"""Shared fixtures: a data dir with the real demo warehouse, users, the real app."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgspec
+import pytest
+
+from datadesk.chat.runtime import Runtime
+from datadesk.llm.base import ChatModel
+from datadesk.settings import Settings
+from datadesk.store.layout import Layout
+from datadesk.store.users import UserStore
+from datadesk.store.workspaces import ensure_demo_workspace
+
+
+@pytest.fixture(scope="session")
+def demo_warehouse_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from datadesk.store.demo import create_demo_warehouse
+
+    data = tmp_path_factory.mktemp("demo-data")
+    create_demo_warehouse(data)
+    return data
+
+
+@pytest.fixture
+def home(tmp_path: Path, demo_warehouse_dir: Path) -> Path:
+    """A data dir with the demo workspace (its real warehouse) and a second, empty workspace."""
+    home = tmp_path / "var"
+    layout = Layout(home)
+    data = layout.workspace_data_dir("demo")
+    data.mkdir(parents=True)
+    shutil.copy(demo_warehouse_dir / "warehouse.duckdb", data / "warehouse.duckdb")
+    ensure_demo_workspace(layout)
+    layout.workspace_dir("sales").mkdir(parents=True)
+    (layout.workspace_dir("sales") / "workspace.toml").write_text('name = "Sales"\nprompt = "Sales team."\n')
+    return home
+
+
+@dataclass
+class Harness:
+    """The real app over a real data dir, with tokens for a few users."""
+
+    rt: Runtime
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def auth(self, user: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[user]}"}
+
+    def app(self):
+        from datadesk.api.app import create_app
+
+        return create_app(self.rt)
+
+
+def make_harness(home: Path, model: ChatModel, **overrides: Any) -> Harness:
+    settings = msgspec.convert({"home": str(home), **overrides}, Settings, dec_hook=lambda t, o: Path(o))
+    rt = Runtime(settings=settings, model=model)
+    users = UserStore(rt.layout)
+    h = Harness(rt=rt)
+    for name, wss, perms in [
+        ("alice", ["demo", "sales"], ["code_execution"]),
+        ("bob", ["demo"], []),
+        ("carol", ["demo"], ["admin"]),
+    ]:
+        _, h.tokens[name] = users.add(name, wss, perms)
+    users.revoke("carol")
+    return h
+
+
+@pytest.fixture
+def harness_factory(home: Path):
+    return lambda model, **kw: make_harness(home, model, **kw)
+
+
+def parse_sse(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """(event, data) pairs of an SSE body."""
+    events = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        ev, data = "message", []
+        for line in block.split("\n"):
+            if line.startswith("event:"):
+                ev = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+        if data:
+            events.append((ev, msgspec.json.decode("\n".join(data))))
+    return events
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_app(app) -> Iterator[str]:
+    """Run `app` under uvicorn on 127.0.0.1 in a thread; yields its base URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 10
+    while not server.started:
+        if time.time() > deadline:
+            raise RuntimeError("app did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(interval)
+
+
+def run(coro):
+    return asyncio.run(coro)
