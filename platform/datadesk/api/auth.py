@@ -6,12 +6,17 @@ import logging
 import re
 
 from litestar import Request
+from litestar.di import NamedDependency
 from litestar.exceptions import NotAuthorizedException
 
 from datadesk.chat.runtime import Runtime
 from datadesk.domain.users import User
 
 SESSION_COOKIE = "datadesk_session"
+
+# Explicit dependency markers (Litestar infers less every release).
+CurrentUser = NamedDependency[User]
+RuntimeDep = NamedDependency[Runtime]
 
 _SECRET_PATTERNS = [
     (re.compile(r"(?i)((?:code|token|api_key|key)=)[^&\s\"']+"), r"\1[REDACTED]"),

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
 from litestar.exceptions import NotAuthorizedException
 from litestar.response import Redirect, Response
 
 from datadesk import __version__
-from datadesk.api.auth import SESSION_COOKIE
+from datadesk.api.auth import SESSION_COOKIE, CurrentUser, RuntimeDep
 from datadesk.api.schemas import Login, MeOut
 from datadesk.chat.runtime import Runtime
 from datadesk.domain.users import User
 
 
-def session_cookie(rt: Runtime, sid: str) -> Cookie:
+def session_cookie(rt: RuntimeDep, sid: str) -> Cookie:
     return Cookie(key=SESSION_COOKIE, value=sid, httponly=True, samesite="strict", path="/",
                   secure=rt.settings.auth.cookie_secure, max_age=rt.settings.auth.session_ttl_s)
 
@@ -25,7 +26,7 @@ class SessionController(Controller):
     path = "/"
 
     @post("/api/login", status_code=200, opt={"login": True})
-    async def login(self, data: Login, rt: Runtime) -> Response[dict[str, Any]]:
+    async def login(self, data: JSONBody[Login], rt: RuntimeDep) -> Response[dict[str, Any]]:
         """Exchange an API token or a one-time login code for a session cookie."""
         if bool(data.token) == bool(data.code):
             raise NotAuthorizedException("send exactly one of 'token' or 'code'")
@@ -36,7 +37,7 @@ class SessionController(Controller):
         return Response({"user": user.id}, cookies=[session_cookie(rt, sid)])
 
     @get("/login", opt={"login": True}, include_in_schema=False)
-    async def login_link(self, rt: Runtime, code: str = "") -> Response[Any]:
+    async def login_link(self, rt: RuntimeDep, code: FromQuery[str] = "") -> Response[Any]:
         """The printed login URL: redeem the one-time code, set the cookie, go to the app."""
         user = rt.users.redeem_login_code(code)
         if user is None:
@@ -47,7 +48,7 @@ class SessionController(Controller):
         return Redirect("/", cookies=[session_cookie(rt, sid)])
 
     @post("/api/logout", status_code=200)
-    async def logout(self, request: Request, user: User, rt: Runtime) -> Response[dict[str, Any]]:
+    async def logout(self, request: Request, user: CurrentUser, rt: RuntimeDep) -> Response[dict[str, Any]]:
         sid = request.cookies.get(SESSION_COOKIE)
         if sid:
             rt.users.end_session(sid)
@@ -56,10 +57,10 @@ class SessionController(Controller):
                                         samesite="strict")])
 
     @get("/api/me")
-    async def me(self, user: User, rt: Runtime) -> MeOut:
+    async def me(self, user: CurrentUser, rt: RuntimeDep) -> MeOut:
         return MeOut(id=user.id, name=user.name, workspaces=user.workspaces,
                      permissions=user.permissions, model=rt.model_info())
 
     @get("/api/health")
-    async def health(self, rt: Runtime) -> dict[str, Any]:
+    async def health(self, rt: RuntimeDep) -> dict[str, Any]:
         return {"status": "ok", "version": __version__, "model": rt.model_info()}

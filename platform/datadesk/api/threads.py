@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from typing import Annotated, Any, AsyncIterator
 
 import msgspec
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from litestar import Controller, Request, delete, get, post
 from litestar.exceptions import ClientException, NotFoundException
-from litestar.params import Parameter
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
+from datadesk.api.auth import CurrentUser, RuntimeDep
 from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut
 from datadesk.chat.loop import start_turn
 from datadesk.chat.runtime import Runtime
@@ -27,12 +28,12 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 100_000
 
 
-def thread_out(rt: Runtime, meta: ThreadMeta) -> ThreadOut:
+def thread_out(rt: RuntimeDep, meta: ThreadMeta) -> ThreadOut:
     return ThreadOut(id=meta.id, workspace=meta.workspace, title=meta.title, created=meta.created,
                      updated=meta.updated, running=rt.turns.get(meta.id) is not None)
 
 
-def find_thread(rt: Runtime, user: User, tid: str) -> ThreadHandle:
+def find_thread(rt: RuntimeDep, user: CurrentUser, tid: str) -> ThreadHandle:
     check_id(tid, "thread")
     return rt.threads.get(tid, user.id, user.workspaces)
 
@@ -41,7 +42,7 @@ class ThreadController(Controller):
     path = "/api/threads"
 
     @post("/", status_code=201)
-    async def create_thread(self, data: NewThread, user: User, rt: Runtime) -> ThreadOut:
+    async def create_thread(self, data: JSONBody[NewThread], user: CurrentUser, rt: RuntimeDep) -> ThreadOut:
         ws = data.workspace or user.workspaces[0]
         check_id(ws, "workspace")
         if ws not in user.workspaces:
@@ -51,13 +52,13 @@ class ThreadController(Controller):
         return thread_out(rt, handle.meta)
 
     @get("/")
-    async def list_threads(self, user: User, rt: Runtime) -> list[ThreadOut]:
+    async def list_threads(self, user: CurrentUser, rt: RuntimeDep) -> list[ThreadOut]:
         return [thread_out(rt, m) for m in rt.threads.list(user.id, user.workspaces)]
 
     @get("/{tid:str}")
     async def get_thread(
-        self, tid: str, user: User, rt: Runtime,
-        limit: int = Parameter(default=200, ge=1, le=1000, description="newest records to return"),
+        self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep,
+        limit: Annotated[int, QueryParameter(ge=1, le=1000, description="newest records to return")] = 200,
     ) -> ThreadDetail:
         handle = find_thread(rt, user, tid)
         records = handle.log.tail(limit + 1)
@@ -67,19 +68,19 @@ class ThreadController(Controller):
                             records=[msgspec.to_builtins(r) for r in records], has_more=has_more)
 
     @delete("/{tid:str}", status_code=204)
-    async def delete_thread(self, tid: str, user: User, rt: Runtime) -> None:
+    async def delete_thread(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> None:
         handle = find_thread(rt, user, tid)
         await rt.turns.cancel(handle.id)
         rt.threads.delete(handle)
 
     @post("/{tid:str}/cancel", status_code=200)
-    async def cancel_turn(self, tid: str, user: User, rt: Runtime) -> dict[str, Any]:
+    async def cancel_turn(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
         handle = find_thread(rt, user, tid)
         cancelled = await rt.turns.cancel(handle.id)
         return {"cancelled": cancelled, "thread": handle.id}
 
     @post("/{tid:str}/messages", status_code=200)
-    async def post_message(self, tid: str, data: NewMessage, user: User, rt: Runtime,
+    async def post_message(self, tid: FromPath[str], data: JSONBody[NewMessage], user: CurrentUser, rt: RuntimeDep,
                            request: Request) -> ServerSentEvent:
         handle = find_thread(rt, user, tid)
         text = data.content.strip()

@@ -239,7 +239,7 @@ def _describe(what: str, result: dict[str, Any] | None, raw: str) -> str:
     first = list(rows[0]) if isinstance(rows[0], (list, tuple)) else [rows[0]]
     pairs = ", ".join(f"{c} **{_fmt(v)}**" for c, v in zip(cols, first))
     more = f" (showing 10 of {len(rows)} rows)" if len(rows) > 10 else ""
-    return (f"{DEMO_BANNER}\n\nHere is {what}{more}:\n\n" + "\n".join(lines)
+    return (f"{DEMO_BANNER}\n\nI queried {what}{more}:\n\n" + "\n".join(lines)
             + f"\n\nThe first row: {pairs}.")
 
 

@@ -42,6 +42,19 @@ _ASYNC_GRACE_S = 5.0
 _MESSAGE_CHARS = 500
 ALLOWED = "SELECT (also WITH ... SELECT, FROM ..., VALUES), DESCRIBE, SHOW, SUMMARIZE, EXPLAIN <select>"
 
+# Schema queries for describe(): user tables and views of the warehouse file.
+_OBJECTS_SQL = """
+SELECT schema_name, table_name, 'table', comment, estimated_size FROM duckdb_tables()
+ WHERE NOT internal AND NOT temporary AND database_name = current_database()
+UNION ALL
+SELECT schema_name, view_name, 'view', comment, NULL FROM duckdb_views()
+ WHERE NOT internal AND NOT temporary AND database_name = current_database()
+ORDER BY 1, 2"""
+_COLUMNS_SQL = """
+SELECT schema_name, table_name, column_name, data_type, comment FROM duckdb_columns()
+ WHERE NOT internal AND database_name = current_database()
+ ORDER BY schema_name, table_name, column_index"""
+
 
 class SQLError(Exception):
     """A query the model or user can fix: bad SQL, missing warehouse, engine error."""
@@ -93,6 +106,10 @@ class QueryResult(msgspec.Struct):
 def _short(exc: BaseException) -> str:
     text = str(exc).strip()
     return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
+
+
+def _timeout_message(timeout_s: float) -> str:
+    return f"query exceeded {timeout_s:g} s; narrow it or add a LIMIT"
 
 
 def _sql_literal(text: str) -> str:
@@ -195,11 +212,8 @@ class _Deadline:
     """Interrupts a connection once `timeout_s` has passed, unless finished first."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, timeout_s: float | None) -> None:
-        self._con = con
-        self._lock = threading.Lock()
-        self._done = False
+        self._con, self._lock, self._done, self._timer = con, threading.Lock(), False, None
         self.fired = False
-        self._timer = None
         if timeout_s and timeout_s > 0:
             self._timer = threading.Timer(timeout_s, self._fire)
             self._timer.daemon = True
@@ -233,16 +247,11 @@ class BatchStream:
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         try:
-            while True:
-                try:
-                    batch = self._reader.read_next_batch()
-                except StopIteration:
-                    return
-                except (duckdb.Error, pa.ArrowException) as exc:
-                    if self._deadline.fired:
-                        raise SQLTimeout(_timeout_message(self._timeout_s)) from None
-                    raise SQLError(_short(exc)) from None
-                yield batch
+            yield from self._reader
+        except (duckdb.Error, pa.ArrowException) as exc:
+            if self._deadline.fired:
+                raise SQLTimeout(_timeout_message(self._timeout_s)) from None
+            raise SQLError(_short(exc)) from None
         finally:
             self.close()
 
@@ -255,10 +264,6 @@ class BatchStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _timeout_message(timeout_s: float) -> str:
-    return f"query exceeded {timeout_s:g} s; narrow it or add a LIMIT"
 
 
 class Warehouse:
@@ -274,8 +279,6 @@ class Warehouse:
         self.data_dir = Path(data_dir).absolute()
         self.timeout_s = float(timeout_s)
         self.max_rows = int(max_rows)
-
-    # -- connections ---------------------------------------------------------
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
         if not self.db_path.is_file():
@@ -302,15 +305,12 @@ class Warehouse:
                     con.execute(f"SET allowed_directories=[{_sql_literal(allowed)}]")
                     con.execute("SET enable_external_access=false")
                     con.execute("SET lock_configuration=true")
-            except duckdb.Error as exc:
+            except BaseException as exc:
                 con.close()
-                raise SQLError(f"cannot lock down the warehouse connection: {_short(exc)}") from None
-            except BaseException:
-                con.close()
+                if isinstance(exc, duckdb.Error):
+                    raise SQLError(f"cannot lock down the warehouse connection: {_short(exc)}") from None
                 raise
         return con
-
-    # -- queries -------------------------------------------------------------
 
     def query_sync(self, sql: str) -> QueryResult:
         """Run one read statement; at most max_rows rows come back (see QueryResult)."""
@@ -366,43 +366,22 @@ class Warehouse:
                 raise SQLError("statement returned no result set")
             make_reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
             reader = make_reader(batch_size)
-        except duckdb.Error as exc:
+        except BaseException as exc:
             deadline.finish()
             con.close()
+            if not isinstance(exc, duckdb.Error):
+                raise
             if deadline.fired:
                 raise SQLTimeout(_timeout_message(timeout)) from None
             raise SQLError(_short(exc)) from None
-        except BaseException:
-            deadline.finish()
-            con.close()
-            raise
         return BatchStream(con, reader, deadline, timeout)
-
-    # -- schema --------------------------------------------------------------
 
     def describe(self) -> list[TableInfo]:
         """Tables and views of the warehouse with their columns, types and comments."""
         con = self._connect()
         try:
-            objects = con.execute(
-                """
-                SELECT schema_name, table_name, 'table', comment, estimated_size
-                  FROM duckdb_tables() WHERE NOT internal AND NOT temporary
-                   AND database_name = current_database()
-                UNION ALL
-                SELECT schema_name, view_name, 'view', comment, NULL
-                  FROM duckdb_views() WHERE NOT internal AND NOT temporary
-                   AND database_name = current_database()
-                ORDER BY 1, 2
-                """
-            ).fetchall()
-            columns = con.execute(
-                """
-                SELECT schema_name, table_name, column_name, data_type, comment
-                  FROM duckdb_columns() WHERE NOT internal AND database_name = current_database()
-                 ORDER BY schema_name, table_name, column_index
-                """
-            ).fetchall()
+            objects = con.execute(_OBJECTS_SQL).fetchall()
+            columns = con.execute(_COLUMNS_SQL).fetchall()
         except duckdb.Error as exc:
             raise SQLError(_short(exc)) from None
         finally:
