@@ -55,6 +55,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.port:
         settings.server.port = args.port
     created, token = bootstrap(settings)
+    from datadesk.llm.tokens import count_tokens
+
+    count_tokens("warm up")  # load the tokenizer now, not in the first user's turn
     rt = Runtime(settings=settings, model=build_model(settings))
     admin = next((u for u in rt.users.list() if "admin" in u.permissions and not u.revoked), None)
     host, port = settings.server.host, settings.server.port

@@ -35,7 +35,8 @@ def test_missing_result_gets_a_synthetic_one_and_orphans_are_dropped(tmp_path: P
     msgs, _, stats = build_messages("sys", log, 10_000, count_messages)
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool"]
     assert msgs[-1] == {"role": "tool", "tool_call_id": "a", "content": NO_RESULT}
-    assert stats == {"dropped_orphans": 1, "synthetic_results": 1}
+    assert stats["dropped_orphans"] == 1 and stats["synthetic_results"] == 1
+    assert stats["estimated_tokens"] > 0
 
 
 def test_budget_keeps_newest_and_starts_at_a_user_message(tmp_path: Path) -> None:

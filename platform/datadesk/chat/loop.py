@@ -166,8 +166,7 @@ class TurnLoop:
 
     def _write_manifest(self, step: int, records: list[Record], messages: list[dict[str, Any]],
                         tools: list[str], stats: dict[str, int]) -> None:
-        m = manifest(self.turn.turn_id, step, self.rt.model.name, records, messages, tools,
-                     count_messages(messages), stats)
+        m = manifest(self.turn.turn_id, step, self.rt.model.name, records, messages, tools, stats)
         with open(self.handle.dir / "context.jsonl", "ab") as fh:
             fh.write(msgspec.json.encode(m) + b"\n")
 

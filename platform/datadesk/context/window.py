@@ -10,7 +10,9 @@ window is dropped.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from typing import Any, Callable
 
 import msgspec
@@ -69,6 +71,37 @@ def record_messages(rec: Record) -> dict[str, Any] | None:
     return {"role": "tool", "tool_call_id": rec.tool_call_id or "", "content": rec.content}
 
 
+class TokenCache:
+    """Token counts of records, which never change once written: counted once, not every step.
+
+    Bounded LRU keyed by (log path, seq, ts); without it, a long thread re-tokenizes
+    its whole window (tool results included) on every model call.
+    """
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._data: OrderedDict[tuple[str, int, float], int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def cost(self, log: ThreadLog, rec: Record, count: Callable[[list[dict[str, Any]]], int]) -> int:
+        key = (str(log.path), rec.seq, rec.ts)
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is not None:
+                self._data.move_to_end(key)
+                return hit
+        msg = record_messages(rec)
+        value = count([msg]) if msg else 0
+        with self._lock:
+            self._data[key] = value
+            if len(self._data) > self.capacity:
+                self._data.popitem(last=False)
+        return value
+
+
+TOKEN_CACHE = TokenCache()
+
+
 def select_window(
     log: ThreadLog, budget_tokens: int, count: Callable[[list[dict[str, Any]]], int]
 ) -> tuple[list[Record], list[dict[str, Any]], dict[str, int]]:
@@ -80,8 +113,7 @@ def select_window(
         total = 0
         start = len(records)
         for i in range(len(records) - 1, -1, -1):
-            msg = record_messages(records[i])
-            cost = count([msg]) if msg else 0
+            cost = TOKEN_CACHE.cost(log, records[i], count)
             if total + cost > budget_tokens and start < len(records):
                 enough = True
                 break
@@ -94,7 +126,9 @@ def select_window(
     # start at a user message
     while window and window[0].role != "user":
         window = window[1:]
-    return _pair(window)
+    kept, messages, stats = _pair(window)
+    stats["history_tokens"] = sum(TOKEN_CACHE.cost(log, r, count) for r in kept)
+    return kept, messages, stats
 
 
 def _pair(window: list[Record]) -> tuple[list[Record], list[dict[str, Any]], dict[str, int]]:
@@ -129,13 +163,15 @@ def build_messages(
     system_prompt: str, log: ThreadLog, budget_tokens: int, count: Callable[[list[dict[str, Any]]], int]
 ) -> tuple[list[dict[str, Any]], list[Record], dict[str, int]]:
     records, history, stats = select_window(log, budget_tokens, count)
-    return [{"role": "system", "content": system_prompt}, *history], records, stats
+    system = {"role": "system", "content": system_prompt}
+    stats["estimated_tokens"] = count([system]) + stats.pop("history_tokens")
+    return [system, *history], records, stats
 
 
 def manifest(turn_id: str, step: int, model: str, records: list[Record], messages: list[dict[str, Any]],
-             tools: list[str], tokens: int, stats: dict[str, int]) -> ContextManifest:
+             tools: list[str], stats: dict[str, int]) -> ContextManifest:
     return ContextManifest(
         ts=time.time(), turn_id=turn_id, step=step, model=model, rules_version=BASE_RULES_VERSION,
-        first_seq=records[0].seq if records else 0, last_seq=records[-1].seq if records else 0,
-        records=len(records), messages=len(messages), tools=tools, estimated_tokens=tokens, **stats,
+        first_seq=min((r.seq for r in records), default=0), last_seq=max((r.seq for r in records), default=0),
+        records=len(records), messages=len(messages), tools=tools, **stats,
     )
