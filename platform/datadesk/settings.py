@@ -3,7 +3,7 @@
 Precedence: explicit constructor values (tests) > environment > TOML file >
 defaults. The TOML file is `$DATADESK_CONFIG`, else `$DATADESK_HOME/datadesk.toml`
 if it exists. Its tables mirror the sub-settings: `[llm]`, `[chat]`, `[sql]`,
-`[server]`, `[auth]`. Every field is documented in the README (a test checks).
+`[offload]`, `[server]`, `[auth]`. Every field is documented in the README (a test checks).
 """
 
 from __future__ import annotations
@@ -36,8 +36,27 @@ class ChatSettings(msgspec.Struct, forbid_unknown_fields=True):
 
 class SQLSettings(msgspec.Struct, forbid_unknown_fields=True):
     timeout_s: float = 30.0
-    max_rows: int = 100_000
-    result_chars: int = 8_000
+
+
+class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):
+    threshold_chars: int = 8_000
+    preview_rows: int = 10
+    preview_cell_chars: int = 200
+    max_columns: int = 50
+    max_tokens: int = 2_000
+    result_max_bytes: int = 2 * 1024**3
+    stream_timeout_s: float = 600.0
+    upload_max_bytes: int = 200 * 1024**2
+    ttl_s: float = 7 * 24 * 3600
+    thread_max_count: int = 200
+    thread_max_bytes: int = 5 * 1024**3
+    user_max_count: int = 1_000
+    user_max_bytes: int = 10 * 1024**3
+    global_max_count: int = 100_000
+    global_max_bytes: int = 100 * 1024**3
+    deliverable_user_max_bytes: int = 2 * 1024**3
+    sweep_interval_s: float = 60.0
+    auto_requery: bool = False
 
 
 class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -59,6 +78,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     llm: LLMSettings = msgspec.field(default_factory=LLMSettings)
     chat: ChatSettings = msgspec.field(default_factory=ChatSettings)
     sql: SQLSettings = msgspec.field(default_factory=SQLSettings)
+    offload: OffloadSettings = msgspec.field(default_factory=OffloadSettings)
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
 

@@ -250,25 +250,24 @@ def test_tool_small_result_is_complete_json(home):
     assert result.data["rows"] == body["rows"] and result.data["truncated"] is False
 
 
-def test_tool_cuts_long_results_with_a_notice(home):
-    settings = SQLSettings(result_chars=2000)
-    result = run_tool(make_registry(home, settings), home,
-                      {"sql": "SELECT * FROM readings ORDER BY building_id, ts LIMIT 500"})
-    assert not result.is_error and len(result.content) <= 2000
-    body = json.loads(result.content)  # still valid JSON
-    shown = len(body["rows"])
-    assert 0 < shown < 500
-    assert body["notice"] == (f"shown {shown} of 500 rows; this is not the full result — "
-                              "narrow the query or aggregate in SQL")
-    assert body["row_count"] == 500 and len(result.data["rows"]) == 500
+def test_tool_hands_large_results_to_offload_as_a_stream(home):
+    registry = ToolRegistry()
+    warehouse = home.warehouse()
+    register_sql_tool(registry, lambda ctx: warehouse, SQLSettings(), threshold_chars=2000)
+    result = run_tool(registry, home, {"sql": "SELECT * FROM readings ORDER BY building_id, ts LIMIT 500"})
+    assert not result.is_error and result.table is not None and result.content == ""
+    with result.table as table:
+        assert sum(b.num_rows for b in table) == 500
+    small = run_tool(registry, home, {"sql": "SELECT * FROM readings LIMIT 3"})
+    assert small.table is None and json.loads(small.content)["row_count"] == 3
 
 
-def test_tool_reports_max_rows_truncation(home):
-    result = run_tool(make_registry(home, SQLSettings(), max_rows=5), home,
-                      {"sql": "SELECT building_id FROM buildings ORDER BY 1"})
-    body = json.loads(result.content)
-    assert body["rows"] == [["B01"], ["B02"], ["B03"], ["B04"], ["B05"]]
-    assert body["truncated"] is True and "shown 5 of more than 5 rows" in body["notice"]
+def test_tool_streams_every_row_past_the_inline_cap(home):
+    registry = make_registry(home, SQLSettings())
+    result = run_tool(registry, home, {"sql": "SELECT * FROM range(5000) t(i)"})
+    with result.table as table:
+        rows = [v for b in table for v in b.column(0).to_pylist()]
+    assert rows == list(range(5000))
 
 
 def test_render_result_cuts_at_row_boundary_even_when_nothing_fits(wh):

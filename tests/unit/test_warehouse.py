@@ -235,3 +235,26 @@ def test_record_batches_refuses_and_times_out(built):
         wh.record_batches(f"COPY readings TO '{db.parent}/x.parquet'")
     with pytest.raises(SQLTimeout):
         list(wh.record_batches(SLOW))
+
+
+def test_parallel_streams_on_one_warehouse(wh):
+    """Parallel tool calls stream from the same file at once (DuckDB shares one instance)."""
+    import threading
+
+    results, errors = [], []
+
+    def run(sql: str) -> None:
+        try:
+            with wh.record_batches(sql) as stream:
+                results.append(sum(b.num_rows for b in stream))
+        except Exception as exc:  # collected: a thread's exception would be lost otherwise
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(q,)) for q in
+               ["SELECT * FROM readings", "SELECT count(*) FROM buildings"] * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(results) == [1] * 4 + [190_560] * 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,14 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.static_files import create_static_files_router
 
 from datadesk import __version__
+from datadesk.api.artifacts import ArtifactController
 from datadesk.api.auth import provide_runtime, provide_user
 from datadesk.api.session import SessionController
 from datadesk.api.threads import ThreadController
 from datadesk.chat.runtime import Runtime
 from datadesk.chat.turns import TooManyTurns, TurnConflict
 from datadesk.domain.ids import InvalidId
+from datadesk.offload.store import ArtifactNotFound
 from datadesk.store.threads import ThreadNotFound
 from datadesk.store.users import UserError
 from datadesk.store.workspaces import WorkspaceConfigError
@@ -33,6 +36,7 @@ _STATUS: dict[type[Exception], int] = {
     InvalidId: 400,
     UserError: 400,
     ThreadNotFound: 404,
+    ArtifactNotFound: 404,
     TurnConflict: 409,
     TooManyTurns: 429,
     WorkspaceConfigError: 500,
@@ -72,7 +76,23 @@ def create_app(rt: Runtime) -> Litestar:
         check_throttle_handler=lambda request: bool(request.route_handler.opt.get("login")),
     )
 
+    sweeper: list[asyncio.Task[None]] = []
+
+    async def sweep_forever() -> None:
+        """The cache sweeper: TTL and quotas, enforced while the app runs."""
+        while True:
+            await asyncio.sleep(rt.settings.offload.sweep_interval_s)
+            try:
+                await asyncio.to_thread(rt.quota.enforce)
+            except Exception:
+                log.exception("artifact sweep failed")
+
+    async def on_startup() -> None:
+        sweeper.append(asyncio.create_task(sweep_forever(), name="artifact-sweeper"))
+
     async def on_shutdown() -> None:
+        for task in sweeper:
+            task.cancel()
         await rt.turns.cancel_all()
 
     exception_handlers: dict[Any, Any] = {t: domain_error for t in _STATUS}
@@ -82,6 +102,7 @@ def create_app(rt: Runtime) -> Litestar:
         route_handlers=[
             SessionController,
             ThreadController,
+            ArtifactController,
             index,
             create_static_files_router(path="/static", directories=[WEB_DIR], include_in_schema=False),
         ],
@@ -91,6 +112,7 @@ def create_app(rt: Runtime) -> Litestar:
         request_max_body_size=rt.settings.server.max_body_bytes,
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
                                      render_plugins=[SwaggerRenderPlugin()]),
+        on_startup=[on_startup],
         on_shutdown=[on_shutdown],
         state=State({"runtime": rt}),
     )

@@ -23,6 +23,7 @@ from datadesk.domain.records import Record, ToolCall
 from datadesk.domain.users import User
 from datadesk.llm.base import ModelDelta, ModelError, ModelReply
 from datadesk.llm.tokens import count_messages
+from datadesk.offload.pipeline import OffloadCapability, artifact_ref
 from datadesk.store.threadlog import LogClosed
 from datadesk.store.threads import ThreadHandle
 from datadesk.tools.registry import ToolContext, ToolResult
@@ -80,8 +81,9 @@ class TurnLoop:
             self.turn.emit("done", turn_id=self.turn.turn_id, status=status)
 
     async def _steps(self) -> str:
-        specs = self.rt.tools.permitted(self.user.permission_set)
+        specs = self.rt.permitted_tools(self.user, self.handle.meta.workspace)
         tools = [s.openai_schema() for s in specs]
+        self.allowed = {s.name for s in specs}
         prompt = system_prompt(self.rt, self.handle.meta.workspace)
         for step in range(1, self.settings.max_steps + 1):
             messages, records, stats = build_messages(
@@ -101,7 +103,8 @@ class TurnLoop:
             self._append(role="assistant", content=reply.content, tool_calls=calls,
                          model=reply.model or self.rt.model.name, usage=reply.usage,
                          provider_fields=reply.provider_fields)
-            await self._run_tools(calls)
+            cap = self.rt.offload_capability(self.user, self.handle.meta.workspace, specs)
+            await self._run_tools(calls, cap)
         rec = self._append(role="assistant", status="error",
                            content=f"I stopped after {self.settings.max_steps} tool rounds without a final answer.",
                            meta={"error": "step_limit"})
@@ -128,7 +131,7 @@ class TurnLoop:
             self.turn.emit("error", kind="model", message=str(exc))
             return None
 
-    async def _run_tools(self, calls: list[ToolCall]) -> None:
+    async def _run_tools(self, calls: list[ToolCall], cap: OffloadCapability) -> None:
         recorded: set[str] = set()
 
         async def one(call: ToolCall) -> None:
@@ -141,11 +144,21 @@ class TurnLoop:
                 thread_dir=self.handle.dir, call_id=call.id,
             )
             try:
-                result = await asyncio.wait_for(
-                    self.rt.tools.run(call.name, call.arguments, ctx), self.settings.tool_timeout_s
-                )
+                if call.name not in self.allowed:
+                    # hidden by the workspace, or not permitted: same answer as an unknown tool
+                    result = ToolResult(f"unknown tool {call.name!r} (or not available here); available tools: "
+                                        f"{', '.join(sorted(self.allowed)) or 'none'}", is_error=True)
+                else:
+                    result = await asyncio.wait_for(
+                        self.rt.tools.run(call.name, call.arguments, ctx), self.settings.tool_timeout_s
+                    )
             except asyncio.TimeoutError:
                 result = ToolResult(f"{call.name} timed out after {self.settings.tool_timeout_s:g} s", is_error=True)
+            tool = self.rt.tools.get(call.name)
+            outcome = await self.rt.offload.process(tool.spec if tool else None, call.arguments, result, ctx, cap)
+            result = outcome.result
+            if outcome.artifact is not None:
+                self.turn.emit("artifact.created", call_id=call.id, **artifact_ref(outcome.artifact))
             ms = round((time.perf_counter() - started) * 1000, 1)
             rec = self._append(role="tool", tool_call_id=call.id, name=call.name, content=result.content,
                                status="error" if result.is_error else "ok",

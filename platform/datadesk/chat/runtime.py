@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from datadesk.chat.turns import TurnRegistry
 from datadesk.llm.base import ChatModel
@@ -14,8 +14,17 @@ from datadesk.store.threads import ThreadStore
 from datadesk.store.users import UserStore
 from datadesk.store.warehouse import Warehouse
 from datadesk.store.workspaces import WorkspaceConfig, load_workspace, warehouse_path
-from datadesk.tools.registry import ToolContext, ToolRegistry
+from datadesk.domain.users import User
+from datadesk.llm.tokens import count_tokens
+from datadesk.offload.pipeline import OffloadCapability, OffloadPipeline
+from datadesk.offload.quota import ArtifactQuota
+from datadesk.offload.requery import RequeryService
+from datadesk.offload.store import ArtifactStore
+from datadesk.tools.artifacts import register_artifact_tools
+from datadesk.tools.registry import ToolContext, ToolRegistry, ToolSpec
 from datadesk.tools.sql import register_sql_tool
+
+PYTHON_TOOL = "python"
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +43,16 @@ class Runtime:
         self.threads = ThreadStore(self.layout)
         self.turns = TurnRegistry(settings.chat.max_turns_per_user)
         self.tools = ToolRegistry()
-        register_sql_tool(self.tools, self.warehouse_for, settings.sql)
+        self.artifacts = ArtifactStore(self.layout)
+        self.quota = ArtifactQuota(settings.offload, self.artifacts)
+        self.offload = OffloadPipeline(settings.offload, self.artifacts, count_tokens,
+                                       on_created=self.quota.after_create)
+        self.requery = RequeryService(self.offload, self.tools, self.artifacts)
+        register_sql_tool(self.tools, self.warehouse_for, settings.sql, settings.offload.threshold_chars,
+                          settings.offload.stream_timeout_s)
+        register_artifact_tools(self.tools, self.requery)
+        # Replaced by the sandbox registry when code execution is configured.
+        self.sandbox_health: Callable[[], tuple[bool, str]] = lambda: (False, "the sandbox is not running")
         self._workspaces: dict[str, tuple[WorkspaceConfig, Warehouse]] = {}
         self._ws_lock = threading.Lock()
 
@@ -48,10 +66,30 @@ class Runtime:
                     warehouse_path(self.layout, ws, cfg),
                     self.layout.workspace_data_dir(ws),
                     timeout_s=self.settings.sql.timeout_s,
-                    max_rows=self.settings.sql.max_rows,
                 )
                 hit = self._workspaces[ws] = (cfg, wh)
             return hit
+
+    def permitted_tools(self, user: User, workspace: str) -> list[ToolSpec]:
+        """Tools this user may call in this workspace, in registration order."""
+        cfg, _ = self.workspace(workspace)
+        disabled = set(cfg.disabled_tools)
+        return [s for s in self.tools.permitted(user.permission_set) if s.name not in disabled]
+
+    def offload_capability(self, user: User, workspace: str, specs: list[ToolSpec]) -> OffloadCapability:
+        """Large results go to files only when the model can read them: the python tool is in
+        this request and the sandbox is healthy. Otherwise the notice says why not."""
+        if any(s.name == PYTHON_TOOL for s in specs):
+            healthy, why = self.sandbox_health()
+            if healthy:
+                return OffloadCapability(True)
+            return OffloadCapability(False, f"the python sandbox is down: {why}")
+        if self.tools.get(PYTHON_TOOL) is None:
+            return OffloadCapability(False, "code execution is not set up on this server")
+        cfg, _ = self.workspace(workspace)
+        if PYTHON_TOOL in cfg.disabled_tools:
+            return OffloadCapability(False, "the python tool is disabled in this workspace")
+        return OffloadCapability(False, "you do not have the code_execution permission")
 
     def warehouse_for(self, ctx: ToolContext) -> Warehouse:
         return self.workspace(ctx.workspace)[1]

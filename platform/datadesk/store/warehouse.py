@@ -244,6 +244,7 @@ class BatchStream:
                  deadline: _Deadline, timeout_s: float) -> None:
         self._con, self._reader, self._deadline, self._timeout_s = con, reader, deadline, timeout_s
         self.schema: pa.Schema = reader.schema
+        self.sql_types: list[str] = []  # DuckDB's own type names (BIGINT, TIMESTAMP, ...)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         try:
@@ -254,6 +255,13 @@ class BatchStream:
             raise SQLError(_short(exc)) from None
         finally:
             self.close()
+
+    def extend(self, timeout_s: float) -> None:
+        """Restart the deadline with `timeout_s` (a result that started streaming may take
+        longer to write out than a statement may take to produce its first rows)."""
+        self._deadline.finish()
+        self._deadline = _Deadline(self._con, timeout_s)
+        self._timeout_s = timeout_s
 
     def close(self) -> None:
         self._deadline.finish()
@@ -274,7 +282,7 @@ class Warehouse:
     its own connection.
     """
 
-    def __init__(self, db_path: Path, data_dir: Path, timeout_s: float, max_rows: int) -> None:
+    def __init__(self, db_path: Path, data_dir: Path, timeout_s: float, max_rows: int = 100_000) -> None:
         self.db_path = Path(db_path).absolute()
         self.data_dir = Path(data_dir).absolute()
         self.timeout_s = float(timeout_s)
@@ -290,13 +298,13 @@ class Warehouse:
             except duckdb.Error as exc:
                 raise SQLError(f"cannot open the warehouse: {_short(exc)}") from None
             try:
-                locked = con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]
+                locked = con.execute("SELECT current_setting('lock_configuration')").fetchall()[0][0]
                 if locked:
                     # A connection elsewhere in this process already locked the
                     # shared instance; make sure it is locked down our way.
                     dirs, external = con.execute(
                         "SELECT current_setting('allowed_directories'), current_setting('enable_external_access')"
-                    ).fetchone()
+                    ).fetchall()[0]  # fetchall: DuckDB 2 refuses new work while a result is unfinished
                     if external or allowed not in (dirs or []):
                         raise SQLError("the warehouse is open in this process with other access settings")
                 else:
@@ -364,6 +372,7 @@ class Warehouse:
             rel = con.sql(sql)
             if rel is None:  # cannot happen for checked statements; be explicit anyway
                 raise SQLError("statement returned no result set")
+            sql_types = [str(t) for t in rel.types]  # before reading: the reader owns the connection
             make_reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
             reader = make_reader(batch_size)
         except BaseException as exc:
@@ -374,7 +383,9 @@ class Warehouse:
             if deadline.fired:
                 raise SQLTimeout(_timeout_message(timeout)) from None
             raise SQLError(_short(exc)) from None
-        return BatchStream(con, reader, deadline, timeout)
+        stream = BatchStream(con, reader, deadline, timeout)
+        stream.sql_types = sql_types
+        return stream
 
     def describe(self) -> list[TableInfo]:
         """Tables and views of the warehouse with their columns, types and comments."""

@@ -25,6 +25,7 @@ class WorkspaceConfig(msgspec.Struct, forbid_unknown_fields=True):
     name: str = ""
     prompt: str = ""
     warehouse: str = "data/warehouse.duckdb"  # relative to the workspace directory
+    disabled_tools: list[str] = msgspec.field(default_factory=list)  # hidden from the model here
 
 
 def load_workspace(layout: Layout, ws: str) -> WorkspaceConfig:

@@ -18,6 +18,8 @@ from typing import Any, Awaitable, Callable
 
 import msgspec
 
+from datadesk.offload.stream import TabularStream
+
 log = logging.getLogger(__name__)
 
 PERMISSIONS = ("code_execution", "memory", "admin")
@@ -75,8 +77,11 @@ class ToolResult:
 
     content: str
     is_error: bool = False
-    data: Any = None  # structured form (e.g. {"columns": [...], "rows": [...]}) for offload
+    data: Any = None  # structured form for callers (small results only)
     meta: dict[str, Any] = field(default_factory=dict)
+    # A large tabular result, streamed: the offload pipeline writes it to an
+    # artifact (or counts it for the truncated form) and replaces `content`.
+    table: TabularStream | None = None
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult]]

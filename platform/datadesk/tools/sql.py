@@ -1,10 +1,10 @@
 """The `sql_query` tool: one read-only DuckDB statement against the workspace warehouse.
 
-The model reads `content`: compact JSON (columns, types, row_count, rows),
-cut at a row boundary to `SQLSettings.result_chars` characters. When rows are
+Small results come back inline: compact JSON (columns, types, row_count,
+rows) within `offload.threshold_chars`. When rows are
 left out, the JSON carries a `notice` saying so in words the model cannot
-mistake for a complete answer. `data` holds the full result (up to max_rows)
-for offload to an artifact.
+mistake for a complete answer. Results too large to inline are returned as
+a `TabularStream` for the offload pipeline, which writes them to Parquet.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from typing import Any, Callable
 import msgspec
 
 from datadesk.settings import SQLSettings
-from datadesk.store.warehouse import QueryResult, SQLError, Warehouse
+import asyncio
+import itertools
+import sys
+
+import pyarrow as pa
+
+from datadesk.offload.stream import TabularStream
+from datadesk.store.warehouse import QueryResult, SQLError, Warehouse, check_statement, jsonable
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 
 TOOL_NAME = "sql_query"
@@ -28,9 +35,10 @@ def _description(settings: SQLSettings) -> str:
         "and get the result as JSON (columns, types, row_count, rows). Allowed: SELECT "
         "(also WITH ... SELECT, FROM-first, VALUES), DESCRIBE <table>, SHOW TABLES, "
         "SUMMARIZE <table>, EXPLAIN <select>. Use SHOW TABLES and DESCRIBE <table> to learn "
-        "the schema first. Filter and aggregate in SQL: at most "
-        f"{settings.max_rows:,} rows come back, long results are cut to fit (a notice says "
-        f"so), and a statement is stopped after {settings.timeout_s:g} s. Writes, SET/PRAGMA, "
+        "the schema first. Filter and aggregate in SQL. A large result is saved as an artifact "
+        "(you get its schema, row count and a preview, and can load it with the python tool) or, "
+        "without the python tool, cut to fit with a notice. A statement is stopped after "
+        f"{settings.timeout_s:g} s. Writes, SET/PRAGMA, "
         "extensions and files outside the warehouse are not available."
     )
 
@@ -90,10 +98,56 @@ def render_result(result: QueryResult, max_chars: int) -> str:
     return build(n, notice_for(n))
 
 
+INLINE_MAX_ROWS = 2_000  # more rows than this never fit the inline threshold anyway
+
+
+def _first_rows(wh: Warehouse, sql: str, threshold_chars: int, stream_timeout_s: float) -> ToolResult:
+    """Run `sql`; small results come back inline, large ones as a stream for offload.
+
+    One execution: the batches already read for the size check are chained
+    in front of the rest of the stream.
+    """
+    stream = wh.record_batches(sql)  # the statement timeout covers the first rows
+    try:
+        it = iter(stream)
+        head: list[pa.RecordBatch] = []
+        rows = 0
+        exhausted = True
+        for batch in it:
+            if not head:
+                stream.extend(stream_timeout_s)  # rows are flowing: allow time to write them out
+            head.append(batch)
+            rows += batch.num_rows
+            if rows > INLINE_MAX_ROWS:
+                exhausted = False
+                break
+        if exhausted:
+            table = pa.Table.from_batches(head, schema=stream.schema)
+            result = QueryResult(
+                columns=table.column_names, types=stream.sql_types or [str(t) for t in table.schema.types],
+                rows=[[jsonable(v) for v in row.values()] for row in table.to_pylist()],
+                row_count=table.num_rows, truncated=False,
+            )
+            content = render_result(result, sys.maxsize)
+            if len(content) <= threshold_chars and rows:
+                stream.close()
+                return ToolResult(content=content, data=result.to_dict(), meta={"rows": rows})
+            if not rows:
+                stream.close()
+                return ToolResult(content=content, data=result.to_dict(), meta={"rows": 0})
+            return ToolResult(content="", table=TabularStream(stream.schema, iter(head), stream.close))
+        return ToolResult(content="", table=TabularStream(stream.schema, itertools.chain(head, it), stream.close))
+    except BaseException:
+        stream.close()
+        raise
+
+
 def register_sql_tool(
     registry: ToolRegistry,
     warehouse_for: Callable[[ToolContext], Warehouse],
     settings: SQLSettings,
+    threshold_chars: int = 8_000,
+    stream_timeout_s: float = 600.0,
 ) -> None:
     """Register `sql_query`; `warehouse_for` picks the caller's workspace warehouse."""
 
@@ -101,16 +155,12 @@ def register_sql_tool(
         sql = args.get("sql")
         if not isinstance(sql, str) or not sql.strip():
             raise ToolError("`sql` must be a non-empty string holding one read-only SQL statement")
+        wh = warehouse_for(ctx)
         try:
-            result = await warehouse_for(ctx).query(sql)
+            check_statement(sql)  # refuse on the loop, before any thread or connection
+            return await asyncio.to_thread(_first_rows, wh, sql, threshold_chars, stream_timeout_s)
         except SQLError as exc:  # includes SQLRefused and SQLTimeout
             raise ToolError(str(exc)) from None
-        content = render_result(result, settings.result_chars)
-        return ToolResult(
-            content=content,
-            data=result.to_dict(),
-            meta={"row_count": result.row_count, "truncated": result.truncated},
-        )
 
     registry.register(
         ToolSpec(

@@ -1,0 +1,70 @@
+"""Artifacts: full tool results, uploads and deliverables kept as files per thread.
+
+`<aid>.json` beside the data file holds an `Artifact`. When a cached artifact
+is evicted, its data file goes and the metadata stays as a tombstone
+(`status="expired"`), so the model and the UI can say exactly what was there
+and how to restore it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+# result: a tool result (cache); upload: brought by the user (cache);
+# deliverable: written by code (charts, reports): never evicted, only deleted.
+ArtifactKind = Literal["result", "upload", "deliverable"]
+ArtifactStatus = Literal["ready", "partial", "expired", "deleted"]
+CACHE_KINDS = ("result", "upload")
+
+
+class ColumnSchema(msgspec.Struct, frozen=True):
+    name: str
+    type: str
+
+
+class ArtifactOrigin(msgspec.Struct, omit_defaults=True):
+    """Where the data came from: enough to re-run the call that produced it."""
+
+    source: Literal["tool", "upload", "python"]
+    user: str
+    thread: str
+    workspace: str
+    tool: str | None = None
+    arguments: str | None = None  # raw JSON of the original call
+    call_id: str | None = None
+    filename: str | None = None  # uploads
+
+
+class Artifact(msgspec.Struct):
+    id: str
+    kind: ArtifactKind
+    format: str  # parquet | text | csv | png | jpeg | ...
+    file: str  # data file name inside the thread's artifacts/ directory
+    origin: ArtifactOrigin
+    created: float
+    last_used: float
+    status: ArtifactStatus = "ready"
+    rows: int | None = None
+    columns: int | None = None
+    schema: list[ColumnSchema] = msgspec.field(default_factory=list)
+    bytes: int = 0
+    sha256: str = ""
+    chars: int | None = None  # text artifacts
+    media_type: str = "application/octet-stream"
+    partial_reason: str | None = None
+    expired_at: float | None = None
+    requeried_at: float | None = None
+
+    @property
+    def sandbox_path(self) -> str:
+        return f"/data/{self.file}"
+
+    @property
+    def is_cache(self) -> bool:
+        return self.kind in CACHE_KINDS
+
+    @property
+    def available(self) -> bool:
+        return self.status in ("ready", "partial")

@@ -1,0 +1,1 @@
+"""Result offload: large tool results become artifacts; the model sees a preview."""

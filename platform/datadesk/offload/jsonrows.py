@@ -1,0 +1,253 @@
+"""Tabular JSON -> Arrow record batches, streaming one element at a time.
+
+Big arrays are walked with `JSONDecoder.raw_decode(text, pos)` element by
+element, so memory holds one batch of rows, never the whole decoded list.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from datadesk.offload.columns import TabularParseError, records_to_batch, rows_to_batch
+
+_WS = re.compile(r"[ \t\n\r]*")
+# Module-level so tests can count decoding steps (streaming check).
+_DECODER = json.JSONDecoder()
+_MISSING = object()
+
+
+def json_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """Yield record batches of tabular JSON, streaming element by element.
+
+    Accepted shapes: an array of objects; `{"columns": [...], "rows"|"data":
+    [[...], ...]}`; an object whose single key holds an array of objects;
+    newline-delimited objects. Anything else (a scalar, an array of scalars,
+    an arbitrary object) raises TabularParseError saying why. Element
+    errors found mid-stream are raised when reached.
+    """
+    if batch_rows < 1:
+        raise ValueError("batch_rows must be >= 1")
+    start = 1 if text.startswith("\ufeff") else 0
+    pos = _WS.match(text, start).end()
+    if pos >= len(text):
+        raise TabularParseError("no JSON: the text is empty")
+    ch = text[pos]
+    if ch == "[":
+        yield from _record_batches(_array_records(text, pos, "the top-level array"), batch_rows)
+    elif ch == "{":
+        yield from _object_batches(text, pos, batch_rows)
+    else:
+        value, _ = _decode(text, pos)
+        raise TabularParseError(f"JSON is a single {_kind(value)}, not a table")
+
+
+def _where(text: str, pos: int) -> str:
+    line = text.count("\n", 0, pos) + 1
+    return f"line {line} column {pos - text.rfind(chr(10), 0, pos)} (char {pos})"
+
+
+def _decode(text: str, pos: int) -> tuple[Any, int]:
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except json.JSONDecodeError as err:
+        raise TabularParseError(f"invalid JSON at {_where(text, err.pos)}: {err.msg}") from None
+    except RecursionError:
+        raise TabularParseError(f"JSON nested too deeply at {_where(text, pos)}") from None
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if value is None:
+        return "null"
+    return "boolean" if isinstance(value, bool) else "number"
+
+
+def _array_items(text: str, pos: int) -> Iterator[tuple[int, Any, int]]:
+    """Yield (index, value, start) of the array at text[pos] == "["; return its end.
+
+    Decodes one element at a time, so memory holds one element, not the array.
+    """
+    pos = _WS.match(text, pos + 1).end()
+    if text.startswith("]", pos):
+        return pos + 1
+    index = 0
+    while True:
+        value, end = _decode(text, pos)
+        yield index, value, pos
+        pos = _WS.match(text, end).end()
+        ch = text[pos:pos + 1]
+        if ch == ",":
+            pos = _WS.match(text, pos + 1).end()
+            index += 1
+        elif ch == "]":
+            return pos + 1
+        else:
+            raise TabularParseError(f"invalid JSON at {_where(text, pos)}: expected ',' or ']' after element {index}")
+
+
+def _expect_end(text: str, pos: int) -> None:
+    pos = _WS.match(text, pos).end()
+    if pos < len(text):
+        raise TabularParseError(f"invalid JSON at {_where(text, pos)}: extra data after the JSON value")
+
+
+def _array_records(text: str, pos: int, what: str, check_end: bool = True) -> Iterator[dict]:
+    items = _array_items(text, pos)
+    while True:
+        try:
+            index, value, start = next(items)
+        except StopIteration as stop:
+            end = stop.value
+            break
+        if not isinstance(value, dict):
+            if index == 0:
+                raise TabularParseError(
+                    f"{what} holds {_kind(value)}s, not objects: not tabular JSON")
+            raise TabularParseError(
+                f"element {index} of {what} (at {_where(text, start)}) is a {_kind(value)}, "
+                "not an object like the elements before it")
+        yield value
+    if check_end:
+        _expect_end(text, end)
+
+
+def _record_batches(records: Iterator[dict], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    buf: list[dict] = []
+    total = 0
+    for record in records:
+        buf.append(record)
+        if len(buf) >= batch_rows:
+            total += len(buf)
+            yield records_to_batch(buf)
+            buf = []
+    if buf:
+        total += len(buf)
+        yield records_to_batch(buf)
+    if total == 0:
+        raise TabularParseError("the JSON array is empty: no rows and no columns")
+
+
+class _Entry:
+    """One top-level key of an object: where its value starts and what it is."""
+
+    __slots__ = ("key", "start", "value", "count", "first")
+
+    def __init__(self, key: str, start: int, value: Any = _MISSING, count: int = 0, first: str = "") -> None:
+        self.key, self.start, self.value, self.count, self.first = key, start, value, count, first
+
+
+def _scan_object(text: str, pos: int) -> tuple[dict[str, _Entry], int]:
+    """Walk the object at text[pos] without keeping its big arrays.
+
+    Arrays are only counted (their elements are decoded one at a time and
+    dropped); the row array is decoded again when streamed. Twice the
+    parsing, but memory stays at one element.
+    """
+    entries: dict[str, _Entry] = {}
+    pos = _WS.match(text, pos + 1).end()
+    if text.startswith("}", pos):
+        return entries, pos + 1
+    while True:
+        if not text.startswith('"', pos):
+            raise TabularParseError(f"invalid JSON at {_where(text, pos)}: expected a key")
+        key, pos = _decode(text, pos)
+        pos = _WS.match(text, pos).end()
+        if not text.startswith(":", pos):
+            raise TabularParseError(f"invalid JSON at {_where(text, pos)}: expected ':'")
+        pos = _WS.match(text, pos + 1).end()
+        if text.startswith("[", pos) and key not in ("columns", "types"):
+            entry = _Entry(key, pos)
+            items = _array_items(text, pos)
+            while True:
+                try:
+                    index, value, _ = next(items)
+                except StopIteration as stop:
+                    pos = stop.value
+                    break
+                if index == 0:
+                    entry.first = _kind(value)
+                entry.count += 1
+        else:
+            value, end = _decode(text, pos)
+            entry = _Entry(key, pos, value)
+            pos = end
+        entries[key] = entry
+        pos = _WS.match(text, pos).end()
+        ch = text[pos:pos + 1]
+        if ch == ",":
+            pos = _WS.match(text, pos + 1).end()
+        elif ch == "}":
+            return entries, pos + 1
+        else:
+            raise TabularParseError(f"invalid JSON at {_where(text, pos)}: expected ',' or '}}'")
+
+
+def _object_batches(text: str, pos: int, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    entries, end = _scan_object(text, pos)
+    after = _WS.match(text, end).end()
+    if after < len(text):  # more after the first object: newline-delimited JSON
+        yield from _record_batches(_ndjson_records(text, pos), batch_rows)
+        return
+    columns = entries.get("columns")
+    rows = entries.get("rows") or entries.get("data")
+    if columns is not None and rows is not None and isinstance(columns.value, list) and rows.value is _MISSING:
+        yield from _columns_rows_batches(text, columns.value, rows, batch_rows)
+        return
+    if len(entries) == 1:
+        (entry,) = entries.values()
+        if entry.value is _MISSING:  # an array
+            if entry.count == 0:
+                raise TabularParseError(f"the array under {entry.key!r} is empty: no rows and no columns")
+            if entry.first != "object":
+                raise TabularParseError(f"{entry.key!r} holds an array of {entry.first}s, not objects: not tabular JSON")
+            records = _array_records(text, entry.start, f"the array under {entry.key!r}", check_end=False)
+            yield from _record_batches(records, batch_rows)
+            return
+    keys = ", ".join(list(entries)[:10]) + (", ..." if len(entries) > 10 else "")
+    raise TabularParseError(
+        "JSON object is not tabular: expected an array of objects, {\"columns\", \"rows\"}, "
+        f"or one key holding an array of objects; found keys: {keys or '(none)'}")
+
+
+def _columns_rows_batches(text: str, columns: list, rows: _Entry, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    names = [c.get("name") if isinstance(c, dict) else c for c in columns]
+    if not names:
+        raise TabularParseError("\"columns\" is empty")
+    buf: list[list[Any]] = []
+    emitted = False
+    for index, row, start in _array_items(text, rows.start):
+        if isinstance(row, dict):  # rows given as objects: place by column name
+            row = [row.get(name) for name in names]
+        elif not isinstance(row, list):
+            raise TabularParseError(
+                f"row {index} (at {_where(text, start)}) is a {_kind(row)}, not an array of values")
+        if len(row) > len(names):
+            raise TabularParseError(
+                f"row {index} (at {_where(text, start)}) has {len(row)} values but there are {len(names)} columns")
+        buf.append(row)
+        if len(buf) >= batch_rows:
+            yield rows_to_batch(names, buf)
+            emitted = True
+            buf = []
+    if buf or not emitted:
+        yield rows_to_batch(names, buf)  # zero rows still carry the columns
+
+
+def _ndjson_records(text: str, pos: int) -> Iterator[dict]:
+    while pos < len(text):
+        if text[pos] != "{":
+            value, _ = _decode(text, pos)
+            raise TabularParseError(
+                f"newline-delimited JSON: {_where(text, pos)} holds a {_kind(value)}, not an object")
+        value, end = _decode(text, pos)
+        yield value
+        pos = _WS.match(text, end).end()

@@ -1,0 +1,295 @@
+"""The offload pipeline between every tool and the model (DESIGN section 6).
+
+For each tool result:
+- not offloadable (first-party return contract) or an error: passed through;
+- a large tabular stream, or text over `threshold_chars`:
+  - when the model can read files (python tool in this request, sandbox
+    healthy): streamed to `artifacts/<aid>.parquet` (tabular) or `.txt`, and
+    the model gets schema, counts, a capped preview and the notice;
+  - otherwise: no file; the head of the result and a notice naming why.
+- small results are passed through unchanged.
+
+Writing runs in a worker thread, batch by batch, so neither the event loop
+nor the app's memory carries the whole result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import msgspec
+import pyarrow as pa
+
+from datadesk.domain.artifacts import Artifact, ArtifactOrigin, ColumnSchema
+from datadesk.offload import preview
+from datadesk.offload.sink import ParquetSink
+from datadesk.offload.store import ArtifactStore, artifacts_dir, new_artifact_id
+from datadesk.offload.stream import TabularStream
+from datadesk.offload.tabular import TabularParseError, csv_batches, detect_text, json_batches
+from datadesk.settings import OffloadSettings
+from datadesk.store.files import write_atomic
+from datadesk.tools.registry import ToolContext, ToolResult, ToolSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OffloadCapability:
+    """Whether the model of this request can read artifact files, and if not, why."""
+
+    can_offload: bool
+    reason: str = ""
+
+
+@dataclass
+class OffloadOutcome:
+    result: ToolResult
+    artifact: Artifact | None = None
+
+
+def text_tabular_stream(text: str) -> TabularStream | None:
+    """A stream of batches when `text` looks tabular (JSON records, columns+rows, CSV, TSV)."""
+    kind = detect_text(text)
+    if kind == "json":
+        gen = json_batches(text)
+    elif kind in ("csv", "tsv"):
+        gen = csv_batches(text, delimiter="\t" if kind == "tsv" else ",")
+    else:
+        return None
+    # Pull the first batch now: a parse error here means "not tabular after all".
+    try:
+        first = next(gen)
+    except StopIteration:
+        return TabularStream(None, iter(()))
+    return TabularStream(first.schema, _chain(first, gen))
+
+
+def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield first
+    yield from rest
+
+
+def column_schema(schema: pa.Schema) -> list[ColumnSchema]:
+    return [ColumnSchema(f.name, str(f.type)) for f in schema]
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class OffloadPipeline:
+    """Decides, per tool result, between pass-through, artifact and truncation."""
+
+    def __init__(self, settings: OffloadSettings, store: ArtifactStore, count: Callable[[str], int],
+                 on_created: Callable[[str, str, Path, Artifact], None] | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.count = count
+        self.on_created = on_created  # quota enforcement hook: (workspace, user, thread_dir, artifact)
+
+    async def process(self, spec: ToolSpec | None, arguments: str, result: ToolResult, ctx: ToolContext,
+                      cap: OffloadCapability) -> OffloadOutcome:
+        offloadable = spec is not None and spec.offloadable and not result.is_error
+        if not offloadable:
+            if result.table is not None:
+                result.table.close()
+            return OffloadOutcome(result)
+        if result.table is None and len(result.content) <= self.settings.threshold_chars:
+            return OffloadOutcome(result)
+        try:
+            return await asyncio.to_thread(self._process_sync, spec, arguments, result, ctx, cap)
+        except Exception as exc:  # the stream failed mid-way (timeout, engine error): say so
+            log.warning("reading the result of %s failed: %s", spec.name, exc)
+            return OffloadOutcome(ToolResult(content=f"{spec.name} failed while reading its result: {exc}",
+                                             is_error=True, meta=result.meta))
+
+    # -- worker thread ------------------------------------------------------------
+    def _process_sync(self, spec: ToolSpec, arguments: str, result: ToolResult, ctx: ToolContext,
+                      cap: OffloadCapability) -> OffloadOutcome:
+        source = f"{spec.name}({_short_args(arguments)})"
+        table = result.table
+        if table is None:
+            try:
+                table = text_tabular_stream(result.content)
+            except TabularParseError:
+                table = None
+        try:
+            if table is not None:
+                try:
+                    return self._table(spec, arguments, result, table, ctx, cap, source)
+                except TabularParseError as exc:
+                    if result.table is not None:
+                        raise
+                    log.info("result of %s is not tabular after all (%s): kept as text", spec.name, exc)
+            return self._text(spec, arguments, result, ctx, cap, source)
+        finally:
+            if table is not None:
+                table.close()
+
+    def _origin(self, spec: ToolSpec, arguments: str, ctx: ToolContext) -> ArtifactOrigin:
+        return ArtifactOrigin(source="tool", user=ctx.user, thread=ctx.thread, workspace=ctx.workspace,
+                              tool=spec.name, arguments=arguments, call_id=ctx.call_id)
+
+    def _table(self, spec: ToolSpec, arguments: str, result: ToolResult, table: TabularStream,
+               ctx: ToolContext, cap: OffloadCapability, source: str) -> OffloadOutcome:
+        if not cap.can_offload:
+            return OffloadOutcome(self._truncated_table(result, table, cap.reason))
+        aid = new_artifact_id()
+        try:
+            art, head, schema = self.write_table(ctx.thread_dir, aid, table, self._origin(spec, arguments, ctx),
+                                                 "result")
+        except OSError as exc:
+            log.warning("offload of %s failed: %s", spec.name, exc)
+            reason = f"saving the full result failed: {exc.strerror or exc}"
+            return OffloadOutcome(ToolResult(content=f"NOTICE: {reason}. The result is not available; "
+                                             "narrow the query with filters, aggregation or LIMIT.",
+                                             meta={**result.meta, "offload_failed": True}))
+        if art is None:
+            return OffloadOutcome(ToolResult(content=preview.render_empty(table.schema, spec.name),
+                                             meta={**result.meta, "rows": 0}))
+        self._created(ctx, art)
+        content = preview.render_table_artifact(
+            art, schema, head, source, self.count, self.settings.max_tokens, self.settings.preview_rows, self.settings.preview_cell_chars,
+            self.settings.max_columns,
+        )
+        return OffloadOutcome(ToolResult(content=content, meta={**result.meta, **artifact_ref(art)}), art)
+
+    def write_table(self, thread_dir: Path, aid: str, table: TabularStream, origin: ArtifactOrigin,
+                    kind: str, existing: Artifact | None = None
+                    ) -> tuple[Artifact | None, pa.Table, pa.Schema | None]:
+        """Stream `table` into `artifacts/<aid>.parquet`: (artifact, preview head, schema).
+
+        The artifact is None when the result has no rows (nothing is kept).
+        """
+        adir = artifacts_dir(thread_dir)
+        adir.mkdir(parents=True, exist_ok=True)
+        final = adir / f"{aid}.parquet"
+        head: list[pa.RecordBatch] = []
+        head_rows = 0
+        want = self.settings.preview_rows
+        with ParquetSink(final, self.settings.result_max_bytes) as sink:
+            if table.schema is not None:
+                sink.add_schema(table.schema)
+            for batch in table:
+                if head_rows < want and batch.num_rows:
+                    head.append(batch.slice(0, want - head_rows))
+                    head_rows += min(batch.num_rows, want - head_rows)
+                if not sink.add(batch):
+                    break
+            if sink.rows == 0:
+                sink.abort()
+                empty = pa.Table.from_batches([], schema=table.schema) if table.schema else pa.table({})
+                return None, empty, table.schema
+            res = sink.close()
+        now = time.time()
+        head_table = pa.Table.from_batches(head) if head else pa.Table.from_batches([], schema=res.schema)
+        art = Artifact(
+            id=aid, kind=kind, format="parquet", file=final.name, origin=origin,
+            created=existing.created if existing else now, last_used=now,
+            status="partial" if res.partial else "ready", rows=res.rows, columns=res.columns,
+            schema=column_schema(res.schema), bytes=res.bytes, sha256=res.sha256,
+            media_type="application/vnd.apache.parquet",
+            partial_reason=(f"the result passed the {preview.human_bytes(self.settings.result_max_bytes)} "
+                            "ceiling; writing stopped") if res.partial else None,
+            requeried_at=now if existing else None,
+        )
+        self.store.save(thread_dir, art)
+        return art, head_table, res.schema
+
+    def _truncated_table(self, result: ToolResult, table: TabularStream, reason: str) -> ToolResult:
+        rows: list[dict[str, Any]] = []
+        total = 0
+        schema = table.schema
+        for batch in table:
+            schema = schema or batch.schema
+            if len(rows) < 500:
+                rows.extend(batch.slice(0, 500 - len(rows)).to_pylist())
+            total += batch.num_rows
+        if total == 0:
+            return ToolResult(content=preview.render_empty(schema, "query"), meta={**result.meta, "rows": 0})
+        content = preview.render_truncated_table(schema or pa.schema([]), rows, total, reason,
+                                                 self.settings.threshold_chars)
+        return ToolResult(content=content, meta={**result.meta, "rows": total, "truncated": True})
+
+    def _text(self, spec: ToolSpec, arguments: str, result: ToolResult, ctx: ToolContext,
+              cap: OffloadCapability, source: str) -> OffloadOutcome:
+        text = result.content
+        if not cap.can_offload:
+            return OffloadOutcome(ToolResult(
+                content=preview.render_truncated_text(text, cap.reason, self.settings.threshold_chars),
+                meta={**result.meta, "chars": len(text), "truncated": True}))
+        aid = new_artifact_id()
+        try:
+            art = self.write_text(ctx.thread_dir, aid, text, self._origin(spec, arguments, ctx), "result")
+        except OSError as exc:
+            reason = f"saving the full result failed: {exc.strerror or exc}"
+            return OffloadOutcome(ToolResult(
+                content=preview.render_truncated_text(text, reason, self.settings.threshold_chars),
+                meta={**result.meta, "offload_failed": True}))
+        self._created(ctx, art)
+        content = preview.render_text_artifact(art, text[:1_500], source, self.count, self.settings.max_tokens)
+        return OffloadOutcome(ToolResult(content=content, meta={**result.meta, **artifact_ref(art)}), art)
+
+    def write_text(self, thread_dir: Path, aid: str, text: str, origin: ArtifactOrigin, kind: str,
+                   existing: Artifact | None = None) -> Artifact:
+        data = text.encode("utf-8", errors="replace")
+        partial = len(data) > self.settings.result_max_bytes
+        if partial:
+            data = data[: self.settings.result_max_bytes]
+        path = artifacts_dir(thread_dir) / f"{aid}.txt"
+        write_atomic(path, data)
+        now = time.time()
+        art = Artifact(
+            id=aid, kind=kind, format="text", file=path.name, origin=origin,
+            created=existing.created if existing else now, last_used=now,
+            status="partial" if partial else "ready", bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(), chars=len(text), media_type="text/plain; charset=utf-8",
+            partial_reason="the text passed the size ceiling; the rest was not saved" if partial else None,
+            requeried_at=now if existing else None,
+        )
+        self.store.save(thread_dir, art)
+        return art
+
+    def _created(self, ctx: ToolContext, art: Artifact) -> None:
+        if self.on_created is not None:
+            try:
+                self.on_created(ctx.workspace, ctx.user, ctx.thread_dir, art)
+            except Exception:
+                log.exception("quota enforcement after %s failed", art.id)
+
+
+def artifact_ref(art: Artifact) -> dict[str, Any]:
+    """The artifact reference carried by tool records and `tool.finished` events."""
+    return {"artifact": {"id": art.id, "status": art.status, "rows": art.rows, "columns": art.columns,
+                         "bytes": art.bytes, "format": art.format, "path": art.sandbox_path}}
+
+
+def _short_args(arguments: str, limit: int = 300) -> str:
+    try:
+        args = msgspec.json.decode(arguments or "{}")
+        text = ", ".join(f"{k}={v!r}" for k, v in args.items()) if isinstance(args, dict) else arguments
+    except msgspec.DecodeError:
+        text = arguments
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def cleanup_partial_files(thread_dir: Path) -> None:
+    """Remove leftovers of writes interrupted by a crash (temp files never renamed in)."""
+    adir = artifacts_dir(thread_dir)
+    for p in adir.glob(".*.tmp*") if adir.is_dir() else ():
+        try:
+            os.unlink(p)
+        except OSError:
+            pass

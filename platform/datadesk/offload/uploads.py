@@ -1,0 +1,77 @@
+"""Analyst uploads (CSV, TSV, Excel, Parquet, JSON, images) become artifacts.
+
+The type is decided by content, never by the file name. Tabular files are
+converted to Parquet batch by batch through the same writer as query results;
+images are kept as they are (for vision models). A bad file gets an error
+naming the problem; nothing half-written remains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from datadesk.domain.artifacts import Artifact, ArtifactOrigin
+from datadesk.offload.pipeline import OffloadPipeline
+from datadesk.offload.store import artifacts_dir, new_artifact_id
+from datadesk.offload.stream import TabularStream
+from datadesk.offload.tabular import TabularParseError, file_batches, sniff_file
+
+TABULAR = ("csv", "tsv", "xlsx", "parquet", "json")
+IMAGES = {"png": "image/png", "jpeg": "image/jpeg", "gif": "image/gif", "webp": "image/webp"}
+
+
+class UploadError(ValueError):
+    """The uploaded file cannot be used; the message says why (format, line, sheet, encoding)."""
+
+
+def ingest_upload(pipeline: OffloadPipeline, thread_dir: Path, tmp: Path, filename: str,
+                  origin: ArtifactOrigin) -> tuple[Artifact, pa.Table | None, pa.Schema | None]:
+    """Turn the uploaded file at `tmp` into an artifact; `tmp` is consumed either way."""
+    try:
+        fmt = sniff_file(tmp)
+        if fmt == "xls":
+            raise UploadError(f"{filename}: legacy .xls files are not supported; save it as .xlsx")
+        if fmt in IMAGES:
+            return _image(pipeline, thread_dir, tmp, fmt, origin), None, None
+        if fmt not in TABULAR:
+            raise UploadError(f"{filename}: unsupported or unrecognised file type (by content); accepted: "
+                              "CSV, TSV, Excel (.xlsx), Parquet, JSON, PNG, JPEG, GIF, WebP")
+        try:
+            schema, batches = file_batches(tmp, fmt)
+            aid = new_artifact_id()
+            with TabularStream(schema, batches) as table:
+                art, head, full_schema = pipeline.write_table(thread_dir, aid, table, origin, "upload")
+        except TabularParseError as exc:
+            raise UploadError(f"{filename}: {exc}") from None
+        except pa.ArrowException as exc:
+            raise UploadError(f"{filename}: cannot read it as {fmt.upper()}: {exc}") from None
+        if art is None:
+            raise UploadError(f"{filename}: the file has no data rows")
+        return art, head, full_schema
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+
+def _image(pipeline: OffloadPipeline, thread_dir: Path, tmp: Path, fmt: str, origin: ArtifactOrigin) -> Artifact:
+    aid = new_artifact_id()
+    ext = "jpg" if fmt == "jpeg" else fmt
+    final = artifacts_dir(thread_dir) / f"{aid}.{ext}"
+    h = hashlib.sha256()
+    with open(tmp, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    size = tmp.stat().st_size
+    os.replace(tmp, final)
+    now = time.time()
+    art = Artifact(id=aid, kind="upload", format=fmt, file=final.name, origin=origin, created=now,
+                   last_used=now, bytes=size, sha256=h.hexdigest(), media_type=IMAGES[fmt])
+    pipeline.store.save(thread_dir, art)
+    return art
