@@ -186,7 +186,7 @@ class ArtifactController(Controller):
             tmp_path = None
             rt.quota.after_create(handle.meta.workspace, user.id, handle.dir, art)
             _record_upload(rt, user, handle, turn.turn_id, art, head, schema, filename)
-            return {"artifact": msgspec.to_builtins(artifact_out(rt, handle.id, art)), **artifact_ref(art)}
+            return {"artifact": msgspec.to_builtins(artifact_out(rt, handle.id, art))}
         finally:
             rt.turns.release(turn)
             if tmp_path and os.path.exists(tmp_path):

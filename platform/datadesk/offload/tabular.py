@@ -63,9 +63,13 @@ def _detect(prefix: str, complete: bool) -> str:
             records = [r for r in csv.reader(io.StringIO(prefix), delimiter=delimiter) if r]
         except csv.Error:
             continue
-        widths = {len(r) for r in records[:_SNIFF_LINES]}
-        if len(records) >= 2 and len(widths) == 1 and widths.pop() >= 2:
-            return kind
+        sample = records[:_SNIFF_LINES]
+        # Most records as wide as the header: a table, even if one row is ragged
+        # (reading it then names the bad line instead of calling it "not a table").
+        if len(sample) >= 2 and len(sample[0]) >= 2:
+            same = sum(1 for r in sample if len(r) == len(sample[0]))
+            if same == len(sample) or (len(sample) >= 3 and same >= min(len(sample) - 1, 0.8 * len(sample))):
+                return kind
     return "text"
 
 

@@ -1,0 +1,112 @@
+"""Cache eviction: count, bytes, TTL, per-user fairness; deliverables are never evicted."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from datadesk.domain.artifacts import ArtifactOrigin
+from datadesk.llm.tokens import count_tokens
+from datadesk.offload.pipeline import OffloadPipeline
+from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
+from datadesk.offload.store import ArtifactStore, new_artifact_id
+from datadesk.settings import OffloadSettings
+from datadesk.store.layout import Layout
+
+
+class World:
+    def __init__(self, home: Path, **limits) -> None:
+        self.layout = Layout(home)
+        self.settings = OffloadSettings(**limits)
+        self.store = ArtifactStore(self.layout)
+        self.quota = ArtifactQuota(self.settings, self.store)
+        self.pipeline = OffloadPipeline(self.settings, self.store, count_tokens)
+
+    def thread(self, user: str, tid: str, ws: str = "demo") -> Path:
+        d = self.layout.thread_dir(ws, user, tid)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def add(self, user: str, tid: str, size: int, kind: str = "result", used: float | None = None,
+            enforce: bool = True):
+        tdir = self.thread(user, tid)
+        origin = ArtifactOrigin(source="tool" if kind == "result" else "python", user=user, thread=tid,
+                                workspace="demo", tool="sql_query", arguments="{}")
+        art = self.pipeline.write_text(tdir, new_artifact_id(), "x" * size, origin, kind)
+        if used is not None:
+            art = msgspec.structs.replace(art, last_used=used)
+            self.store.save(tdir, art)
+        if enforce and kind != "deliverable":
+            self.quota.after_create("demo", user, tdir, art)
+        return art
+
+    def status(self, user: str, tid: str) -> dict[str, str]:
+        return {a.id: a.status for a in self.store.list(self.thread(user, tid))}
+
+
+def test_count_limit_per_thread_evicts_lru_and_keeps_tombstones(tmp_path: Path) -> None:
+    w = World(tmp_path, thread_max_count=3)
+    now = time.time()
+    arts = [w.add("alice", "t1", 100, used=now - 100 + i) for i in range(5)]
+    status = w.status("alice", "t1")
+    assert [status[a.id] for a in arts] == ["expired", "expired", "ready", "ready", "ready"]
+    tomb = w.store.load(w.thread("alice", "t1"), arts[0].id)
+    assert tomb.expired_at and tomb.rows is None and tomb.origin.tool == "sql_query"
+    assert not (w.thread("alice", "t1") / "artifacts" / arts[0].file).exists()
+
+
+def test_bytes_limit_per_user_across_threads(tmp_path: Path) -> None:
+    w = World(tmp_path, user_max_bytes=2_500)
+    now = time.time()
+    a = w.add("alice", "t1", 1_000, used=now - 30)
+    b = w.add("alice", "t2", 1_000, used=now - 20)
+    c = w.add("alice", "t3", 1_000, used=now - 10)
+    assert w.status("alice", "t1")[a.id] == "expired"
+    assert w.status("alice", "t2")[b.id] == "ready" and w.status("alice", "t3")[c.id] == "ready"
+
+
+def test_ttl(tmp_path: Path) -> None:
+    w = World(tmp_path, ttl_s=60)
+    old = w.add("alice", "t1", 10, used=time.time() - 3600, enforce=False)
+    fresh = w.add("alice", "t1", 10)
+    status = w.status("alice", "t1")
+    assert status[old.id] == "expired" and status[fresh.id] == "ready"
+
+
+def test_one_users_big_uploads_do_not_evict_another_users_data(tmp_path: Path) -> None:
+    w = World(tmp_path, global_max_bytes=10_000)
+    bob = [w.add("bob", "tb", 1_000, used=time.time() - 1_000 + i) for i in range(3)]  # older than alice's
+    for _ in range(12):
+        w.add("alice", "ta", 1_500)
+    assert all(s == "ready" for s in w.status("bob", "tb").values()), "bob's older data was evicted"
+    alice = w.status("alice", "ta")
+    assert list(alice.values()).count("ready") >= 1 and "expired" in alice.values()
+    total = sum(a.bytes for _, _, _, a in w.store.walk() if a.available)
+    assert total <= 10_000
+    assert len(bob) == 3
+
+
+def test_periodic_sweep_takes_from_the_largest_user_first(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    now = time.time()
+    bob = w.add("bob", "tb", 1_000, used=now - 500, enforce=False)
+    alice = [w.add("alice", "ta", 2_000, used=now - 100 + i, enforce=False) for i in range(4)]
+    w.settings.global_max_bytes = 6_000
+    evicted = w.quota.enforce()
+    assert {e.user for e in evicted} == {"alice"}
+    assert w.status("bob", "tb")[bob.id] == "ready"
+    assert w.status("alice", "ta")[alice[0].id] == "expired"
+
+
+def test_deliverables_are_never_evicted_but_have_their_own_quota(tmp_path: Path) -> None:
+    w = World(tmp_path, thread_max_count=1, ttl_s=1, deliverable_user_max_bytes=5_000)
+    chart = w.add("alice", "t1", 3_000, kind="deliverable", used=time.time() - 10_000)
+    for _ in range(3):
+        w.add("alice", "t1", 10)
+    assert w.status("alice", "t1")[chart.id] == "ready"
+    w.quota.check_deliverable("alice", 1_000)
+    with pytest.raises(QuotaExceeded, match="Delete old charts"):
+        w.quota.check_deliverable("alice", 3_000)
