@@ -132,8 +132,7 @@ def _record_batches(records: Iterator[dict], batch_rows: int) -> Iterator[pa.Rec
     if buf:
         total += len(buf)
         yield records_to_batch(buf)
-    if total == 0:
-        raise TabularParseError("the JSON array is empty: no rows and no columns")
+    # an empty array is an empty result (0 rows), not an error: the caller says so
 
 
 class _Entry:
@@ -206,7 +205,7 @@ def _object_batches(text: str, pos: int, batch_rows: int) -> Iterator[pa.RecordB
         (entry,) = entries.values()
         if entry.value is _MISSING:  # an array
             if entry.count == 0:
-                raise TabularParseError(f"the array under {entry.key!r} is empty: no rows and no columns")
+                return  # an empty result: 0 rows
             if entry.first != "object":
                 raise TabularParseError(f"{entry.key!r} holds an array of {entry.first}s, not objects: not tabular JSON")
             records = _array_records(text, entry.start, f"the array under {entry.key!r}", check_end=False)
