@@ -63,6 +63,7 @@ class Harness:
 
 
 def make_harness(home: Path, model: ChatModel, **overrides: Any) -> Harness:
+    overrides.setdefault("sandbox", {"backend": "none"})  # kernels only in the tests about them
     settings = msgspec.convert({"home": str(home), **overrides}, Settings, dec_hook=lambda t, o: Path(o))
     rt = Runtime(settings=settings, model=model)
     users = UserStore(rt.layout)

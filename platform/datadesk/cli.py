@@ -43,6 +43,44 @@ def bootstrap(settings: Settings) -> tuple[bool, str | None]:
     return False, None
 
 
+def local_sandbox_problem(settings: Settings) -> str | None:
+    """The local sandbox is no security boundary: only for one trusted user on localhost."""
+    if settings.sandbox.backend != "local":
+        return None
+    log.warning("local sandbox: user code runs as this process's user on this host; it is NOT a "
+                "security boundary. Use sandbox.backend = \"docker\" for anything shared.")
+    if settings.sandbox.allow_unsafe_local:
+        return None
+    from datadesk.store.layout import Layout
+    from datadesk.store.users import UserStore
+
+    host = settings.server.host
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        return (f"the local sandbox is not a security boundary and the server would listen on {host}; "
+                "use the docker sandbox (sandbox.backend = \"docker\") or pass --allow-unsafe-local-sandbox")
+    coders = [u.id for u in UserStore(Layout(settings.home)).list()
+              if "code_execution" in u.permissions and not u.revoked]
+    if len(coders) > 1:
+        return (f"the local sandbox is not a security boundary and {len(coders)} users have code_execution "
+                f"({', '.join(coders)}); use the docker sandbox or pass --allow-unsafe-local-sandbox")
+    return None
+
+
+def cmd_sandbox(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from datadesk.sandbox.image import build_image
+
+    context = Path(args.context) if args.context else Path(__file__).resolve().parents[2] / "sandbox_image"
+    try:
+        tag = build_image(context, force=args.force, base=args.base)
+    except Exception as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(tag)
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
@@ -54,7 +92,13 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         settings.server.host = args.host
     if args.port:
         settings.server.port = args.port
+    if args.allow_unsafe_local_sandbox:
+        settings.sandbox.allow_unsafe_local = True
     created, token = bootstrap(settings)
+    problem = local_sandbox_problem(settings)
+    if problem:
+        print(f"refusing to start: {problem}", file=sys.stderr)
+        return 2
     from datadesk.llm.tokens import count_tokens
 
     count_tokens("warm up")  # load the tokenizer now, not in the first user's turn
@@ -121,6 +165,14 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the web app (creates ./var and a demo workspace on first start)")
     s.add_argument("--host", help="listen address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="listen port (default 8000)")
+    s.add_argument("--allow-unsafe-local-sandbox", action="store_true",
+                   help="run the local (unisolated) sandbox even beyond localhost or with several coders")
+    sb = sub.add_parser("sandbox", help="sandbox image")
+    sbs = sb.add_subparsers(dest="sandbox_cmd", required=True)
+    b = sbs.add_parser("build", help="build the kernel image offline (wheels + debootstrap base if needed)")
+    b.add_argument("--force", action="store_true", help="rebuild even if the tagged image exists")
+    b.add_argument("--base", help="base image (default python:3.11-slim, else a debootstrap bookworm base)")
+    b.add_argument("--context", help="build context (default: sandbox_image/ of the source tree)")
     u = sub.add_parser("users", help="manage users and tokens")
     us = u.add_subparsers(dest="users_cmd", required=True)
     a = us.add_parser("add", help="add a user and print its API token once")
@@ -149,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.cmd == "serve":
         return cmd_serve(args, settings)
+    if args.cmd == "sandbox":
+        return cmd_sandbox(args, settings)
     return cmd_users(args, settings)
 
 

@@ -59,6 +59,28 @@ class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):
     auto_requery: bool = False
 
 
+class SandboxSettings(msgspec.Struct, forbid_unknown_fields=True):
+    backend: str = "local"  # local | docker | none
+    image: str = "datadesk-sandbox:latest"
+    pool_size: int = 1
+    max_kernels_per_user: int = 3
+    max_kernels: int = 20
+    idle_timeout_s: float = 900.0
+    max_lifetime_s: float = 14_400.0
+    reap_interval_s: float = 30.0
+    exec_timeout_s: float = 120.0
+    start_timeout_s: float = 60.0
+    memory_mb: int = 2048
+    cpus: float = 1.0
+    pids_limit: int = 256
+    tmp_mb: int = 256
+    outputs_mb: int = 100
+    output_head_chars: int = 6_000
+    output_tail_chars: int = 2_000
+    run_dir: str = ""  # short directory for kernel sockets; default <home>/run
+    allow_unsafe_local: bool = False
+
+
 class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: int = 8000
@@ -79,6 +101,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     chat: ChatSettings = msgspec.field(default_factory=ChatSettings)
     sql: SQLSettings = msgspec.field(default_factory=SQLSettings)
     offload: OffloadSettings = msgspec.field(default_factory=OffloadSettings)
+    sandbox: SandboxSettings = msgspec.field(default_factory=SandboxSettings)
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
 

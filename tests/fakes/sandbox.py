@@ -20,6 +20,8 @@ class FakeSandbox:
         async def run(args, ctx):
             return ToolResult("test sandbox: code is not executed here")
 
+        if rt.tools.get(PYTHON_TOOL) is not None:
+            return  # a real python tool is registered: only its health is faked
         rt.tools.register(
             ToolSpec(name=PYTHON_TOOL, description="Run Python in the thread's kernel (test stand-in).",
                      parameters={"type": "object", "properties": {"code": {"type": "string"}},

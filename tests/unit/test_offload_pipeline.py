@@ -16,7 +16,7 @@ from datadesk.chat.runtime import Runtime
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload.pipeline import OffloadCapability
-from datadesk.settings import OffloadSettings, Settings
+from datadesk.settings import OffloadSettings, SandboxSettings, Settings
 from datadesk.tools.registry import ToolContext, ToolResult, ToolSpec
 from tests.fakes.sandbox import FakeSandbox
 
@@ -26,7 +26,7 @@ NO = OffloadCapability(False, "you do not have the code_execution permission")
 
 @pytest.fixture
 def rt(home: Path) -> Runtime:
-    runtime = Runtime(settings=Settings(home=home), model=ScriptedModel())
+    runtime = Runtime(settings=Settings(home=home, sandbox=SandboxSettings(backend="none")), model=ScriptedModel())
     FakeSandbox(runtime)
     return runtime
 
@@ -119,7 +119,8 @@ def test_truncated_text_without_python(rt: Runtime) -> None:
 
 
 def test_byte_ceiling_marks_partial_with_exact_rows(home: Path) -> None:
-    rt = Runtime(settings=Settings(home=home, offload=OffloadSettings(result_max_bytes=400_000)),
+    rt = Runtime(settings=Settings(home=home, offload=OffloadSettings(result_max_bytes=400_000),
+                                    sandbox=SandboxSettings(backend="none")),
                  model=ScriptedModel())
     FakeSandbox(rt)
     out, c = sql(rt, "SELECT i, md5(i::VARCHAR) AS h FROM range(1000000) t(i)")

@@ -89,11 +89,12 @@ def create_app(rt: Runtime) -> Litestar:
 
     async def on_startup() -> None:
         sweeper.append(asyncio.create_task(sweep_forever(), name="artifact-sweeper"))
+        await rt.start()
 
     async def on_shutdown() -> None:
         for task in sweeper:
             task.cancel()
-        await rt.turns.cancel_all()
+        await rt.stop()
 
     exception_handlers: dict[Any, Any] = {t: domain_error for t in _STATUS}
     exception_handlers[HTTPException] = http_error

@@ -20,11 +20,36 @@ from datadesk.offload.pipeline import OffloadCapability, OffloadPipeline
 from datadesk.offload.quota import ArtifactQuota
 from datadesk.offload.requery import RequeryService
 from datadesk.offload.store import ArtifactStore
+from datadesk.sandbox.registry import KernelRegistry
 from datadesk.tools.artifacts import register_artifact_tools
+from datadesk.tools.python import PythonTool, register_python_tool
 from datadesk.tools.registry import ToolContext, ToolRegistry, ToolSpec
 from datadesk.tools.sql import register_sql_tool
 
 PYTHON_TOOL = "python"
+
+
+def build_kernel_registry(settings: Settings, layout: Layout) -> KernelRegistry:
+    """The kernel registry for the configured backend (`local` or `docker`)."""
+    sb = settings.sandbox
+
+    def artifacts_for(key: tuple[str, str, str]):
+        ws, user, tid = key
+        return layout.thread_dir(ws, user, tid) / "artifacts"
+
+    if sb.backend == "local":
+        from datadesk.sandbox.local import LocalKernel
+
+        factory = lambda placement: LocalKernel(placement, memory_bytes=sb.memory_mb << 20,  # noqa: E731
+                                                ready_timeout_s=sb.start_timeout_s)
+        return KernelRegistry(sb, layout.home, factory, artifacts_for)
+    if sb.backend == "docker":
+        from datadesk.sandbox.docker import DockerSandbox
+
+        docker = DockerSandbox(sb, layout.home)
+        return KernelRegistry(sb, layout.home, docker.kernel, artifacts_for, health_check=docker.health,
+                              on_start=docker.remove_orphans)
+    raise ValueError(f"sandbox.backend must be local, docker or none, not {sb.backend!r}")
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +68,8 @@ class Runtime:
         self.threads = ThreadStore(self.layout)
         self.turns = TurnRegistry(settings.chat.max_turns_per_user)
         self.tools = ToolRegistry()
+        self._workspaces: dict[str, tuple[WorkspaceConfig, Warehouse]] = {}
+        self._ws_lock = threading.Lock()
         self.artifacts = ArtifactStore(self.layout)
         self.quota = ArtifactQuota(settings.offload, self.artifacts)
         self.offload = OffloadPipeline(settings.offload, self.artifacts, count_tokens,
@@ -51,10 +78,23 @@ class Runtime:
         register_sql_tool(self.tools, self.warehouse_for, settings.sql, settings.offload.threshold_chars,
                           settings.offload.stream_timeout_s)
         register_artifact_tools(self.tools, self.requery)
-        # Replaced by the sandbox registry when code execution is configured.
+        self.kernels: KernelRegistry | None = None
         self.sandbox_health: Callable[[], tuple[bool, str]] = lambda: (False, "the sandbox is not running")
-        self._workspaces: dict[str, tuple[WorkspaceConfig, Warehouse]] = {}
-        self._ws_lock = threading.Lock()
+        if settings.sandbox.backend != "none":
+            self.kernels = build_kernel_registry(settings, self.layout)
+            self.sandbox_health = self.kernels.health
+            register_python_tool(self.tools, PythonTool(settings, self.kernels, self.artifacts, self.quota,
+                                                        self.requery))
+
+    async def start(self) -> None:
+        """Start background work (kernel pool, reaper); called by the app at startup."""
+        if self.kernels is not None:
+            await self.kernels.start()
+
+    async def stop(self) -> None:
+        await self.turns.cancel_all()
+        if self.kernels is not None:
+            await self.kernels.stop()
 
     def workspace(self, ws: str) -> tuple[WorkspaceConfig, Warehouse]:
         """The config and warehouse of a workspace (read once, then cached)."""

@@ -1,0 +1,1 @@
+"""Kernel sessions: backends, registry, reaper. Imports nothing above it."""

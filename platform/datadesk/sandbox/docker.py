@@ -1,0 +1,287 @@
+"""The production kernel backend: one locked-down container per kernel (docker SDK).
+
+Each container: no network, read-only root, sized tmpfs for /tmp, HOME and
+/outputs, all capabilities dropped, no-new-privileges, pids/memory/CPU limits,
+a non-root user, an init process and a clean environment (no app secrets).
+The kernel speaks ZMQ over `ipc` sockets in a bind-mounted per-kernel
+directory: there is no TCP at all. The thread's data is a read-only bind
+mount at /data (a slot directory of hard links, see files.py).
+
+/outputs is a sized tmpfs inside the container, so code cannot fill the host
+disk; after each execution its new regular files are read through the
+container's mount namespace (`/proc/<pid>/root/outputs`), never following a
+link, within the quota. (The engine's archive API cannot see tmpfs mounts.)
+
+Containers carry labels (`datadesk.home`, `datadesk.kernel`); at start the app
+removes orphans of an earlier run of the same data directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from datadesk.sandbox.base import ExecutionResult, KernelBackend, KernelPlacement, SandboxError, SandboxUnavailable
+from datadesk.sandbox.messaging import CONNECTION_FILE, IPYKERNEL_ARGS, KernelChannel, write_connection_file
+from datadesk.settings import SandboxSettings
+
+log = logging.getLogger(__name__)
+
+SANDBOX_UID = 1000
+KERNEL_DIR = "/run/kernel"
+ALIVE_CACHE_S = 1.0
+ENV = {
+    "HOME": "/home/sandbox",
+    "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    "MPLCONFIGDIR": "/tmp/mpl",
+    "IPYTHONDIR": "/tmp/ipython",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "LANG": "C.UTF-8",
+}
+
+
+class DockerSandbox:
+    """Engine connection, image check, orphan cleanup; makes `DockerKernel`s."""
+
+    def __init__(self, settings: SandboxSettings, home: Path) -> None:
+        self.settings = settings
+        self.home_label = hashlib.sha256(str(Path(home).resolve()).encode()).hexdigest()[:16]
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._client: Any = None
+        self._health: tuple[float, tuple[bool, str]] = (0.0, (False, "not checked yet"))
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import docker
+
+            try:
+                self._client = docker.from_env(timeout=30)
+            except docker.errors.DockerException as exc:
+                raise SandboxUnavailable(f"Docker engine not reachable: {exc}") from None
+        return self._client
+
+    def health(self) -> tuple[bool, str]:
+        """Engine reachable and image present (cached for a few seconds)."""
+        checked, result = self._health
+        if time.monotonic() - checked < 10:
+            return result
+        try:
+            self.client.ping()
+            self.client.images.get(self.settings.image)
+            result = (True, "")
+        except SandboxUnavailable as exc:
+            result = (False, str(exc))
+        except Exception as exc:
+            name = type(exc).__name__
+            if name == "ImageNotFound":
+                result = (False, f"the sandbox image {self.settings.image} is missing: run `datadesk sandbox build`")
+            else:
+                result = (False, f"Docker engine not reachable: {exc}")
+        self._health = (time.monotonic(), result)
+        return result
+
+    def labels(self, kernel_id: str) -> dict[str, str]:
+        return {"datadesk.sandbox": "1", "datadesk.home": self.home_label, "datadesk.kernel": kernel_id,
+                "datadesk.owner": self.owner}
+
+    def remove_orphans(self) -> int:
+        """Remove containers left by an earlier run of this data directory."""
+        try:
+            found = self.client.containers.list(all=True, filters={"label": f"datadesk.home={self.home_label}"})
+        except Exception as exc:
+            log.warning("orphan sweep skipped: %s", exc)
+            return 0
+        for c in found:
+            try:
+                c.remove(force=True)
+            except Exception as exc:
+                log.warning("could not remove orphan container %s: %s", c.name, exc)
+        if found:
+            log.info("removed %d orphan sandbox container(s)", len(found))
+        return len(found)
+
+    def kernel(self, placement: KernelPlacement) -> "DockerKernel":
+        return DockerKernel(placement, self)
+
+
+class DockerKernel(KernelBackend):
+    def __init__(self, placement: KernelPlacement, sandbox: DockerSandbox) -> None:
+        self.placement = placement
+        self.sandbox = sandbox
+        self.settings = sandbox.settings
+        self.started_at = 0.0
+        self._container: Any = None
+        self._channel: KernelChannel | None = None
+        self._alive: tuple[float, bool] = (0.0, False)
+        self._pid = 0
+
+    # -- lifecycle ---------------------------------------------------------------
+    def _run_container(self) -> Any:
+        s, p = self.settings, self.placement
+        p.run_dir.mkdir(parents=True, exist_ok=True)
+        p.data_dir.mkdir(parents=True, exist_ok=True)
+        write_connection_file(p.run_dir, f"{KERNEL_DIR}/k")
+        try:  # the kernel user binds its sockets here and reads the connection file
+            os.chown(p.run_dir, SANDBOX_UID, SANDBOX_UID)
+            os.chown(p.run_dir / CONNECTION_FILE, SANDBOX_UID, SANDBOX_UID)
+            os.chmod(p.run_dir, 0o700)
+        except PermissionError:  # the app is not root: open the private dir to the kernel user
+            os.chmod(p.run_dir, 0o777)
+            os.chmod(p.run_dir / CONNECTION_FILE, 0o644)
+        return self.sandbox.client.containers.run(
+            s.image,
+            command=["python", "-m", "ipykernel_launcher", "-f", f"{KERNEL_DIR}/{CONNECTION_FILE}", *IPYKERNEL_ARGS],
+            name=f"datadesk-{p.kernel_id}",
+            detach=True,
+            labels=self.sandbox.labels(p.kernel_id),
+            network_mode="none",
+            read_only=True,
+            tmpfs={
+                "/tmp": f"size={s.tmp_mb}m,mode=1777",
+                "/home/sandbox": f"size=64m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700",
+                "/outputs": f"size={s.outputs_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755",
+            },
+            volumes={str(p.data_dir): {"bind": "/data", "mode": "ro"},
+                     str(p.run_dir): {"bind": KERNEL_DIR, "mode": "rw"}},
+            working_dir="/outputs",
+            user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=s.pids_limit,
+            mem_limit=f"{s.memory_mb}m",
+            memswap_limit=f"{s.memory_mb}m",
+            nano_cpus=int(s.cpus * 1e9),
+            init=True,
+            environment=dict(ENV),
+            ipc_mode="private",
+            stdin_open=False,
+        )
+
+    async def start(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self._container = await asyncio.to_thread(self._run_container)
+        except SandboxError:
+            raise
+        except Exception as exc:
+            raise SandboxUnavailable(f"could not start a sandbox container: {exc}") from None
+        host_info = {**_read_json(self.placement.run_dir / CONNECTION_FILE), "ip": str(self.placement.run_dir / "k")}
+        self._alive = (0.0, True)
+        try:
+            self._pid = int((await asyncio.to_thread(self._state)).get("Pid") or 0)
+        except Exception:
+            self._pid = 0
+        self._channel = KernelChannel(host_info, self.placement.run_dir, self.is_alive)
+        try:
+            await self._channel.connect(self.settings.start_timeout_s)
+        except BaseException as exc:
+            logs = await asyncio.to_thread(self._logs)
+            await self.shutdown()
+            if isinstance(exc, SandboxError):
+                raise SandboxError(f"{exc}" + (f"\nkernel log:\n{logs}" if logs else "")) from None
+            raise
+        self.started_at = time.time()
+        log.info("docker kernel %s ready in %.2f s", self.placement.kernel_id, time.monotonic() - t0)
+
+    def _logs(self) -> str:
+        try:
+            return self._container.logs(tail=10).decode("utf-8", "replace")[-1500:]
+        except Exception:
+            return ""
+
+    async def shutdown(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
+        container, self._container = self._container, None
+        if container is not None:
+            try:
+                await asyncio.to_thread(container.remove, force=True)
+            except Exception as exc:
+                if type(exc).__name__ != "NotFound":
+                    log.warning("could not remove container of kernel %s: %s", self.placement.kernel_id, exc)
+        self._alive = (time.monotonic(), False)
+
+    async def restart(self) -> None:
+        await self.shutdown()
+        shutil.rmtree(self.placement.outputs_dir, ignore_errors=True)
+        self.placement.outputs_dir.mkdir(parents=True, exist_ok=True)
+        await self.start()
+
+    def _state(self) -> dict[str, Any]:
+        self._container.reload()
+        return self._container.attrs.get("State", {})
+
+    async def is_alive(self) -> bool:
+        if self._container is None:
+            return False
+        checked, alive = self._alive
+        if time.monotonic() - checked < ALIVE_CACHE_S:
+            return alive
+        try:
+            state = await asyncio.to_thread(self._state)
+            alive = bool(state.get("Running")) and not state.get("Paused")
+        except Exception:
+            alive = False
+        self._alive = (time.monotonic(), alive)
+        return alive
+
+    async def death_reason(self) -> str:
+        if self._container is None:
+            return "the kernel is not running"
+        try:
+            state = await asyncio.to_thread(self._state)
+        except Exception:
+            return "its container is gone (removed from outside)"
+        if state.get("OOMKilled"):
+            return f"killed: out of memory (the limit is {self.settings.memory_mb} MB)"
+        if state.get("Running"):
+            return "the kernel process stopped answering"
+        code = state.get("ExitCode")
+        if code == 137:
+            return "killed (SIGKILL) from outside the kernel"
+        return f"the kernel process exited with code {code}"
+
+    # -- running code ----------------------------------------------------------------
+    async def interrupt(self) -> None:
+        if self._channel is not None:
+            await self._channel.interrupt()
+
+    async def execute(self, code: str, timeout_s: float) -> ExecutionResult:
+        if self._channel is None or not await self.is_alive():
+            return ExecutionResult(status="died", note=f"the kernel is not running ({await self.death_reason()})")
+        self._alive = (time.monotonic(), True)
+        result = await self._channel.run(code, timeout_s, self.interrupt)
+        if result.status == "died":
+            self._alive = (0.0, False)
+            result.note = f"the kernel died ({await self.death_reason()})"
+        elif result.status == "timeout" and not self._channel.settled:
+            await self.restart()
+            result.note = "the kernel did not stop after the interrupt and was restarted; variables are gone"
+        return result
+
+    def outputs_root(self) -> str | None:
+        """/outputs is a tmpfs inside the container: reachable through the container's mount
+        namespace (/proc/<pid>/root) when the app runs on the same host with the rights to
+        see it. Read with files.read_new_outputs, which never follows a link."""
+        pid = self._pid
+        if not pid:
+            return None
+        root = f"/proc/{pid}/root/outputs"
+        return root if os.access(root, os.R_OK | os.X_OK) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads(path.read_text())

@@ -1,0 +1,308 @@
+"""The embedded kernel backend: an ipykernel subprocess on this host.
+
+For a single trusted user on localhost. The kernel runs as the app's own user
+with a clean environment (no app secrets), cwd = the thread's outputs dir, an
+address-space limit and its own session/process group (so the whole tree can
+be killed). It is NOT a security boundary: code can read and write anything
+the app's user can. `serve` refuses this backend for anything but a single
+trusted user unless told explicitly (see DESIGN.md section 7).
+
+`/data` and `/outputs` do not exist here; `rewrite_paths` maps those string
+literals in code to the placement's directories, as a convenience for code
+written for the docker layout. Also a convenience, not isolation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import resource
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from datadesk.sandbox.base import (
+    ExecutionResult,
+    KernelBackend,
+    KernelPlacement,
+    SandboxError,
+)
+from datadesk.sandbox.messaging import (
+    CONNECTION_FILE,
+    INTERRUPT_GRACE_S,
+    IPYKERNEL_ARGS,
+    KernelChannel,
+    socket_prefix,
+    write_connection_file,
+)
+
+log = logging.getLogger(__name__)
+
+WARNING_TEXT = "local sandbox: code runs as the app's user on this host; it is NOT a security boundary"
+KERNEL_LOG = "kernel.log"
+TERM_GRACE_S = 2.0
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The inline backend is Agg-based (headless) and is what turns `plt.show()` and
+# figures left open at the end of a cell into image/png display_data; plain
+# "Agg" would make `plt.show()` a no-op and produce no images.
+MPL_BACKEND = "module://matplotlib_inline.backend_inline"
+
+_DATA_RE = re.compile(r"""(["'])/data(?=[/"'])""")
+_OUTPUTS_RE = re.compile(r"""(["'])/outputs(?=[/"'])""")
+_UNSAFE_IN_LITERAL = re.compile(r"""["'\\\n\r]""")
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+class LocalKernel(KernelBackend):
+    # How long to wait for idle after an interrupt before restarting the kernel.
+    interrupt_grace_s: float = INTERRUPT_GRACE_S
+
+    def __init__(
+        self,
+        placement: KernelPlacement,
+        memory_bytes: int = 2 << 30,
+        ready_timeout_s: float = 30,
+    ):
+        self.placement = placement
+        self.memory_bytes = int(memory_bytes)
+        self.ready_timeout_s = ready_timeout_s
+        self.started_at = 0.0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._channel: KernelChannel | None = None
+        self._shut_down = False
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _env(self) -> dict[str, str]:
+        run = self.placement.run_dir
+        exe_dir = os.path.dirname(sys.executable)
+        path = SAFE_PATH if exe_dir in SAFE_PATH.split(":") else f"{exe_dir}:{SAFE_PATH}"
+        return {
+            "PATH": path,
+            "HOME": str(run / "home"),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "MPLBACKEND": MPL_BACKEND,
+            "MPLCONFIGDIR": str(run / "mpl"),
+            "IPYTHONDIR": str(run / "ipython"),
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1",
+        }
+
+    def _preexec(self) -> None:  # runs in the child between fork and exec
+        limit = self.memory_bytes
+        if limit > 0:  # 0 or less: no address-space limit
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    def _kernel_log_tail(self, lines: int = 8, chars: int = 1500) -> str:
+        try:
+            text = (self.placement.run_dir / KERNEL_LOG).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            return
+        await self._stop()  # a previous, dead kernel: close its channel, reap stragglers
+        self._shut_down = False
+        await self._launch()
+
+    async def _launch(self) -> None:
+        p = self.placement
+        p.outputs_dir.mkdir(parents=True, exist_ok=True)
+        p.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(p.run_dir, 0o700)
+        for sub in ("home", "mpl", "ipython"):
+            (p.run_dir / sub).mkdir(exist_ok=True)
+        _, host_info = write_connection_file(p.run_dir, socket_prefix(p.run_dir))
+        log.warning(WARNING_TEXT + " (kernel %s)", p.kernel_id)
+        t0 = time.monotonic()
+        with open(p.run_dir / KERNEL_LOG, "ab") as klog:
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "ipykernel_launcher",
+                    "-f",
+                    str(p.run_dir / CONNECTION_FILE),
+                    *IPYKERNEL_ARGS,
+                    cwd=str(p.outputs_dir),
+                    env=self._env(),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=klog,
+                    stderr=klog,
+                    preexec_fn=self._preexec,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                raise SandboxError(f"cannot start the local kernel: {e}") from e
+        self._channel = KernelChannel(
+            host_info, p.run_dir, self.is_alive, interrupt_grace_s=self.interrupt_grace_s
+        )
+        try:
+            await self._channel.connect(self.ready_timeout_s)
+        except BaseException as e:
+            detail = self._kernel_log_tail()
+            exited = self._proc is not None and self._proc.returncode is not None
+            await self._stop()
+            if isinstance(e, SandboxError):
+                msg = str(e)
+                if exited:
+                    msg += f" ({await self.death_reason()})"
+                if detail:
+                    msg += f"\nkernel log:\n{detail}"
+                raise SandboxError(msg) from e
+            raise
+        self.started_at = time.time()
+        log.info(
+            "local kernel %s ready in %.2f s (pid %s)", p.kernel_id, time.monotonic() - t0, self._proc.pid
+        )
+
+    async def _stop(self) -> None:
+        """Close the channel and kill the kernel's process group (TERM, then KILL)."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
+        proc = self._proc
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the kernel leads its own group
+        if proc.returncode is None:
+            _killpg(pgid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), TERM_GRACE_S)
+            except asyncio.TimeoutError:
+                pass
+        # Anything left in the group (the kernel, or children it spawned).
+        _killpg(pgid, signal.SIGKILL)
+        if proc.returncode is None:
+            try:
+                await asyncio.wait_for(proc.wait(), 5.0)
+            except asyncio.TimeoutError:
+                log.error("local kernel pid %s did not exit after SIGKILL", proc.pid)
+
+    async def restart(self) -> None:
+        await self._stop()
+        self._proc = None
+        self._shut_down = False
+        await self._launch()
+
+    async def shutdown(self) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
+        await self._stop()
+        self._clear_run_dir()
+
+    def _clear_run_dir(self) -> None:
+        p = self.placement
+        run = p.run_dir
+        if not run.is_dir():
+            return
+        keep = {p.outputs_dir.resolve(), p.data_dir.resolve()}
+        run_resolved = run.resolve()
+        if any(k == run_resolved or run_resolved in k.parents for k in keep):
+            # outputs/data live inside run_dir: remove everything else only.
+            for entry in run.iterdir():
+                r = entry.resolve() if not entry.is_symlink() else entry
+                if r in keep or any(r in k.parents for k in keep):
+                    continue
+                _remove(entry)
+            return
+        shutil.rmtree(run, ignore_errors=True)
+
+    async def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def death_reason(self) -> str:
+        proc = self._proc
+        if proc is None:
+            return "the kernel is not running"
+        rc = proc.returncode
+        if rc is None:
+            return "the kernel is running"
+        if rc < 0:
+            sig = -rc
+            reason = f"killed by signal {sig} ({_signal_name(sig)})"
+            if sig == signal.SIGKILL:
+                reason += "; killed from outside or out of memory"
+            return reason
+        return f"exited with code {rc}"
+
+    # ------------------------------------------------------------------ running code
+
+    async def interrupt(self) -> None:
+        if self._channel is not None:
+            await self._channel.interrupt()
+        elif self._proc is not None and self._proc.returncode is None:
+            _killpg(self._proc.pid, signal.SIGINT)
+
+    async def execute(self, code: str, timeout_s: float) -> ExecutionResult:
+        """Run `code` as given (callers apply `rewrite_paths` first)."""
+        if self._channel is None or not await self.is_alive():
+            reason = await self.death_reason()
+            return ExecutionResult(status="died", note=f"the kernel is not running ({reason})")
+        self._channel.interrupt_grace_s = self.interrupt_grace_s
+        result = await self._channel.run(code, timeout_s, self.interrupt)
+        if result.status == "died":
+            # Let the child watcher record the exit status.
+            if self._proc is not None:
+                try:
+                    await asyncio.wait_for(self._proc.wait(), 1.0)
+                except asyncio.TimeoutError:
+                    pass
+            result.note = f"the kernel died ({await self.death_reason()})"
+        elif result.status == "timeout" and not self._channel.settled:
+            await self.restart()
+            result.note = "the kernel did not stop after the interrupt and was restarted; variables are gone"
+        return result
+
+    def rewrite_paths(self, code: str) -> str:
+        """Map the string literals `"/data..."` and `"/outputs..."` (either quote) to
+        the placement's directories. A convenience for a trusted user running
+        code written for the docker layout; not isolation of any kind."""
+        p = self.placement
+        for pattern, target in ((_DATA_RE, p.data_dir), (_OUTPUTS_RE, p.outputs_dir)):
+            t = str(target)
+            if _UNSAFE_IN_LITERAL.search(t):
+                log.warning("not rewriting paths to %r: it cannot sit inside a string literal", t)
+                continue
+            code = pattern.sub(lambda m, t=t: m.group(1) + t, code)
+        return code
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _remove(path: Path) -> None:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink()
+    except OSError:
+        pass

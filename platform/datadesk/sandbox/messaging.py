@@ -1,0 +1,593 @@
+"""Talking to a kernel over the Jupyter protocol with ZMQ `ipc` sockets (no TCP).
+
+Shared by every backend: the backend launches the kernel process (a local
+subprocess, a container) against the connection file written here, then drives
+it through a `KernelChannel`.
+
+- `write_connection_file`: `run_dir/connection.json` with `transport: "ipc"`.
+  For ipc the "ports" are only suffixes: the kernel binds unix sockets named
+  `<ip>-<port>`, so `ip` is a path prefix. The kernel and the host may see the
+  same directory under different paths (a bind mount), hence two infos.
+- `KernelChannel`: connect, run one execute request (output caps, timeout with
+  interrupt, death detection), interrupt, close.
+- `strip_ansi`, `trim_traceback`: make error output fit for the model.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+import json
+import logging
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from queue import Empty
+from typing import IO, Any, Awaitable, Callable
+
+from datadesk.sandbox.base import ErrorInfo, ExecutionResult, SandboxError
+
+log = logging.getLogger(__name__)
+
+CONNECTION_FILE = "connection.json"
+SOCKET_PREFIX = "k"
+PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+# sun_path is 108 bytes including the NUL; keep a margin.
+MAX_SOCKET_PATH_BYTES = 100
+
+# Extra ipykernel command-line options every backend passes: plain, uncolored
+# tracebacks (IPython's default "Context" mode is verbose and very slow on deep
+# stacks: a RecursionError takes seconds to format).
+IPYKERNEL_ARGS = ("--InteractiveShell.xmode=Plain", "--InteractiveShell.colors=NoColor")
+
+HEAD_CHARS = 20_000
+TAIL_CHARS = 10_000
+FILE_CAP_BYTES = 50 * 1024 * 1024
+TRACEBACK_MAX_LINES = 40
+
+# How long to wait for the kernel to go idle after an interrupt.
+INTERRUPT_GRACE_S = 5.0
+# iopub poll granularity; also how often liveness is checked while silent.
+POLL_S = 0.25
+# After the shell execute_reply arrived, how long iopub may stay silent before the
+# request is treated as finished even without its `status: idle` (a dropped message).
+IDLE_AFTER_REPLY_S = 2.0
+# While iopub is silent, ask the backend whether the process lives at most this often.
+LIVENESS_EVERY_S = 0.5
+
+
+# --------------------------------------------------------------------------- files
+
+
+def socket_prefix(run_dir: Path) -> str:
+    return str(run_dir / SOCKET_PREFIX)
+
+
+def socket_paths(run_dir: Path) -> list[Path]:
+    """The unix socket files a kernel bound under `run_dir`."""
+    return [Path(f"{socket_prefix(run_dir)}-{port}") for port in PORTS.values()]
+
+
+def write_connection_file(run_dir: Path, ip_in_kernel: str) -> tuple[dict, dict]:
+    """Write `run_dir/connection.json` for an ipc kernel; return (kernel info, host info).
+
+    The kernel binds `<ip_in_kernel>-<port>`; the host connects to
+    `<run_dir>/k-<port>`, which must be the same files (same directory, or a
+    bind mount of it). A fresh random key is made on every call.
+    """
+    host_ip = socket_prefix(run_dir)
+    longest = f"{host_ip}-{max(PORTS.values())}"
+    if len(longest.encode()) > MAX_SOCKET_PATH_BYTES or len(
+        f"{ip_in_kernel}-{max(PORTS.values())}".encode()
+    ) > MAX_SOCKET_PATH_BYTES:
+        raise SandboxError(
+            f"kernel run directory path is too long for unix sockets: {longest!r} is "
+            f"{len(longest.encode())} bytes (limit {MAX_SOCKET_PATH_BYTES}); "
+            "configure a shorter runtime directory"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in socket_paths(run_dir):
+        try:
+            stale.unlink()
+        except FileNotFoundError:
+            pass
+    key = secrets.token_hex(32)
+    kernel_info: dict[str, Any] = {
+        **PORTS,
+        "transport": "ipc",
+        "ip": ip_in_kernel,
+        "key": key,
+        "signature_scheme": "hmac-sha256",
+        "kernel_name": "python3",
+    }
+    path = run_dir / CONNECTION_FILE
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(kernel_info, f, indent=1)
+    os.replace(tmp, path)
+    host_info = {**kernel_info, "ip": host_ip}
+    return kernel_info, host_info
+
+
+# --------------------------------------------------------------------------- text
+
+_ANSI_RE = re.compile(
+    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC ... BEL / ST (e.g. hyperlinks)
+    r"|\x1b\[[0-?]*[ -/]*[@-~]"  # CSI ... final byte (colors, cursor)
+    r"|\x1b[@-Z\\-_]"  # other two-byte escapes
+)
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI_RE.sub("", text)
+
+
+_FRAME_FILE_RE = re.compile(r"^\s*File\s+(?:\"([^\"]+)\"|(\S+?)(?::\d+)?)[,:\s]")
+_INTERNAL_PARTS = ("/IPython/", "/ipykernel/", "/ipykernel_launcher", "/traitlets/", "<frozen runpy>")
+
+
+# IPython's "Context"/"Verbose" header: "ZeroDivisionError      Traceback (most recent call last)"
+_CONTEXT_HEADER_RE = re.compile(r"^\S+\s+Traceback \(most recent call last\)\s*$")
+
+
+def _is_internal_frame(entry: str) -> bool:
+    first = entry.lstrip("\n").split("\n", 1)[0]
+    m = _FRAME_FILE_RE.match(first)
+    if not m:
+        return False
+    path = m.group(1) or m.group(2) or ""
+    return any(part in path for part in _INTERNAL_PARTS)
+
+
+def trim_traceback(tb: list[str], max_lines: int = TRACEBACK_MAX_LINES) -> list[str]:
+    """IPython's traceback list -> plain lines for the model.
+
+    ANSI codes are stripped, the `-----` rule and IPython/ipykernel internal
+    frames are dropped, runs of identical frames (recursion) are collapsed,
+    user-code (and library) frames and the final error line are kept; at most
+    `max_lines` lines (the head and the end are kept).
+    """
+    entries: list[str] = []
+    repeats = 0
+    for entry in tb:
+        entry = strip_ansi(entry).rstrip("\n")
+        if not entry.strip() or set(entry.strip()) <= {"-"}:
+            continue
+        if _is_internal_frame(entry):
+            continue
+        if _CONTEXT_HEADER_RE.match(entry):
+            entry = "Traceback (most recent call last):"
+        if entries and entry == entries[-1]:
+            repeats += 1
+            continue
+        if repeats:
+            entries.append(f"  [previous frame repeated {repeats} more times]")
+            repeats = 0
+        entries.append(entry)
+    if repeats:
+        entries.append(f"  [previous frame repeated {repeats} more times]")
+    lines: list[str] = []
+    for entry in entries:
+        lines.extend(line.rstrip() for line in entry.split("\n"))
+# Collapse runs of blank lines.
+    out: list[str] = []
+    for line in lines:
+        if not line.strip() and (not out or not out[-1].strip()):
+            continue
+        out.append(line)
+    while out and not out[-1].strip():
+        out.pop()
+    if len(out) > max_lines:
+        head = max_lines // 3
+        tail = max_lines - head - 1
+        omitted = len(out) - head - tail
+        out = out[:head] + [f"... ({omitted} traceback lines omitted) ..."] + out[-tail:]
+    return out
+
+
+# --------------------------------------------------------------------------- output caps
+
+
+class _OutputCapper:
+    """Head + tail of stdout/stderr in memory, the whole stream (capped) in a file.
+
+    Memory is bounded by `head_chars + tail_chars` (plus one chunk being split),
+    whatever the volume. The file is created on the first output and removed at
+    the end when nothing was cut.
+    """
+
+    def __init__(self, run_dir: Path, head_chars: int, tail_chars: int, file_cap_bytes: int):
+        self.run_dir = run_dir
+        self.head_chars = head_chars
+        self.tail_chars = tail_chars
+        self.file_cap_bytes = file_cap_bytes
+        self.head: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.head_len = 0
+        self.tail: collections.deque[tuple[str, str]] = collections.deque()
+        self.tail_len = 0
+        self.total = {"stdout": 0, "stderr": 0}
+        self.kept = {"stdout": 0, "stderr": 0}  # chars in head + tail per stream
+        self.path: Path | None = None
+        self._file: IO[bytes] | None = None
+        self._file_bytes = 0
+        self._file_full = False
+
+    def _open_file(self) -> None:
+        n = 1
+        while True:
+            path = self.run_dir / f"output-{n}.txt"
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                n += 1
+                continue
+            self.path = path
+            self._file = os.fdopen(fd, "wb")
+            return
+
+    def _write_file(self, text: str) -> None:
+        if self._file_full:
+            return
+        if self._file is None:
+            try:
+                self._open_file()
+            except OSError as e:
+                log.warning("cannot save kernel output in %s: %s", self.run_dir, e)
+                self._file_full = True
+                return
+        assert self._file is not None
+        data = text.encode("utf-8", "replace")
+        room = self.file_cap_bytes - self._file_bytes
+        if len(data) > room:
+            data = data[:room]
+            self._file_full = True
+        try:
+            self._file.write(data)
+        except OSError as e:
+            log.warning("cannot save kernel output in %s: %s", self.path, e)
+            self._file_full = True
+            return
+        self._file_bytes += len(data)
+        if self._file_full:
+            self._file.write(b"\n[output file cap reached; the rest was dropped]\n")
+
+    def add(self, name: str, text: str) -> None:
+        if name not in self.total:
+            name = "stdout"
+        if not text:
+            return
+        self.total[name] += len(text)
+        self._write_file(text)
+        room = max(0, self.head_chars - self.head_len)
+        if room > 0:
+            part = text[:room]
+            self.head[name].append(part)
+            self.head_len += len(part)
+            self.kept[name] += len(part)
+            if len(text) <= room:
+                return
+        if self.tail_chars <= 0:
+            return
+        # Slice once: never copy the middle of a huge chunk.
+        text = text[max(room, len(text) - self.tail_chars) :]
+        self.tail.append((name, text))
+        self.tail_len += len(text)
+        self.kept[name] += len(text)
+        while self.tail_len > self.tail_chars:
+            old_name, old = self.tail[0]
+            excess = self.tail_len - self.tail_chars
+            if len(old) <= excess:
+                self.tail.popleft()
+                self.tail_len -= len(old)
+                self.kept[old_name] -= len(old)
+            else:
+                self.tail[0] = (old_name, old[excess:])
+                self.tail_len -= excess
+                self.kept[old_name] -= excess
+
+    @property
+    def truncated(self) -> bool:
+        return any(self.total[n] > self.kept[n] for n in self.total)
+
+    def finish(self) -> tuple[str, str, bool, int, Path | None]:
+        """(stdout, stderr, truncated, total chars, file when truncated)."""
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+        truncated = self.truncated
+        texts: dict[str, str] = {}
+        for name in ("stdout", "stderr"):
+            head = "".join(self.head[name])
+            tail = "".join(t for n, t in self.tail if n == name)
+            omitted = self.total[name] - self.kept[name]
+            if omitted > 0:
+                texts[name] = f"{head}\n... [{omitted} characters omitted] ...\n{tail}"
+            else:
+                texts[name] = head + tail
+        path = self.path
+        if not truncated and path is not None:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            path = None
+        return (
+            texts["stdout"],
+            texts["stderr"],
+            truncated,
+            self.total["stdout"] + self.total["stderr"],
+            path,
+        )
+
+
+# --------------------------------------------------------------------------- channel
+
+IsAlive = Callable[[], Awaitable[bool]]
+OnTimeout = Callable[[], Awaitable[None]]
+
+
+class KernelChannel:
+    """One client connection to one kernel (bound to the event loop it was used on).
+
+    After `run` returns, `settled` says whether the kernel finished the request
+    (went idle). A "timeout" result with `settled == False` means the interrupt
+    did not take: the backend should restart the kernel.
+    """
+
+    def __init__(
+        self,
+        host_info: dict,
+        run_dir: Path,
+        is_alive: IsAlive,
+        *,
+        head_chars: int = HEAD_CHARS,
+        tail_chars: int = TAIL_CHARS,
+        file_cap_bytes: int = FILE_CAP_BYTES,
+        interrupt_grace_s: float = INTERRUPT_GRACE_S,
+    ):
+        from jupyter_client.asynchronous import AsyncKernelClient
+
+        self.run_dir = run_dir
+        self.is_alive = is_alive
+        self.head_chars = head_chars
+        self.tail_chars = tail_chars
+        self.file_cap_bytes = file_cap_bytes
+        self.interrupt_grace_s = interrupt_grace_s
+        self.settled = True
+        self.kernel_info: dict = {}
+        self._client = AsyncKernelClient()
+        self._client.load_connection_info(host_info)
+        self._started = False
+        self._closed = False
+
+    # -- lifecycle
+
+    async def connect(self, ready_timeout_s: float) -> None:
+        """Open the sockets and wait until the kernel answers kernel_info on shell
+        and publishes on iopub (so no output of the first execute is lost)."""
+        client = self._client
+        if not self._started:
+            client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
+            self._started = True
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            client.kernel_info()
+            got_reply = False
+            try:
+                msg = await client.get_shell_msg(timeout=min(1.0, max(0.05, deadline - time.monotonic())))
+                got_reply = msg.get("msg_type") == "kernel_info_reply"
+            except Empty:
+                pass
+            if got_reply:
+                self.kernel_info = msg.get("content", {})
+                try:
+                    await client.get_iopub_msg(timeout=0.5)
+                except Empty:
+                    pass  # iopub subscription not live yet: ask again
+                else:
+                    break
+            if not await self.is_alive():
+                raise SandboxError("the kernel process exited while starting")
+            if time.monotonic() > deadline:
+                raise SandboxError(f"the kernel did not become ready within {ready_timeout_s:g} s")
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """Discard whatever is already queued on shell and iopub."""
+        for get in (self._client.get_iopub_msg, self._client.get_shell_msg):
+            while True:
+                try:
+                    await get(timeout=0)
+                except Empty:
+                    break
+
+    async def interrupt(self) -> None:
+        """Send `interrupt_request` on the control channel (interrupt_mode "message")."""
+        if self._closed:
+            return
+        client = self._client
+        msg = client.session.msg("interrupt_request", content={})
+        client.control_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
+        deadline = time.monotonic() + 1.0
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                reply = await client.get_control_msg(timeout=left)
+            except Empty:
+                break
+            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                break
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._started:
+                self._client.stop_channels()
+            elif self._client._created_context and not self._client.context.closed:
+                self._client.context.destroy(linger=0)
+        except Exception as e:  # pragma: no cover - best effort
+            log.debug("closing kernel channel: %s", e)
+
+    # -- execution
+
+    async def run(self, code: str, timeout_s: float, on_timeout: OnTimeout) -> ExecutionResult:
+        """Execute `code`; collect its output until the kernel goes idle.
+
+        On timeout `on_timeout()` is awaited (it should interrupt the kernel),
+        then up to `interrupt_grace_s` more for idle; status "timeout". When the
+        kernel goes silent and `is_alive()` says the process is gone: "died".
+        """
+        if self._closed:
+            raise SandboxError("the kernel connection is closed")
+        client = self._client
+        started = time.monotonic()
+        self.settled = False
+        out = _OutputCapper(self.run_dir, self.head_chars, self.tail_chars, self.file_cap_bytes)
+        result: str | None = None
+        error: ErrorInfo | None = None
+        images: list[bytes] = []
+        reply: dict | None = None
+        reply_at = 0.0
+        timed_out = False
+        died = False
+        note = ""
+
+        msg_id = client.execute(
+            code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False
+        )
+        deadline = started + timeout_s
+        last_iopub = time.monotonic()
+        last_liveness = 0.0
+
+        async def poll_shell() -> None:
+            nonlocal reply, reply_at
+            while reply is None:
+                try:
+                    msg = await client.get_shell_msg(timeout=0)
+                except Empty:
+                    return
+                if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                    reply = msg
+                    reply_at = time.monotonic()
+
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                if timed_out:
+                    note = "the kernel did not stop after the interrupt"
+                    break
+                timed_out = True
+                try:
+                    await on_timeout()
+                except Exception as e:
+                    log.warning("interrupting the kernel failed: %s", e)
+                deadline = time.monotonic() + self.interrupt_grace_s
+                continue
+            try:
+                msg = await client.get_iopub_msg(timeout=min(POLL_S, max(0.0, deadline - now)))
+            except Empty:
+                await poll_shell()
+                quiet = time.monotonic() - last_iopub
+                if (
+                    reply is not None
+                    and time.monotonic() - reply_at > IDLE_AFTER_REPLY_S
+                    and quiet > IDLE_AFTER_REPLY_S
+                ):
+                    self.settled = True  # idle was lost (iopub high-water mark); reply is final
+                    break
+                if quiet >= POLL_S and time.monotonic() - last_liveness >= LIVENESS_EVERY_S:
+                    last_liveness = time.monotonic()
+                    if not await self.is_alive():
+                        died = True
+                        break
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            last_iopub = time.monotonic()
+            mtype = msg.get("msg_type") or msg.get("header", {}).get("msg_type")
+            content = msg.get("content", {})
+            if mtype == "status":
+                if content.get("execution_state") == "idle":
+                    self.settled = True
+                    break
+            elif mtype == "stream":
+                out.add(content.get("name", "stdout"), content.get("text", "").replace("\r\n", "\n"))
+            elif mtype in ("execute_result", "display_data", "update_display_data"):
+                data = content.get("data", {}) or {}
+                png = data.get("image/png")
+                if png:
+                    try:
+                        raw = png if isinstance(png, bytes) else base64.b64decode(png)
+                        # A figure that is the cell's value is also flushed by the
+                        # inline backend at the end of the cell: keep one copy.
+                        if raw not in images:
+                            images.append(raw)
+                    except (binascii.Error, ValueError):
+                        log.debug("undecodable image/png from kernel")
+                text = data.get("text/plain")
+                if mtype == "execute_result":
+                    result = text if isinstance(text, str) else None
+                elif not png and isinstance(text, str):
+                    out.add("stdout", text if text.endswith("\n") else text + "\n")
+            elif mtype == "error":
+                error = ErrorInfo(
+                    ename=str(content.get("ename", "")),
+                    evalue=strip_ansi(str(content.get("evalue", ""))),
+                    traceback=trim_traceback(list(content.get("traceback", []) or [])),
+                )
+
+        if self.settled:
+            # The reply is sent before idle; it is normally already queued.
+            if reply is None:
+                try:
+                    end = time.monotonic() + 1.0
+                    while reply is None and (left := end - time.monotonic()) > 0:
+                        msg = await client.get_shell_msg(timeout=left)
+                        if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                            reply = msg
+                except Empty:
+                    pass
+        else:
+            await poll_shell()
+
+        content = (reply or {}).get("content", {})
+        if error is None and content.get("status") == "error":
+            error = ErrorInfo(
+                ename=str(content.get("ename", "")),
+                evalue=strip_ansi(str(content.get("evalue", ""))),
+                traceback=trim_traceback(list(content.get("traceback", []) or [])),
+            )
+        if died:
+            status = "died"
+        elif timed_out:
+            status = "timeout"
+        elif error is not None or content.get("status") in ("error", "aborted"):
+            status = "error"
+            if error is None:
+                error = ErrorInfo(ename="Aborted", evalue="the execution was aborted", traceback=[])
+        else:
+            status = "ok"
+
+        stdout, stderr, truncated, total, path = out.finish()
+        return ExecutionResult(
+            status=status,  # type: ignore[arg-type]
+            stdout=stdout,
+            stderr=stderr,
+            result=result,
+            error=error,
+            images=images,
+            output_truncated=truncated,
+            output_chars=total,
+            stdout_file=path,
+            duration_ms=(time.monotonic() - started) * 1000.0,
+            note=note,
+        )

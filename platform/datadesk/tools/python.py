@@ -1,0 +1,191 @@
+"""The `python` tool: code runs in the thread's warm kernel (sandbox/), reading /data.
+
+What the model gets back (an explicit return contract: never offloaded):
+notices (fresh kernel, expired artifacts), stdout/stderr capped head+tail
+(the full text saved as an artifact), the last expression, the error with
+ANSI codes stripped and the traceback trimmed, and references to the images
+and files the code produced. Images are saved as PNG artifacts and shown in
+the chat; files written under /outputs become downloadable artifacts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from datadesk.domain.artifacts import Artifact, ArtifactOrigin
+from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
+from datadesk.offload.requery import RequeryService
+from datadesk.offload.store import ArtifactStore, artifacts_dir, new_artifact_id
+from datadesk.sandbox.base import ExecutionResult, SandboxError
+from datadesk.sandbox.files import read_new_outputs, read_regular
+from datadesk.sandbox.messaging import strip_ansi, trim_traceback
+from datadesk.sandbox.registry import Execution, KernelRegistry
+from datadesk.settings import Settings
+from datadesk.store.files import write_atomic
+from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
+
+TOOL_NAME = "python"
+MAX_CODE_CHARS = 100_000
+_DATA_REF = re.compile(r"/data/([A-Za-z0-9_-]{1,64})\.(?:parquet|txt|png|jpg|gif|webp)")
+
+DESCRIPTION = (
+    "Run Python code in this thread's Jupyter kernel (pandas, numpy, pyarrow, duckdb, matplotlib). "
+    "Variables persist between calls while the kernel is warm. Offloaded results and uploads are "
+    "files under /data (read-only), e.g. pd.read_parquet('/data/<artifact>.parquet') or "
+    "duckdb.sql(\"SELECT ... FROM '/data/<artifact>.parquet'\"). Compute statistics over the full "
+    "file, never from a preview. Write files for the user to /outputs (they become downloads); "
+    "charts shown with plt.show() appear in the chat. No network access. "
+    "Output is cut to head and tail when long."
+)
+
+
+def _cap(text: str, head: int, tail: int) -> str:
+    if len(text) <= head + tail:
+        return text
+    return f"{text[:head]}\n… [{len(text) - head - tail:,} chars cut] …\n{text[-tail:]}"
+
+
+class PythonTool:
+    def __init__(self, settings: Settings, kernels: KernelRegistry, store: ArtifactStore,
+                 quota: ArtifactQuota, requery: RequeryService) -> None:
+        self.settings = settings
+        self.kernels = kernels
+        self.store = store
+        self.quota = quota
+        self.requery = requery
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        code = args.get("code")
+        if not isinstance(code, str) or not code.strip():
+            raise ToolError("`code` must be a non-empty string of Python code")
+        if len(code) > MAX_CODE_CHARS:
+            raise ToolError(f"code is too long ({len(code):,} chars; limit {MAX_CODE_CHARS:,})")
+        refs = sorted(set(_DATA_REF.findall(code)))
+        problems = await self.requery.ensure_available(ctx.thread_dir, refs, ctx,
+                                                       auto=self.settings.offload.auto_requery)
+        if refs:
+            self.store.touch(ctx.thread_dir, refs)  # named by code = used: keeps it in the cache
+        timeout = args.get("timeout_s")
+        timeout = min(float(timeout), self.settings.sandbox.exec_timeout_s) if isinstance(
+            timeout, (int, float)) and timeout > 0 else self.settings.sandbox.exec_timeout_s
+        try:
+            ex = await self.kernels.execute((ctx.workspace, ctx.user, ctx.thread), code, timeout)
+        except SandboxError as exc:
+            raise ToolError(str(exc)) from None
+        produced: list[Artifact] = []
+        lines: list[str] = [*problems, *ex.notices]
+        lines += self._body(ex.result, ctx, produced)
+        if ex.result.status not in ("died",):
+            lines += self._outputs(ex, ctx, produced)
+        meta: dict[str, Any] = {"status": ex.result.status, "duration_ms": round(ex.result.duration_ms, 1)}
+        if produced:
+            meta["artifacts"] = [{"id": a.id, "kind": a.kind, "format": a.format, "file": a.origin.filename,
+                                  "bytes": a.bytes, "path": a.sandbox_path} for a in produced]
+            images = [a.id for a in produced if a.format == "png" and a.kind == "deliverable"]
+            if images:
+                meta["images"] = images
+        return ToolResult(content="\n".join(line for line in lines if line) or "(no output)",
+                          is_error=ex.result.status != "ok", meta=meta)
+
+    def _origin(self, ctx: ToolContext, filename: str | None = None) -> ArtifactOrigin:
+        return ArtifactOrigin(source="python", user=ctx.user, thread=ctx.thread, workspace=ctx.workspace,
+                              call_id=ctx.call_id, filename=filename)
+
+    def _save(self, ctx: ToolContext, data: bytes, ext: str, kind: str, media: str,
+              filename: str | None) -> Artifact:
+        if kind == "deliverable":
+            self.quota.check_deliverable(ctx.user, len(data))
+        aid = new_artifact_id()
+        path = artifacts_dir(ctx.thread_dir) / f"{aid}.{ext}"
+        write_atomic(path, data)
+        now = time.time()
+        art = Artifact(id=aid, kind=kind, format=ext if ext != "jpg" else "jpeg", file=path.name,
+                       origin=self._origin(ctx, filename), created=now, last_used=now, bytes=len(data),
+                       sha256=hashlib.sha256(data).hexdigest(), media_type=media)
+        self.store.save(ctx.thread_dir, art)
+        return art
+
+    def _body(self, r: ExecutionResult, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
+        s = self.settings.sandbox
+        out: list[str] = []
+        status = {"ok": "ok", "error": "error", "timeout": f"TIMEOUT: stopped after the time limit",
+                  "died": "the kernel DIED"}[r.status]
+        out.append(f"status: {status} ({r.duration_ms / 1000:.2f} s)")
+        if r.note:
+            out.append(r.note)
+        full_ref = ""
+        if r.output_truncated and r.stdout_file is not None:
+            try:
+                data = read_regular(r.stdout_file, 64 << 20)
+                art = self._save(ctx, data, "txt", "result", "text/plain; charset=utf-8", "output.txt")
+                produced.append(art)
+                full_ref = f" (full output: {r.output_chars:,} chars in {art.sandbox_path})"
+            except (OSError, QuotaExceeded):
+                full_ref = f" (output was {r.output_chars:,} chars; the full text could not be saved)"
+        if r.stdout:
+            out.append("stdout" + full_ref + ":\n" + _cap(strip_ansi(r.stdout), s.output_head_chars, s.output_tail_chars))
+        if r.stderr:
+            out.append("stderr:\n" + _cap(strip_ansi(r.stderr), s.output_head_chars // 2, s.output_tail_chars // 2))
+        if r.result is not None:
+            out.append("result:\n" + _cap(strip_ansi(r.result), s.output_head_chars, s.output_tail_chars))
+        if r.error is not None:
+            tb = "\n".join(trim_traceback(r.error.traceback))
+            out.append(f"error: {r.error.ename}: {strip_ansi(r.error.evalue)}" + (f"\n{tb}" if tb else ""))
+        for png in r.images:
+            try:
+                art = self._save(ctx, png, "png", "deliverable", "image/png", None)
+            except QuotaExceeded as exc:
+                out.append(f"an image was produced but not saved: {exc}")
+                continue
+            produced.append(art)
+            out.append(f"image: artifact {art.id} ({len(png):,} bytes PNG), shown to the user in the chat")
+        return out
+
+    def _outputs(self, ex: Execution, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
+        """Register new or changed regular files under /outputs as downloadable artifacts."""
+        root = ex.session.backend.outputs_root()
+        if root is None:
+            return ["(files under /outputs cannot be collected from this sandbox)"]
+        files, lines = read_new_outputs(root, ex.session.seen_outputs, self.settings.sandbox.outputs_mb << 20)
+        for f in files:
+            name = f.relpath
+            ext = Path(name).suffix.lstrip(".").lower()
+            if not re.fullmatch(r"[a-z0-9]{1,8}", ext):
+                ext = "bin"
+            media = mimetypes.guess_type(name)[0] or "application/octet-stream"
+            try:
+                art = self._save(ctx, f.data, ext, "deliverable", media, name)
+            except (OSError, QuotaExceeded) as exc:
+                lines.append(f"/outputs/{name} was not saved: {exc}")
+                continue
+            produced.append(art)
+            lines.append(f"file: /outputs/{name} saved as artifact {art.id} ({art.bytes:,} bytes), "
+                         "downloadable by the user")
+        return lines
+
+
+def register_python_tool(registry: ToolRegistry, tool: PythonTool) -> None:
+    registry.register(
+        ToolSpec(
+            name=TOOL_NAME,
+            description=DESCRIPTION,
+            parameters={
+                "type": "object",
+                "properties": {
+                    "code": {"type": "string", "description": "Python code to run in the kernel"},
+                    "timeout_s": {"type": "number", "description": "optional shorter time limit in seconds"},
+                },
+                "required": ["code"],
+                "additionalProperties": False,
+            },
+            permission="code_execution",
+            offloadable=False,
+            read_only=False,
+        ),
+        tool,
+    )
