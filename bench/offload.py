@@ -52,6 +52,7 @@ SQL = f"SELECT * FROM {TABLE}"
 MCP_TOOL = "crm__export_rows"
 SAMPLE_ROWS = 20_000
 GOAL_RATIO = 1.5
+GOAL_RATIO_ROWS = 1_000_000  # the ratio goal is about large results
 GOAL_TOKENS = 2_000
 DEMO_READINGS_ROWS = 190_560
 # Runs argv[1:] as a child of a small interpreter (see the module docstring).
@@ -178,10 +179,11 @@ def case_prepare(home: Path, rows: int) -> dict[str, Any]:
     # An MCP server's text content: a JSON array of objects (one per line).
     con.execute(f"COPY (SELECT * FROM {TABLE} ORDER BY id) TO '{home / 'mcp.json'}' (FORMAT json, ARRAY true)")
     types = [str(t) for t in con.sql(SQL).types]
+    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
     con.close()
     created_s = time.perf_counter() - t0
     ensure_demo_workspace(layout)
-    return {"rows": rows, "types": types, "create_s": round(created_s, 3),
+    return {"rows": rows, "types": types, "create_s": round(created_s, 3), "duckdb_threads": threads,
             "warehouse_mb": _mb((data / "warehouse.duckdb").stat().st_size),
             "mcp_text_mb": _mb((home / "mcp.json").stat().st_size)}
 
@@ -454,11 +456,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="20,000 rows (CI smoke run)")
     ap.add_argument("--rows", type=int, default=None, help="rows of the result (default 1,000,000)")
-    ap.add_argument("--repeat", type=int, default=None, help="fresh processes per case (default 3; 1 with --tiny)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="fresh processes per case (default 5, at most 3 for the slow MCP case; 1 with --tiny)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "offload.json")
     args = ap.parse_args()
     rows = args.rows or (20_000 if args.tiny else 1_000_000)
-    repeat = args.repeat or (1 if args.tiny else 3)
+    repeat = args.repeat or (1 if args.tiny else 5)
+    mcp_repeat = min(repeat, 3)
     started = time.perf_counter()
 
     with tempfile.TemporaryDirectory(prefix="offload-bench-") as tmp:
@@ -466,7 +470,7 @@ def main() -> int:
         prep = run_case("prepare", home, rows=rows)
         base = run_case("write_table", home, repeat=max(3, repeat))
         duck = _median_run([run_case("duckdb", home) for _ in range(repeat)])
-        mcp = _median_run([run_case("mcp", home) for _ in range(repeat)])
+        mcp = _median_run([run_case("mcp", home) for _ in range(mcp_repeat)])
         brk = run_case("breakdown", home)
         tok = run_case("tokens", home, rows=rows)
 
@@ -486,10 +490,12 @@ def main() -> int:
         })
     d, m = cases
     ratio_ok = d["ratio_vs_write_table_zstd"] <= GOAL_RATIO
+    ratio_applies = rows >= GOAL_RATIO_ROWS
     tokens_ok = all(c["tokens"] <= GOAL_TOKENS for c in cases)
 
     print(f"\nOffload of a {rows:,}-row x {len(prep['types'])}-column result "
-          f"({base['arrow_mb']} MB in Arrow; median of {repeat} fresh process{'es' if repeat > 1 else ''})")
+          f"({base['arrow_mb']} MB in Arrow); median of {repeat} fresh process(es) ({mcp_repeat} for MCP); "
+          f"{os.cpu_count()} CPUs, DuckDB threads {prep['duckdb_threads']}")
     print(f"baseline pq.write_table of the same Arrow table: {base['sink_compression']} {zstd_s:.3f} s "
           f"({base['zstd']['file_mb']} MB), default settings {default_s:.3f} s ({base['default']['file_mb']} MB), "
           f"{base['sink_compression']} + 65,536-row groups {base['zstd_rg65536']['s']:.3f} s")
@@ -507,8 +513,10 @@ def main() -> int:
           f"{base['zstd']['file_mb']:>9.1f}")
     print("  peak MB = ru_maxrss - RSS after setup (fresh process); arrow MB = pyarrow pool max_memory"
           f"{'' if d['memory']['peak_reset'] else '; RSS high-water mark could not be reset'}")
+    ratio_note = "" if ratio_applies else (" (the goal is for 1,000,000+ rows; at this size the fixed "
+                                           "cost of opening the warehouse dominates)")
     print(f"\nGoals: DuckDB ratio {d['ratio_vs_write_table_zstd']:.2f} <= {GOAL_RATIO}: "
-          f"{'OK' if ratio_ok else 'MISSED'}; tokens {d['tokens']} / {m['tokens']} <= {GOAL_TOKENS:,}: "
+          f"{'OK' if ratio_ok else 'MISSED'}{ratio_note}; tokens {d['tokens']} / {m['tokens']} <= {GOAL_TOKENS:,}: "
           f"{'OK' if tokens_ok else 'MISSED'}")
     print(f"\nWhere the DuckDB case's time goes (one process): DuckDB read alone {brk['duckdb_read_s']:.3f} s "
           f"({brk['batches']} batches), ParquetSink alone {brk['sink_s']:.3f} s, sha256 {brk['sha256_s']:.3f} s, "
@@ -523,9 +531,9 @@ def main() -> int:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "tiny": args.tiny, "rows": rows, "repeat": repeat, "types": prep["types"],
+        "tiny": args.tiny, "rows": rows, "repeat": repeat, "mcp_repeat": mcp_repeat, "types": prep["types"],
         "goals": {"ratio_vs_write_table_zstd_max": GOAL_RATIO, "tokens_max": GOAL_TOKENS,
-                  "ratio_ok": ratio_ok, "tokens_ok": tokens_ok},
+                  "ratio_goal_applies": ratio_applies, "ratio_ok": ratio_ok, "tokens_ok": tokens_ok},
         "baseline_write_table": base, "cases": cases, "breakdown": brk, "inline_tokens": tok,
         "preview_duckdb": duck["content"], "prepare": prep,
         "python": sys.version.split()[0], "cpus": os.cpu_count(), "bench_s": round(total_s, 1),

@@ -7,12 +7,18 @@ peak RSS growth over the RSS it had after setup (imports, runtime, tokenizer),
 the rows in the Parquet file and the size the data takes in Arrow memory.
 
 Measured on a 2-vCPU dev box (Linux, Python 3.11, pyarrow 26, DuckDB 2.0.1):
-the data is MEASURED_DATA in Arrow (MEASURED_PARQUET Parquet uncompressed);
-peak RSS growth MEASURED_GROWTH, pyarrow's pool peak MEASURED_POOL; the
-whole test takes MEASURED_TIME. The bound, BOUND_MB, leaves headroom for
-allocator and DuckDB version differences while staying well below the data:
-a pipeline that collected the result before writing it would need at least
-the data's size on top.
+the data is 601 MB in Arrow (165 MB Parquet uncompressed, a 95 MB zstd
+file); peak RSS growth 198-209 MB over six runs, of which pyarrow's pool
+peaked at 9 MB: the rest is DuckDB (opening the file, scan state, buffers)
+and the allocator. The offload takes 2-2.5 s, the whole test ~8 s. A
+pipeline that collected the result before writing it (checked by patching
+TabularStream to list() its batches) peaks at 723 MB growth and fails.
+BOUND_MB = 300 leaves ~45% headroom and is half the data's size.
+
+DuckDB runs one thread per core by default, each with its own scan state:
+with 1/2/4/8/16 threads the same offload grew 174/203/256/295/355 MB. The
+probe pins the warehouse connection to DUCKDB_THREADS = 2 so the bound
+holds on any machine.
 
 Why a trampoline: Linux carries a parent's peak RSS into a child's
 `ru_maxrss` across fork+exec, so the measured process is started by a tiny
@@ -85,8 +91,8 @@ from datadesk.llm.scripted import ScriptedModel
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload.pipeline import OffloadCapability
 from datadesk.settings import Settings
-from datadesk.tools.registry import ToolContext
 from datadesk.store import warehouse
+from datadesk.tools.registry import ToolContext
 from tests.fakes.sandbox import FakeSandbox
 
 # DuckDB runs one thread per core by default and each holds scan state
@@ -167,5 +173,5 @@ def test_offloading_5m_rows_keeps_peak_memory_far_below_the_data(tmp_path: Path)
     assert res["rows"] == res["artifact_rows"] == ROWS and res["status"] == "ready", report
     assert res["tokens"] < 2_000, report
     # The bound must mean something: the data itself is well above it.
-    assert res["arrow_bytes"] > 2 * BOUND_MB * mb, report
+    assert res["arrow_bytes"] > 1.5 * BOUND_MB * mb, report
     assert res["growth"] < BOUND_MB * mb, report

@@ -159,3 +159,8 @@ def test_first_party_tools_are_never_offloaded(rt: Runtime) -> None:
     c = ctx(rt)
     out = asyncio.run(rt.offload.process(spec, "{}", ToolResult("m" * 50_000), c, YES))
     assert out.artifact is None and len(out.result.content) == 50_000
+
+
+def test_artifact_files_are_readable_by_the_sandbox_user(rt: Runtime) -> None:
+    out, c = sql(rt, "SELECT * FROM readings LIMIT 5000")
+    assert os.stat(data_file(c, out)).st_mode & 0o777 == 0o644

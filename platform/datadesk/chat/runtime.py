@@ -40,7 +40,9 @@ def build_kernel_registry(settings: Settings, layout: Layout) -> KernelRegistry:
     if sb.backend == "local":
         from datadesk.sandbox.local import LocalKernel
 
-        factory = lambda placement: LocalKernel(placement, memory_bytes=sb.memory_mb << 20,  # noqa: E731
+        # RLIMIT_AS counts reserved address space: an idle kernel with pandas and pyarrow
+        # already reserves ~1.1 GB, so the local limit is memory_mb on top of that.
+        factory = lambda placement: LocalKernel(placement, memory_bytes=(sb.memory_mb + 1536) << 20,  # noqa: E731
                                                 ready_timeout_s=sb.start_timeout_s)
         return KernelRegistry(sb, layout.home, factory, artifacts_for)
     if sb.backend == "docker":

@@ -129,6 +129,7 @@ class ParquetSink:
                 schema = self._unify(out)
             digest, size = _sha256(out)
             rows = sum(s.rows for s in self._segments)
+            os.chmod(out, 0o644)  # temp files are private; the sandbox user must read artifacts
             os.replace(out, self.final_path)
             self._cleanup()
             self._done = True

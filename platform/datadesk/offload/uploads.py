@@ -69,6 +69,7 @@ def _image(pipeline: OffloadPipeline, thread_dir: Path, tmp: Path, fmt: str, ori
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     size = tmp.stat().st_size
+    os.chmod(tmp, 0o644)  # readable by the sandbox user, like every artifact
     os.replace(tmp, final)
     now = time.time()
     art = Artifact(id=aid, kind="upload", format=fmt, file=final.name, origin=origin, created=now,

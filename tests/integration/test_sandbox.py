@@ -1,0 +1,243 @@
+"""The python tool on real kernels: local ipykernel subprocesses and real Docker containers.
+
+Behavioural tests run on both backends; isolation tests (network, host files,
+limits) run on docker only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+import msgspec
+import pytest
+
+from datadesk.chat.runtime import Runtime
+from datadesk.llm.scripted import ScriptedModel, ScriptStep, tool_step
+from datadesk.settings import Settings
+from datadesk.tools.registry import ToolContext
+from tests.conftest import parse_sse, serve_app
+
+BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
+
+
+def sandbox_settings(backend: str, **kw) -> dict:
+    return {"backend": backend, "pool_size": 0, "run_dir": tempfile.mkdtemp(prefix="ddr-"),
+            "exec_timeout_s": 20, "memory_mb": 512, **kw}
+
+
+def make_rt(home: Path, backend: str, **kw) -> Runtime:
+    settings = msgspec.convert({"home": str(home), "sandbox": sandbox_settings(backend, **kw)}, Settings,
+                               dec_hook=lambda t, o: Path(o))
+    return Runtime(settings=settings, model=ScriptedModel())
+
+
+def ctx(rt: Runtime, user: str = "alice", tid: str = "t1", perms=("code_execution",)) -> ToolContext:
+    tdir = rt.layout.thread_dir("demo", user, tid)
+    (tdir / "artifacts").mkdir(parents=True, exist_ok=True)
+    return ToolContext(workspace="demo", user=user, thread=tid, permissions=frozenset(perms),
+                       workspace_dir=rt.layout.workspace_dir("demo"), thread_dir=tdir, call_id="c1")
+
+
+async def py(rt: Runtime, c: ToolContext, code: str, **args):
+    return await rt.tools.run("python", json.dumps({"code": code, **args}), c)
+
+
+def run_with(rt: Runtime, body):
+    async def main():
+        await rt.start()
+        try:
+            return await body()
+        finally:
+            await rt.stop()
+    return asyncio.run(main())
+
+
+# -- end to end through the API -------------------------------------------------------
+
+def _aggregate_step(messages, tools):
+    tool_msg = [m for m in messages if m["role"] == "tool"][-1]["content"]
+    aid = re.search(r"artifact (a[0-9a-f]+)", tool_msg).group(1)
+    code = (f"import duckdb\n"
+            f"duckdb.sql(\"SELECT count(*), sum(kwh), sum(occupancy) FROM '/data/{aid}.parquet'\").fetchall()")
+    return tool_step("python", {"code": code}, call_id="call_py")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_full_demo_artifact_is_aggregated_in_the_kernel(harness_factory, home: Path, backend: str) -> None:
+    model = ScriptedModel([tool_step("sql_query", {"sql": "SELECT * FROM readings"}, call_id="call_sql"),
+                           _aggregate_step, "done"])
+    h = harness_factory(model, sandbox=sandbox_settings(backend))
+    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=120) as c:
+        tid = c.post("/api/threads", json={}).json()["id"]
+        events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "total energy?"}).text)
+    fins = {d["call_id"]: d for e, d in events if e == "tool.finished"}
+    assert fins["call_sql"]["meta"]["artifact"]["rows"] == 190_560
+    out = fins["call_py"]["preview"]
+    con = duckdb.connect(str(home / "workspaces/demo/data/warehouse.duckdb"), read_only=True)
+    n, kwh, occ = con.execute("SELECT count(*), sum(kwh), sum(occupancy) FROM readings").fetchone()
+    con.close()
+    got = re.search(r"\[\((\d+), ([\d.e+]+), (\d+)\)\]", out)
+    assert got, out
+    assert int(got.group(1)) == n and float(got.group(2)) == pytest.approx(kwh) and int(got.group(3)) == occ
+
+
+# -- behaviour on both backends ----------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chart_and_outputs_become_artifacts(home: Path, backend: str) -> None:
+    rt = make_rt(home, backend)
+    c = ctx(rt)
+
+    async def body():
+        chart = await py(rt, c, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nplt.show()")
+        files = await py(rt, c, "import os\nos.makedirs('/outputs/rep', exist_ok=True)\n"
+                                "open('/outputs/rep/summary.csv', 'w').write('a,b\\n1,2\\n')\n"
+                                "os.symlink('/etc/passwd', '/outputs/leak')\nos.mkfifo('/outputs/pipe')\n'ok'")
+        again = await py(rt, c, "1 + 1")
+        return chart, files, again
+
+    chart, files, again = run_with(rt, body)
+    assert not chart.is_error, chart.content
+    (img,) = chart.meta["images"]
+    art = rt.artifacts.load(c.thread_dir, img)
+    assert art.kind == "deliverable" and (c.thread_dir / "artifacts" / art.file).read_bytes()[:4] == b"\x89PNG"
+    assert not files.is_error, files.content
+    saved = [a for a in files.meta["artifacts"] if a["file"] == "rep/summary.csv"]
+    assert saved and (c.thread_dir / "artifacts" / f"{saved[0]['id']}.csv").read_text() == "a,b\n1,2\n"
+    assert "leak is not a regular file" in files.content and "pipe is not a regular file" in files.content
+    assert all(a["file"] not in ("leak", "pipe") for a in files.meta["artifacts"])
+    assert "artifacts" not in again.meta  # unchanged files are not registered twice
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_errors_timeouts_floods_and_exit(home: Path, backend: str) -> None:
+    rt = make_rt(home, backend)
+    c = ctx(rt)
+
+    async def body():
+        err = await py(rt, c, "def f():\n    return 1 / 0\nf()")
+        loop = await py(rt, c, "x = 41\nwhile True:\n    pass", timeout_s=1)
+        alive = await py(rt, c, "x + 1")
+        flood = await py(rt, c, "for i in range(300000):\n    print('line', i)")
+        exit_ = await py(rt, c, "import sys\nsys.exit(3)")
+        after = await py(rt, c, "x")
+        return err, loop, alive, flood, exit_, after
+
+    err, loop, alive, flood, exit_, after = run_with(rt, body)
+    assert err.is_error and "ZeroDivisionError: division by zero" in err.content and "\x1b[" not in err.content
+    assert "f()" in err.content and "ipykernel" not in err.content
+    assert loop.is_error and "TIMEOUT" in loop.content
+    assert alive.content.count("42") == 1 and not alive.is_error
+    assert "chars cut" in flood.content and "line 299999" in flood.content and "line 0" in flood.content
+    out_art = next(a for a in flood.meta["artifacts"] if a["file"] == "output.txt")
+    full = (c.thread_dir / "artifacts" / f"{out_art['id']}.txt").read_text()
+    assert full.count("\n") == 300_000
+    assert exit_.is_error and "SystemExit" in exit_.content
+    assert "41" in after.content  # the kernel survived sys.exit
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_killed_from_inside_or_outside_restarts_with_notice(home: Path, backend: str) -> None:
+    rt = make_rt(home, backend)
+    c = ctx(rt)
+
+    async def body():
+        await py(rt, c, "x = 1")
+        died = await py(rt, c, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+        fresh = await py(rt, c, "print('x' in globals())")
+        session = rt.kernels.sessions[("demo", "alice", "t1")]
+        if backend == "docker":
+            await asyncio.to_thread(session.backend._container.kill)
+        else:
+            import os as _os
+            import signal as _sig
+            _os.killpg(session.backend.pid, _sig.SIGKILL)
+        await asyncio.sleep(1.5)
+        after_outside = await py(rt, c, "1")
+        return died, fresh, after_outside
+
+    died, fresh, after_outside = run_with(rt, body)
+    assert died.is_error and "died" in died.content.lower()
+    assert "a new Python kernel was started" in fresh.content and "False" in fresh.content
+    assert "reload what you need from /data" in fresh.content
+    assert not after_outside.is_error and "a new Python kernel was started" in after_outside.content
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reaper_reclaims_idle_and_old_kernels_with_notice(home: Path, backend: str) -> None:
+    rt = make_rt(home, backend, idle_timeout_s=0.5, max_lifetime_s=600, reap_interval_s=0.2)
+    c = ctx(rt)
+
+    async def body():
+        await py(rt, c, "y = 5")
+        await asyncio.sleep(1.5)  # the real reaper task runs every 0.2 s
+        gone = ("demo", "alice", "t1") not in rt.kernels.sessions
+        idle = await py(rt, c, "print('y' in globals())")
+        rt.kernels.settings.idle_timeout_s = 600
+        rt.kernels.settings.max_lifetime_s = 1
+        await asyncio.sleep(1.5)
+        old = await py(rt, c, "1")
+        return gone, idle, old
+
+    gone, idle, old = run_with(rt, body)
+    assert gone
+    assert "reclaimed: idle for more than" in idle.content and "False" in idle.content
+    assert "lifetime" in old.content
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pool_and_per_user_cap(home: Path, backend: str) -> None:
+    rt = make_rt(home, backend, pool_size=1, max_kernels_per_user=2)
+
+    async def body():
+        await rt.start()
+        try:
+            for _ in range(200):
+                if rt.kernels.pool:
+                    break
+                await asyncio.sleep(0.05)
+            pooled = rt.kernels.pool[0].placement.kernel_id
+            t0 = time.perf_counter()
+            first = await py(rt, ctx(rt, tid="t1"), "1")
+            first_ms = (time.perf_counter() - t0) * 1000
+            used = rt.kernels.sessions[("demo", "alice", "t1")].placement.kernel_id
+            await py(rt, ctx(rt, tid="t2"), "2")
+            third = await py(rt, ctx(rt, tid="t3"), "3")  # cap 2: t1 (LRU, idle) is reclaimed
+            back = await py(rt, ctx(rt, tid="t1"), "4")
+            for _ in range(200):
+                if rt.kernels.pool:
+                    break
+                await asyncio.sleep(0.05)
+            refill = rt.kernels.pool[0].placement.kernel_id if rt.kernels.pool else None
+            return pooled, used, first, first_ms, third, back, refill
+        finally:
+            await rt.stop()
+
+    pooled, used, first, first_ms, third, back, refill = asyncio.run(body())
+    assert used == pooled and not first.is_error
+    assert refill and refill != pooled  # a used kernel never returns to the pool
+    assert not third.is_error
+    assert "kernel limit was reached" in back.content
+
+
+def test_other_threads_data_is_not_visible_and_expired_paths_offer_requery(home: Path) -> None:
+    rt = make_rt(home, "local")
+    mine, other = ctx(rt, tid="t1"), ctx(rt, tid="t2")
+    (other.thread_dir / "artifacts" / "aotherthread0001.txt").write_text("secret of t2")
+    (mine.thread_dir / "artifacts" / "amine00000000001.txt").write_text("mine")
+
+    async def body():
+        own = await py(rt, mine, "print(open('/data/amine00000000001.txt').read())")
+        theirs = await py(rt, mine, "print(open('/data/aotherthread0001.txt').read())")
+        return own, theirs
+
+    own, theirs = run_with(rt, body)
+    assert "mine" in own.content
+    assert theirs.is_error and "secret" not in theirs.content and "no artifact aotherthread0001" in theirs.content
