@@ -280,8 +280,6 @@ def _offload_case(home: Path, kind: str) -> dict[str, Any]:
 
 def case_breakdown(home: Path) -> dict[str, Any]:
     """Where the duckdb case's time goes, part by part (one process, hot caches)."""
-    import pyarrow as pa
-
     from datadesk.domain.artifacts import ArtifactOrigin
     from datadesk.offload import preview
     from datadesk.offload.pipeline import file_sha256
@@ -334,7 +332,6 @@ def case_breakdown(home: Path) -> dict[str, Any]:
     out["preview_s"] = round(time.perf_counter() - t0, 4)
     out["file_mb"] = _mb(res.bytes)
     out["arrow_mb"] = _mb(nbytes)
-    del pa
     return out
 
 

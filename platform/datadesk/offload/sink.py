@@ -25,7 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from datadesk.offload.columns import unique_names
-from datadesk.offload.sinkutil import Segment, cast_for_union, display_type, fit_batch, merge_schemas, unify_types
+from datadesk.offload.sinkutil import (
+    Segment, cast_for_union, dictionary_columns, display_type, fit_batch, merge_schemas, unify_types,
+)
 
 __all__ = ["ParquetSink", "SinkResult", "display_type"]
 
@@ -276,7 +278,8 @@ class _CastFailed(Exception):
 
 
 def _rewrite(segments: list[Segment], schema: pa.Schema, out: Path, compression: str, batch_rows: int) -> None:
-    with pq.ParquetWriter(out, schema, compression=compression) as writer:
+    with pq.ParquetWriter(out, schema, compression=compression,
+                          use_dictionary=dictionary_columns(schema)) as writer:
         for seg in segments:
             for batch in seg.read(batch_rows):
                 arrays = []
@@ -295,7 +298,8 @@ def _rewrite(segments: list[Segment], schema: pa.Schema, out: Path, compression:
 def _encoded_size(table: pa.Table, compression: str) -> int:
     """Bytes `table` takes as one Parquet row group (footer excluded)."""
     sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, table.schema, compression=compression) as writer:
+    with pq.ParquetWriter(sink, table.schema, compression=compression,
+                          use_dictionary=dictionary_columns(table.schema)) as writer:
         writer.write_table(table, row_group_size=max(table.num_rows, 1))
     buf = sink.getvalue()
     footer = int.from_bytes(buf[-8:-4].to_pybytes(), "little")

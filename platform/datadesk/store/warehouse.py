@@ -310,6 +310,8 @@ class Warehouse:
                 else:
                     # Order matters: allowed_directories can't change once
                     # external access is off, and nothing can once locked.
+                    # no progress bar on stdout: it would end up in the server log
+                    con.execute("SET enable_progress_bar=false")
                     con.execute(f"SET allowed_directories=[{_sql_literal(allowed)}]")
                     con.execute("SET enable_external_access=false")
                     con.execute("SET lock_configuration=true")
