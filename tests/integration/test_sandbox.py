@@ -241,3 +241,98 @@ def test_other_threads_data_is_not_visible_and_expired_paths_offer_requery(home:
     own, theirs = run_with(rt, body)
     assert "mine" in own.content
     assert theirs.is_error and "secret" not in theirs.content and "no artifact aotherthread0001" in theirs.content
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pooled_kernel_sees_only_its_threads_data_and_expired_paths_offer_requery(home: Path, backend: str) -> None:
+    rt = make_rt(home, backend, pool_size=1)
+    c = ctx(rt)
+
+    async def body():
+        await rt.start()
+        try:
+            for _ in range(200):
+                if rt.kernels.pool:
+                    break
+                await asyncio.sleep(0.05)
+            assert rt.kernels.pool, "the pool did not fill"
+            sql = json.dumps({"sql": "SELECT * FROM readings WHERE building_id = 'B03'"})
+            raw = await rt.tools.run("sql_query", sql, c)
+            from tests.fakes.sandbox import FakeSandbox  # noqa: F401  (real python tool registered)
+            from datadesk.offload.pipeline import OffloadCapability
+
+            out = await rt.offload.process(rt.tools.get("sql_query").spec, sql, raw, c, OffloadCapability(True))
+            aid = out.artifact.id
+            read = await py(rt, c, f"import pandas as pd\nlen(pd.read_parquet('/data/{aid}.parquet'))")
+            rt.artifacts.expire(c.thread_dir, aid)
+            expired = await py(rt, c, f"import os\nos.path.exists('/data/{aid}.parquet')")
+            return aid, read, expired
+        finally:
+            await rt.stop()
+
+    aid, read, expired = asyncio.run(body())
+    assert "9528" in read.content  # 24 h x 397 days of one building
+    assert f"artifact {aid} has expired" in expired.content and f'requery_artifact("{aid}")' in expired.content
+    assert "False" in expired.content  # the evicted file is gone from /data too
+
+
+@pytest.mark.docker
+def test_orphan_containers_of_an_earlier_run_are_removed(home: Path) -> None:
+    import docker
+
+    from datadesk.sandbox.docker import DockerSandbox
+    from datadesk.settings import SandboxSettings
+
+    client = docker.from_env()
+    labels = DockerSandbox(SandboxSettings(backend="docker"), home).labels("korphan")
+    labels["datadesk.owner"] = "gone-host:1"
+    orphan = client.containers.run(SandboxSettings().image, ["sleep", "300"], detach=True, labels=labels,
+                                   network_mode="none")
+    other = client.containers.run(SandboxSettings().image, ["sleep", "300"], detach=True, network_mode="none",
+                                  labels={**labels, "datadesk.home": "another-data-dir"})
+    try:
+        rt = make_rt(home, "docker")
+        run_with(rt, lambda: asyncio.sleep(0))
+        ids = {c.id for c in client.containers.list(all=True)}
+        assert orphan.id not in ids
+        assert other.id in ids  # another installation's containers are left alone
+    finally:
+        for c in (orphan, other):
+            try:
+                c.remove(force=True)
+            except Exception:
+                pass
+
+
+def test_serve_refuses_the_local_sandbox_when_it_would_be_shared(tmp_path: Path) -> None:
+    from datadesk.cli import local_sandbox_problem
+    from datadesk.settings import Settings
+    from datadesk.store.layout import Layout
+    from datadesk.store.users import UserStore
+
+    s = Settings(home=tmp_path)
+    users = UserStore(Layout(tmp_path))
+    users.add("admin", ["demo"], ["code_execution", "admin"])
+    assert local_sandbox_problem(s) is None
+    s.server.host = "0.0.0.0"
+    assert "0.0.0.0" in local_sandbox_problem(s)
+    s.server.host = "127.0.0.1"
+    users.add("bob", ["demo"], ["code_execution"])
+    assert "2 users have code_execution" in local_sandbox_problem(s)
+    s.sandbox.allow_unsafe_local = True
+    assert local_sandbox_problem(s) is None
+    s.sandbox.backend = "docker"
+    s.sandbox.allow_unsafe_local = False
+    assert local_sandbox_problem(s) is None
+
+
+def test_only_code_execution_users_get_the_python_tool(harness_factory) -> None:
+    model = ScriptedModel(then="ok")
+    h = harness_factory(model, sandbox=sandbox_settings("local"))
+    with serve_app(h.app()) as base:
+        for user, expect in (("alice", True), ("bob", False)):
+            with httpx.Client(base_url=base, headers=h.auth(user), timeout=60) as c:
+                tid = c.post("/api/threads", json={}).json()["id"]
+                c.post(f"/api/threads/{tid}/messages", json={"content": "hi"})
+            names = [t["function"]["name"] for t in model.tools_seen[-1]]
+            assert ("python" in names) is expect, (user, names)

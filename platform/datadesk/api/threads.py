@@ -71,6 +71,8 @@ class ThreadController(Controller):
     async def delete_thread(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> None:
         handle = find_thread(rt, user, tid)
         await rt.turns.cancel(handle.id)
+        if rt.kernels is not None:  # its kernel goes with it
+            await rt.kernels.shutdown_thread((handle.meta.workspace, user.id, handle.id))
         rt.threads.delete(handle)
 
     @post("/{tid:str}/cancel", status_code=200)

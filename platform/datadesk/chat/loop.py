@@ -159,6 +159,8 @@ class TurnLoop:
             result = outcome.result
             if outcome.artifact is not None:
                 self.turn.emit("artifact.created", call_id=call.id, **artifact_ref(outcome.artifact))
+            for produced in result.meta.get("artifacts", ()):  # charts and files written by code
+                self.turn.emit("artifact.created", call_id=call.id, artifact=produced)
             ms = round((time.perf_counter() - started) * 1000, 1)
             rec = self._append(role="tool", tool_call_id=call.id, name=call.name, content=result.content,
                                status="error" if result.is_error else "ok",
