@@ -400,9 +400,10 @@ class Bench:
                 await reg.shutdown_thread(key)
         finally:
             await rt.stop()
-        self.row("2. first execution on a new thread", "without pool (pool_size=0, container start)",
+        self.row("2. first execution on a new thread", "without pool (pool_size=0, " + ("container" if self.backend == "docker" else "kernel") + " start)",
                  times, "ms", None, profs, note=f"reference ~{COLD_FIRST_REFERENCE_MS / 1000:g} s")
-        how = ("docker stats: usage - inactive_file" if self.backend == "docker" else "kernel RSS (VmRSS)")
+        how = ("docker stats: usage - inactive_file" if self.backend == "docker"
+               else "kernel RSS (VmRSS, incl. shared library pages: not comparable to docker stats)")
         grp = "3. idle kernel memory"
         self.row(grp, "bare kernel", bare, "MiB", None, note=how)
         self.row(grp, "after import pandas, duckdb", loaded, "MiB", GOAL_IDLE_MIB, note=how)

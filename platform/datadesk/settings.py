@@ -2,8 +2,8 @@
 
 Precedence: explicit constructor values (tests) > environment > TOML file >
 defaults. The TOML file is `$DATADESK_CONFIG`, else `$DATADESK_HOME/datadesk.toml`
-if it exists. Its tables mirror the sub-settings: `[llm]`, `[chat]`, `[sql]`,
-`[offload]`, `[server]`, `[auth]`. Every field is documented in the README (a test checks).
+if it exists. Its tables mirror the sub-settings: `[llm]`, `[chat]`, `[context]`,
+`[sql]`, `[offload]`, `[sandbox]`, `[server]`, `[auth]`. Every field is documented in the README (a test checks).
 """
 
 from __future__ import annotations
@@ -29,9 +29,38 @@ class LLMSettings(msgspec.Struct, forbid_unknown_fields=True):
 class ChatSettings(msgspec.Struct, forbid_unknown_fields=True):
     max_steps: int = 12
     max_turns_per_user: int = 2
-    history_budget_tokens: int = 32_000
     finish_in_background: bool = False
     tool_timeout_s: float = 120.0
+
+
+class ModelProfileSettings(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Overrides of a model profile; unset fields keep the family default."""
+
+    window_tokens: int | None = None
+    reserved_output_tokens: int | None = None
+    vision: bool | None = None
+    preamble: str | None = None  # "system" (second system message) | "user" (labelled user preamble)
+    replay_reasoning: bool | None = None
+    token_factor: float | None = None
+
+
+class ContextSettings(msgspec.Struct, forbid_unknown_fields=True):
+    history_budget_tokens: int = 32_000
+    trim_chunk_fraction: float = 0.2
+    recent_turns: int = 2
+    recent_result_chars: int = 8_000
+    stub_head_chars: int = 400
+    read_tool_turns: int = 6
+    read_tools: list[str] = msgspec.field(default_factory=lambda: ["read_tool_result", "load_skill"])
+    max_images: int = 4
+    image_tokens: int = 1_000
+    tools_max_fraction: float = 0.15
+    warn_level: float = 0.70
+    compact_level: float = 0.85
+    refuse_level: float = 1.0
+    max_message_tokens: int = 8_000
+    calibration_margin: float = 0.05
+    profiles: dict[str, ModelProfileSettings] = msgspec.field(default_factory=dict)
 
 
 class SQLSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -101,6 +130,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     chat: ChatSettings = msgspec.field(default_factory=ChatSettings)
     sql: SQLSettings = msgspec.field(default_factory=SQLSettings)
     offload: OffloadSettings = msgspec.field(default_factory=OffloadSettings)
+    context: ContextSettings = msgspec.field(default_factory=ContextSettings)
     sandbox: SandboxSettings = msgspec.field(default_factory=SandboxSettings)
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)

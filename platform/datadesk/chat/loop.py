@@ -18,11 +18,12 @@ import msgspec
 
 from datadesk.chat.runtime import Runtime
 from datadesk.chat.turns import RunningTurn
-from datadesk.context.window import BASE_RULES, build_messages, manifest
+from datadesk.context.builder import ContextTooLarge
+from datadesk.context.manifest import append_manifest
+from datadesk.context.rules import BASE_RULES
 from datadesk.domain.records import Record, ToolCall
 from datadesk.domain.users import User
 from datadesk.llm.base import ModelDelta, ModelError, ModelReply
-from datadesk.llm.tokens import count_messages
 from datadesk.offload.pipeline import OffloadCapability, artifact_ref
 from datadesk.store.threadlog import LogClosed
 from datadesk.store.threads import ThreadHandle
@@ -86,11 +87,20 @@ class TurnLoop:
         self.allowed = {s.name for s in specs}
         prompt = system_prompt(self.rt, self.handle.meta.workspace)
         for step in range(1, self.settings.max_steps + 1):
-            messages, records, stats = build_messages(
-                prompt, self.log, self.settings.history_budget_tokens, count_messages
-            )
-            self._write_manifest(step, records, messages, [s.name for s in specs], stats)
-            reply = await self._call_model(messages, tools)
+            try:
+                built = self.rt.context.build(
+                    thread_dir=self.handle.dir, model=self.rt.model.name, system_prompt=prompt, tools=tools,
+                    turn_id=self.turn.turn_id, step=step)
+            except ContextTooLarge as exc:
+                self._append(role="assistant", status="error", content="", meta={"error": str(exc),
+                                                                                 "kind": "context"})
+                self.turn.emit("error", kind="context", message=str(exc))
+                return "error"
+            reply: ModelReply | None = None
+            try:
+                reply = await self._call_model(built.messages, built.tools)
+            finally:  # also when cancelled: what was sent is recorded
+                self._finish_manifest(built.manifest, reply)
             if reply is None:
                 return "error"
             if not reply.tool_calls:
@@ -179,11 +189,20 @@ class TurnLoop:
                                  content="cancelled: the user stopped the turn before this call finished")
             raise
 
-    def _write_manifest(self, step: int, records: list[Record], messages: list[dict[str, Any]],
-                        tools: list[str], stats: dict[str, int]) -> None:
-        m = manifest(self.turn.turn_id, step, self.rt.model.name, records, messages, tools, stats)
-        with open(self.handle.dir / "context.jsonl", "ab") as fh:
-            fh.write(msgspec.json.encode(m) + b"\n")
+    def _finish_manifest(self, manifest, reply: ModelReply | None) -> None:
+        """Record the request's manifest with the provider's usage, and calibrate token counts."""
+        if reply is not None and reply.usage is not None and reply.usage.prompt_tokens:
+            u = reply.usage
+            manifest.usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                              "cached_tokens": u.cached_tokens}
+            manifest.cache_ratio = round(u.cached_tokens / u.prompt_tokens, 4)
+            self.rt.calibration.observe(self.rt.model.name, manifest.estimated_raw_tokens, u.prompt_tokens)
+        elif reply is None:
+            manifest.error = "no reply"
+        try:
+            append_manifest(self.handle.dir / "context.jsonl", manifest)
+        except OSError:
+            log.warning("could not write the context manifest of %s", self.handle.id)
 
 
 def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from datadesk.chat.turns import TurnRegistry
@@ -21,7 +22,12 @@ from datadesk.offload.quota import ArtifactQuota
 from datadesk.offload.requery import RequeryService
 from datadesk.offload.store import ArtifactStore
 from datadesk.sandbox.registry import KernelRegistry
+from datadesk.context.builder import ContextBuilder
+from datadesk.context.calibration import Calibration
+from datadesk.offload.store import ArtifactNotFound
+from datadesk.sandbox.files import read_regular
 from datadesk.tools.artifacts import register_artifact_tools
+from datadesk.tools.history import register_history_tools
 from datadesk.tools.python import PythonTool, register_python_tool
 from datadesk.tools.registry import ToolContext, ToolRegistry, ToolSpec
 from datadesk.tools.sql import register_sql_tool
@@ -80,6 +86,10 @@ class Runtime:
         register_sql_tool(self.tools, self.warehouse_for, settings.sql, settings.offload.threshold_chars,
                           settings.offload.stream_timeout_s)
         register_artifact_tools(self.tools, self.requery)
+        register_history_tools(self.tools)
+        self.calibration = Calibration(self.layout.home / "calibration.json", settings.context.calibration_margin)
+        self.context = ContextBuilder(settings.context, count_tokens, self.calibration,
+                                      self._artifact_status, self._image_bytes)
         self.kernels: KernelRegistry | None = None
         self.sandbox_health: Callable[[], tuple[bool, str]] = lambda: (False, "the sandbox is not running")
         if settings.sandbox.backend != "none":
@@ -111,6 +121,21 @@ class Runtime:
                 )
                 hit = self._workspaces[ws] = (cfg, wh)
             return hit
+
+    def _artifact_status(self, thread_dir: Path, aid: str) -> str | None:
+        try:
+            return self.artifacts.load(thread_dir, aid).status
+        except (ArtifactNotFound, ValueError):
+            return None
+
+    def _image_bytes(self, thread_dir: Path, aid: str) -> bytes | None:
+        try:
+            art = self.artifacts.load(thread_dir, aid)
+            if not art.available or art.format not in ("png", "jpeg", "gif", "webp"):
+                return None
+            return read_regular(self.artifacts.data_path(thread_dir, art), 20 << 20)
+        except (ArtifactNotFound, ValueError, OSError):
+            return None
 
     def permitted_tools(self, user: User, workspace: str) -> list[ToolSpec]:
         """Tools this user may call in this workspace, in registration order."""

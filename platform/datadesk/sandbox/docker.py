@@ -124,6 +124,7 @@ class DockerKernel(KernelBackend):
         self._channel: KernelChannel | None = None
         self._alive: tuple[float, bool] = (0.0, False)
         self._pid = 0
+        self._pid_visible = False
 
     # -- lifecycle ---------------------------------------------------------------
     def _run_container(self) -> Any:
@@ -169,8 +170,18 @@ class DockerKernel(KernelBackend):
 
     async def start(self) -> None:
         t0 = time.monotonic()
+        creating = asyncio.ensure_future(asyncio.to_thread(self._run_container))
         try:
-            self._container = await asyncio.to_thread(self._run_container)
+            self._container = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            # cancelled (e.g. app shutdown) while the engine creates the container: the thread
+            # still finishes; remove what it made, or the container would leak
+            try:
+                made = await creating
+                await asyncio.to_thread(made.remove, force=True)
+            except Exception:
+                pass
+            raise
         except SandboxError:
             raise
         except Exception as exc:
@@ -181,6 +192,7 @@ class DockerKernel(KernelBackend):
             self._pid = int((await asyncio.to_thread(self._state)).get("Pid") or 0)
         except Exception:
             self._pid = 0
+        self._pid_visible = bool(self._pid) and os.path.exists(f"/proc/{self._pid}")
         self._channel = KernelChannel(host_info, self.placement.run_dir, self.is_alive)
         try:
             await self._channel.connect(self.settings.start_timeout_s)
@@ -211,6 +223,7 @@ class DockerKernel(KernelBackend):
                 if type(exc).__name__ != "NotFound":
                     log.warning("could not remove container of kernel %s: %s", self.placement.kernel_id, exc)
         self._alive = (time.monotonic(), False)
+        self._pid_visible = False
 
     async def restart(self) -> None:
         await self.shutdown()
@@ -225,6 +238,10 @@ class DockerKernel(KernelBackend):
     async def is_alive(self) -> bool:
         if self._container is None:
             return False
+        if self._pid_visible:
+            # same host: the container's init (which exits with the kernel) is a process we
+            # can see; a stat instead of an engine call on every execution
+            return os.path.exists(f"/proc/{self._pid}")
         checked, alive = self._alive
         if time.monotonic() - checked < ALIVE_CACHE_S:
             return alive

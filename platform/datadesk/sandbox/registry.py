@@ -159,6 +159,8 @@ class KernelRegistry:
     async def _pool_one(self) -> None:
         try:
             session = await self._launch()
+            # the first cell of a fresh interpreter is slow: run it now, not on the user's time
+            await session.backend.execute("None", self.settings.start_timeout_s)
             self.pool.append(session)
         except Exception as exc:
             log.warning("could not pre-start a pool kernel: %s", exc)

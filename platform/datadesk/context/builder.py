@@ -1,0 +1,365 @@
+"""The context builder: every request to the model is assembled here (DESIGN section 5).
+
+Order, stable parts first so provider prefix caches hit:
+1. system: base rules (versioned) + workspace prompt (+ skills catalog);
+2. the permitted tools, in a stable order;
+3. the thread summary and memory block (second system message, or a labelled
+   user preamble, as the model profile says);
+4. the history window: whole user turns, newest first within the budget, put
+   back in order; tool results micro-compacted by age; calls and results
+   paired by id; images carried as the profile allows;
+5. the current user turn (the newest unit of the window).
+
+When history must be trimmed it is dropped in chunks (>= `trim_chunk_fraction`
+of the budget) from the start of the previous window, so the window's start
+stays put across turns. Records are read from the tail of the log and their
+token counts are cached, so a build does not cost the whole thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import msgspec
+
+from datadesk.context.calibration import Calibration
+from datadesk.context.compaction import Form, form_for, render_tool_result
+from datadesk.context.manifest import ContextManifest, last_manifest, seq_ranges
+from datadesk.context.profiles import ModelProfile, profile_for
+from datadesk.domain.records import Record
+from datadesk.settings import ContextSettings
+from datadesk.store.threadlog import ThreadLog
+
+from datadesk.context.rules import BASE_RULES_VERSION as RULES_VERSION
+NO_RESULT = "no result recorded: the call did not complete"
+PREAMBLE_LABEL = ("[Derived from past conversations in this thread and workspace; it may be outdated. "
+                  "The current message wins.]")
+TOOL_IMAGES_TEXT = "images produced by the previous tool call"
+
+
+class ContextTooLarge(Exception):
+    """The request cannot fit the model's window: the message names the sizes."""
+
+
+@dataclass
+class Unit:
+    """One user turn: its user record and everything after it until the next one."""
+
+    records: list[Record]
+    age: int = 0  # 0 = the current turn
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    raw_tokens: int = 0
+    compacted: list[int] = field(default_factory=list)
+    capped: list[int] = field(default_factory=list)
+    images: list[tuple[int, str]] = field(default_factory=list)  # (message index, artifact id)
+    orphans: int = 0
+    synthetic: int = 0
+
+    @property
+    def first_seq(self) -> int:
+        return self.records[0].seq
+
+
+@dataclass
+class BuiltContext:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    manifest: ContextManifest
+    profile: ModelProfile
+
+
+class _TokenCache:
+    """Token counts of rendered records: (log, seq, ts, form) -> tokens. Records never change."""
+
+    def __init__(self, capacity: int = 200_000) -> None:
+        self.capacity = capacity
+        self._data: OrderedDict[tuple, int] = OrderedDict()
+
+    def get(self, key: tuple, compute: Callable[[], int]) -> int:
+        hit = self._data.get(key)
+        if hit is not None:
+            self._data.move_to_end(key)
+            return hit
+        value = compute()
+        self._data[key] = value
+        if len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+        return value
+
+
+class ContextBuilder:
+    def __init__(self, settings: ContextSettings, count_text: Callable[[str], int], calibration: Calibration,
+                 artifact_status: Callable[[Path, str], str | None],
+                 image_bytes: Callable[[Path, str], bytes | None]) -> None:
+        self.s = settings
+        self.count_text = count_text
+        self.calibration = calibration
+        self.artifact_status = artifact_status
+        self.image_bytes = image_bytes
+        self.cache = _TokenCache()
+
+    # -- tokens -----------------------------------------------------------------------
+    def _msg_tokens(self, msg: dict[str, Any]) -> int:
+        total = 4
+        content = msg.get("content")
+        if isinstance(content, str):
+            total += self.count_text(content)
+        elif isinstance(content, list):
+            total += sum(self.count_text(p.get("text", "")) for p in content if p.get("type") == "text")
+        for call in msg.get("tool_calls") or ():
+            total += self.count_text(call["function"]["name"]) + self.count_text(call["function"]["arguments"]) + 4
+        if msg.get("reasoning_content"):
+            total += self.count_text(msg["reasoning_content"])
+        return total
+
+    # -- build -------------------------------------------------------------------------
+    def build(self, *, thread_dir: Path, model: str, system_prompt: str, tools: list[dict[str, Any]],
+              turn_id: str, step: int, preamble: str | None = None,
+              preamble_info: dict[str, Any] | None = None, memory_facts: list[str] | None = None
+              ) -> BuiltContext:
+        s = self.s
+        profile = profile_for(model, s)
+        factor = self.calibration.factor(model, profile.token_factor)
+        limit = profile.window_tokens - profile.reserved_output_tokens
+        system_msg = {"role": "system", "content": system_prompt}
+        regions_raw = {"system": self._msg_tokens(system_msg)}
+        tool_tokens = [(t["function"]["name"], self.count_text(msgspec.json.encode(t).decode())) for t in tools]
+        regions_raw["tools"] = sum(n for _, n in tool_tokens)
+        if regions_raw["tools"] * factor > s.tools_max_fraction * profile.window_tokens:
+            largest = ", ".join(f"{name} ({n:,})" for name, n in sorted(tool_tokens, key=lambda x: -x[1])[:3])
+            raise ContextTooLarge(
+                f"the tool definitions take {regions_raw['tools'] * factor:,.0f} tokens, more than "
+                f"{s.tools_max_fraction:.0%} of the {profile.window_tokens:,}-token window of {model}; "
+                f"largest: {largest}. Allow-list fewer tools for this workspace.")
+        pre_msgs: list[dict[str, Any]] = []
+        if preamble:
+            text = f"{PREAMBLE_LABEL}\n{preamble}"
+            pre_msgs = [{"role": "system" if profile.preamble == "system" else "user", "content": text}]
+        regions_raw["preamble"] = sum(self._msg_tokens(m) for m in pre_msgs)
+
+        log = ThreadLog(thread_dir / "log.jsonl")
+        previous = last_manifest(thread_dir / "context.jsonl")
+        anchor = previous.first_seq if previous else None
+        fixed = sum(regions_raw.values()) * factor
+        history_budget = min(s.history_budget_tokens, max(0, limit - fixed))
+        units = self._load_units(log, anchor, history_budget, factor, thread_dir, profile)
+        start = self._select(units, anchor, history_budget, factor)
+        # past the window, drop more (never the current turn) before refusing
+        while start < len(units) - 1 and self._total(units[start:], regions_raw, factor) > s.refuse_level * limit:
+            start += 1
+        window = units[start:]
+        images = self._attach_images(window, thread_dir, profile)
+
+        history: list[dict[str, Any]] = []
+        for unit in window:
+            history.extend(unit.messages)
+        messages = [system_msg, *pre_msgs, *history]
+
+        current = window[-1] if window else None
+        regions = {
+            "system": round(regions_raw["system"] * factor),
+            "tools": round(regions_raw["tools"] * factor),
+            "preamble": round(regions_raw["preamble"] * factor),
+            "history": round(sum(u.raw_tokens for u in window[:-1]) * factor),
+            "current": round((current.raw_tokens if current else 0) * factor),
+            "images": len(images) * s.image_tokens,
+        }
+        total = sum(regions.values())
+        level = total / limit if limit > 0 else 99.0
+        if level > s.refuse_level:
+            raise ContextTooLarge(
+                f"this request would be about {total:,} tokens but {model} takes {limit:,} "
+                f"({profile.window_tokens:,} window - {profile.reserved_output_tokens:,} reserved for the answer): "
+                + ", ".join(f"{k} {v:,}" for k, v in regions.items() if v)
+                + ". Shorten the message or start a new thread.")
+        water = "compact" if level >= s.compact_level else "warn" if level >= s.warn_level else "ok"
+        included = [r.seq for u in window for r in u.records]
+        raw_total = round(sum(regions_raw.values()) + sum(u.raw_tokens for u in window))
+        manifest = ContextManifest(
+            ts=time.time(), turn_id=turn_id, step=step, model=model, profile=profile.name,
+            rules_version=RULES_VERSION, budget_tokens=s.history_budget_tokens, limit_tokens=limit,
+            level=round(level, 4), water=water, regions=regions,
+            first_seq=window[0].first_seq if window else 0, last_seq=max(included, default=0),
+            included=seq_ranges(included),
+            trimmed_through_seq=(window[0].first_seq - 1) if window else 0,
+            compacted=[q for u in window for q in u.compacted], capped=[q for u in window for q in u.capped],
+            images=images, tools=[t["function"]["name"] for t in tools], calibration=round(factor, 4),
+            estimated_tokens=total, estimated_raw_tokens=raw_total + len(images) * s.image_tokens,
+            messages=len(messages), dropped_orphans=sum(u.orphans for u in window),
+            synthetic_results=sum(u.synthetic for u in window), summary=preamble_info,
+            memory_facts=memory_facts or [],
+        )
+        return BuiltContext(messages=messages, tools=tools, manifest=manifest, profile=profile)
+
+    # -- selection -------------------------------------------------------------------
+    def _total(self, units: list[Unit], regions_raw: dict[str, int], factor: float) -> float:
+        return (sum(regions_raw.values()) + sum(u.raw_tokens for u in units)) * factor
+
+    def _load_units(self, log: ThreadLog, anchor: int | None, budget: float, factor: float,
+                    thread_dir: Path, profile: ModelProfile) -> list[Unit]:
+        """Whole user turns from the tail of the log, rendered: back to the previous window's
+        start, or far enough to fill the budget. Never the whole log unless it is small."""
+        want = 64
+        enough = budget + self.s.trim_chunk_fraction * self.s.history_budget_tokens
+        while True:
+            records = log.tail(want)
+            whole_log = len(records) < want
+            units = _units(records)
+            for age, unit in enumerate(reversed(units)):
+                unit.age = age
+                self._render(unit, log, thread_dir, profile)
+            total = sum(u.raw_tokens for u in units) * factor
+            covers_anchor = anchor is not None and bool(units) and units[0].first_seq <= anchor
+            if whole_log or covers_anchor or total > enough or want >= 1 << 22:
+                return units
+            want *= 4
+
+    def _select(self, units: list[Unit], anchor: int | None, budget: float, factor: float) -> int:
+        """Index of the first unit in the window."""
+        if not units:
+            return 0
+        costs = [u.raw_tokens * factor for u in units]
+        if anchor is not None:
+            start = next((i for i, u in enumerate(units) if u.first_seq >= anchor), len(units) - 1)
+            total = sum(costs[start:])
+            chunk = self.s.trim_chunk_fraction * self.s.history_budget_tokens
+            while total > budget and start < len(units) - 1:
+                dropped = 0.0
+                while start < len(units) - 1 and (dropped < chunk or total > budget):
+                    dropped += costs[start]
+                    total -= costs[start]
+                    start += 1
+                    if dropped >= chunk and total <= budget:
+                        break
+            return start
+        total, start = 0.0, len(units)
+        for i in range(len(units) - 1, -1, -1):
+            if total + costs[i] > budget and start < len(units):
+                break
+            total += costs[i]
+            start = i
+        return start
+
+    # -- rendering -------------------------------------------------------------------
+    def _render(self, unit: Unit, log: ThreadLog, thread_dir: Path, profile: ModelProfile) -> None:
+        calls: dict[str, str] = {}
+        results: dict[str, Record] = {}
+        for rec in unit.records:
+            for c in rec.tool_calls or ():
+                calls[c.id] = c.arguments
+            if rec.role == "tool":
+                results.setdefault(rec.tool_call_id or "", rec)
+        out: list[dict[str, Any]] = []
+        raw = 0
+        path = str(log.path)
+        for rec in unit.records:
+            if rec.role == "tool":
+                if rec.tool_call_id not in calls:
+                    unit.orphans += 1
+                continue  # emitted right after its call
+            msg = self._record_message(rec, profile)
+            if msg is None:
+                continue
+            out.append(msg)
+            raw += self.cache.get((path, rec.seq, rec.ts, "m", profile.replay_reasoning),
+                                  lambda m=msg: self._msg_tokens(m))
+            if rec.role == "user" and (rec.meta or {}).get("image"):
+                unit.images.append((len(out) - 1, (rec.meta or {}).get("artifact", "")))
+            for call in rec.tool_calls or ():
+                res = results.get(call.id)
+                if res is None:
+                    unit.synthetic += 1
+                    tmsg = {"role": "tool", "tool_call_id": call.id, "content": NO_RESULT}
+                    out.append(tmsg)
+                    raw += self._msg_tokens(tmsg)
+                    continue
+                form: Form = form_for(res, unit.age, self.s)
+                if form == "stub":
+                    unit.compacted.append(res.seq)
+                elif form == "capped":
+                    unit.capped.append(res.seq)
+                content = render_tool_result(res, form, call.arguments, self.s,
+                                             lambda aid: self.artifact_status(thread_dir, aid))
+                tmsg = {"role": "tool", "tool_call_id": call.id, "content": content}
+                out.append(tmsg)
+                raw += self.cache.get((path, res.seq, res.ts, form), lambda m=tmsg: self._msg_tokens(m))
+                for aid in (res.meta or {}).get("images", ()):
+                    unit.images.append((-(len(out)), aid))  # negative: produced by a tool
+        unit.messages = out
+        unit.raw_tokens = raw
+
+    def _record_message(self, rec: Record, profile: ModelProfile) -> dict[str, Any] | None:
+        if rec.role == "user":
+            return {"role": "user", "content": rec.content}
+        content = rec.content
+        if rec.status == "cancelled":
+            content = (content + "\n[reply stopped by the user]").strip()
+        if not content and not rec.tool_calls:
+            return None
+        msg: dict[str, Any] = {"role": "assistant", "content": content or None}
+        if rec.tool_calls:
+            msg["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}} for c in rec.tool_calls]
+        reasoning = (rec.provider_fields or {}).get("reasoning_content")
+        if profile.replay_reasoning and reasoning:
+            msg["reasoning_content"] = reasoning
+        return msg
+
+    def _attach_images(self, window: list[Unit], thread_dir: Path, profile: ModelProfile) -> list[str]:
+        """The newest `max_images` images travel as images (vision models); older ones, and all
+        of them for text-only models, become `[image <name>, artifact <aid>]` markers."""
+        refs = [(u, pos, aid) for u in window for pos, aid in u.images]
+        keep = {id(r) for r in refs[-self.s.max_images:]} if profile.vision else set()
+        sent: list[str] = []
+        for unit in window:
+            inserts: list[tuple[int, dict[str, Any]]] = []
+            for ref in [r for r in refs if r[0] is unit]:
+                _, pos, aid = ref
+                data = self.image_bytes(thread_dir, aid) if id(ref) in keep else None
+                if pos >= 0:  # an uploaded image on a user message
+                    msg = unit.messages[pos]
+                    if data is not None:
+                        msg["content"] = [{"type": "text", "text": msg["content"]}, _image_part(data)]
+                        sent.append(aid)
+                    else:
+                        msg["content"] = f"{msg['content']}\n[image {aid}, artifact {aid}]"
+                    continue
+                idx = -pos - 1  # the tool message that produced it
+                if data is not None:
+                    inserts.append((idx, _image_part(data)))
+                    sent.append(aid)
+                else:
+                    unit.messages[idx]["content"] += f"\n[image {aid}.png, artifact {aid}]"
+            if inserts:
+                # one user part after the step's tool results (tool messages are text-only)
+                by_step: dict[int, list[dict[str, Any]]] = {}
+                for idx, part in inserts:
+                    end = idx
+                    while end + 1 < len(unit.messages) and unit.messages[end + 1]["role"] == "tool":
+                        end += 1
+                    by_step.setdefault(end, []).append(part)
+                for end in sorted(by_step, reverse=True):
+                    unit.messages.insert(end + 1, {"role": "user", "content": [
+                        {"type": "text", "text": TOOL_IMAGES_TEXT}, *by_step[end]]})
+        return sent
+
+
+def _image_part(data: bytes) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}}
+
+
+def _units(records: list[Record]) -> list[Unit]:
+    """Split records into user turns. Records before the first user record of a tail read
+    belong to a turn that was cut off: they are skipped (the window starts at a user message)."""
+    units: list[Unit] = []
+    for rec in records:
+        if rec.role == "user":
+            units.append(Unit(records=[rec]))
+        elif units:
+            units[-1].records.append(rec)
+    return units

@@ -1,0 +1,82 @@
+"""`context.jsonl`: one line per model request, saying exactly what went in."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+
+class ContextManifest(msgspec.Struct, omit_defaults=True):
+    ts: float
+    turn_id: str
+    step: int
+    model: str
+    profile: str
+    rules_version: str
+    budget_tokens: int
+    limit_tokens: int  # the profile's window minus the reserved output
+    level: float  # estimated request tokens / limit
+    water: str  # ok | warn | compact
+    regions: dict[str, int]  # estimated tokens per region
+    first_seq: int
+    last_seq: int
+    included: list[list[int]]  # seq ranges [from, to] in the window
+    trimmed_through_seq: int  # every record up to here is outside the window
+    compacted: list[int]  # seqs of tool results shown as stubs
+    capped: list[int]  # seqs of tool results cut to the recent limit
+    images: list[str]  # artifact ids sent as images
+    tools: list[str]
+    calibration: float
+    estimated_tokens: int
+    estimated_raw_tokens: int
+    messages: int
+    dropped_orphans: int = 0
+    synthetic_results: int = 0
+    summary: dict[str, Any] | None = None  # {covers_through_seq, epoch} when a summary was injected
+    memory_facts: list[str] = msgspec.field(default_factory=list)
+    usage: dict[str, int] | None = None  # the provider's usage, when the reply arrived
+    cache_ratio: float | None = None  # cached_tokens / prompt_tokens
+    error: str | None = None
+
+
+def seq_ranges(seqs: list[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for s in sorted(seqs):
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return out
+
+
+def append_manifest(path: Path, manifest: ContextManifest) -> None:
+    with open(path, "ab") as fh:
+        fh.write(msgspec.json.encode(manifest) + b"\n")
+
+
+def last_manifest(path: Path) -> ContextManifest | None:
+    """The newest manifest, read from the end of the file (not the whole file)."""
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return None
+    with fh:
+        fh.seek(0, os.SEEK_END)
+        end = fh.tell()
+        pos, buf = end, b""
+        while pos > 0:
+            step = min(pos, 16_384)
+            pos -= step
+            fh.seek(pos)
+            buf = fh.read(step) + buf
+            lines = [ln for ln in buf.split(b"\n") if ln.strip()]
+            complete = lines if pos == 0 else lines[1:]
+            for raw in reversed(complete):
+                try:
+                    return msgspec.json.decode(raw, type=ContextManifest)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+        return None
