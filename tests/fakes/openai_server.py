@@ -104,6 +104,7 @@ class FakeOpenAIServer:
         self.api_key = api_key  # when set, other bearer tokens get 401
         self.default_text = default_text
         self.requests: list[dict[str, Any]] = []
+        self.usage_fn: Any = None  # optional (request body) -> prompt_tokens
         self.request_headers: list[dict[str, str]] = []
         self._queue: list[FakeReply] = []
         self._lock = threading.Lock()
@@ -328,6 +329,8 @@ class FakeOpenAIServer:
 
     def _usage(self, reply: FakeReply, req: dict[str, Any]) -> dict[str, Any]:
         prompt = reply.prompt_tokens
+        if prompt is None and self.usage_fn is not None:  # a test's own tokenizer model
+            prompt = self.usage_fn(req)
         if prompt is None:  # a rough size-based figure, enough for budget tests
             prompt = max(1, len(json.dumps(req.get("messages", []))) // 4)
         completion = reply.completion_tokens

@@ -230,6 +230,15 @@ async def _receive_file(request: Request, boundary: str, fd: int, limit: int) ->
 def _record_upload(rt: Runtime, user: User, handle: ThreadHandle, turn_id: str, art: Artifact,
                    head: pa.Table | None, schema: pa.Schema | None, filename: str) -> None:
     """Tell the model about the upload in the same preview form as an offloaded result."""
+    text = upload_note(rt, user, handle, art, head, schema, filename)
+    handle.log.append(lambda seq: Record(seq=seq, role="user", ts=time.time(), turn_id=turn_id, content=text,
+                                         meta={"kind": "upload", "artifact": art.id, "filename": filename,
+                                               "image": art.format in IMAGES}))
+
+
+def upload_note(rt: Runtime, user: User, handle: ThreadHandle, art: Artifact, head: pa.Table | None,
+                schema: pa.Schema | None, filename: str) -> str:
+    """The upload in the same preview form as an offloaded result (what the model reads)."""
     specs = rt.permitted_tools(user, handle.meta.workspace)
     cap = rt.offload_capability(user, handle.meta.workspace, specs)
     s = rt.settings.offload
@@ -242,6 +251,4 @@ def _record_upload(rt: Runtime, user: User, handle: ThreadHandle, turn_id: str, 
         if not cap.can_offload:
             text += (f"\nNOTE: the python tool is not available ({cap.reason}), so the full file cannot be "
                      "read in this chat; only the preview above is visible. Say so if asked for statistics.")
-    handle.log.append(lambda seq: Record(seq=seq, role="user", ts=time.time(), turn_id=turn_id, content=text,
-                                         meta={"kind": "upload", "artifact": art.id, "filename": filename,
-                                               "image": art.format in IMAGES}))
+    return text

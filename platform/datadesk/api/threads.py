@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Annotated, Any, AsyncIterator
 
 import msgspec
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from litestar import Controller, Request, delete, get, post
-from litestar.exceptions import ClientException, NotFoundException
+from litestar.exceptions import ClientException, HTTPException, NotFoundException
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
@@ -21,11 +22,51 @@ from datadesk.chat.turns import RunningTurn
 from datadesk.domain.ids import check_id
 from datadesk.domain.records import ThreadMeta
 from datadesk.domain.users import User
+from datadesk.context.manifest import last_manifest
+from datadesk.llm.tokens import count_tokens
 from datadesk.store.threads import ThreadHandle
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_CHARS = 100_000
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a pasted table may be large: it becomes an artifact
+MAX_MESSAGE_CHARS = MAX_MESSAGE_BYTES
+
+
+async def oversized_message(rt: Runtime, user: User, handle: ThreadHandle, text: str) -> str:
+    """A message too large for the model: a pasted table (CSV/TSV/JSON) becomes an artifact and the
+    model gets its preview; other text is refused with a clear message (HTTP 413)."""
+    from datadesk.offload.tabular import TabularParseError, detect_text
+
+    limit = rt.settings.context.max_message_tokens
+    if len(text) <= MAX_MESSAGE_CHARS and detect_text(text) in ("csv", "tsv", "json"):
+        import asyncio
+        import tempfile
+        from pathlib import Path
+
+        from datadesk.api.artifacts import upload_note
+        from datadesk.domain.artifacts import ArtifactOrigin
+        from datadesk.offload.store import artifacts_dir
+        from datadesk.offload.uploads import UploadError, ingest_upload
+
+        adir = artifacts_dir(handle.dir)
+        adir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".paste-", suffix=".tmp", dir=adir)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        origin = ArtifactOrigin(source="upload", user=user.id, thread=handle.id,
+                                workspace=handle.meta.workspace, filename="pasted-table")
+        try:
+            art, head, schema = await asyncio.to_thread(ingest_upload, rt.offload, handle.dir, Path(tmp),
+                                                        "pasted-table", origin)
+        except (UploadError, TabularParseError):
+            pass
+        else:
+            rt.quota.after_create(handle.meta.workspace, user.id, handle.dir, art)
+            return ("[The user pasted a table too large to show here; it was saved as a file.]\n"
+                    + upload_note(rt, user, handle, art, head, schema, "pasted-table"))
+    raise HTTPException(status_code=413, detail=(
+        f"the message is too long for the model (about {count_tokens(text[:400_000]):,}+ tokens; limit "
+        f"{limit:,}). Upload large data as a file instead, or shorten the message."))
 
 
 def thread_out(rt: RuntimeDep, meta: ThreadMeta) -> ThreadOut:
@@ -75,21 +116,33 @@ class ThreadController(Controller):
             await rt.kernels.shutdown_thread((handle.meta.workspace, user.id, handle.id))
         rt.threads.delete(handle)
 
+    @get("/{tid:str}/context")
+    async def get_context(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
+        """The manifest of the thread's latest model request (what went into the model)."""
+        handle = find_thread(rt, user, tid)
+        manifest = last_manifest(handle.dir / "context.jsonl")
+        if manifest is None:
+            raise NotFoundException(f"thread {tid} has no model request yet")
+        return msgspec.to_builtins(manifest)
+
     @post("/{tid:str}/cancel", status_code=200)
     async def cancel_turn(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
         handle = find_thread(rt, user, tid)
         cancelled = await rt.turns.cancel(handle.id)
         return {"cancelled": cancelled, "thread": handle.id}
 
-    @post("/{tid:str}/messages", status_code=200)
+    @post("/{tid:str}/messages", status_code=200, request_max_body_size=MAX_MESSAGE_BYTES)
     async def post_message(self, tid: FromPath[str], data: JSONBody[NewMessage], user: CurrentUser, rt: RuntimeDep,
                            request: Request) -> ServerSentEvent:
         handle = find_thread(rt, user, tid)
         text = data.content.strip()
         if not text:
             raise ClientException("message content is empty")
-        if len(text) > MAX_MESSAGE_CHARS:
-            raise ClientException(f"message is too long ({len(text)} chars; limit {MAX_MESSAGE_CHARS})")
+        max_tokens = rt.settings.context.max_message_tokens
+        # tokens are >= 1 per 8 chars in practice: count only when it can matter
+        if len(text) > 8 * max_tokens or (len(text) > max_tokens and count_tokens(text) > max_tokens):
+            # never sent raw: a pasted table becomes an upload artifact, anything else is refused
+            text = await oversized_message(rt, user, handle, text)
         background = rt.settings.chat.finish_in_background if data.background is None else data.background
         turn = await start_turn(rt, handle, user, text, background)
         return ServerSentEvent(_stream(turn), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
