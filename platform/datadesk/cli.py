@@ -151,12 +151,42 @@ def cmd_users(args: argparse.Namespace, settings: Settings) -> int:
             code = users.new_login_code(args.name, settings.auth.login_code_ttl_s)
             base = settings.server.public_url or f"http://{settings.server.host}:{settings.server.port}"
             print(f"{base}/login?code={code}")
+        elif args.users_cmd == "delete":
+            if not args.yes:
+                print(f"this deletes user {args.name} and ALL their threads, artifacts and memory; "
+                      "repeat with --yes", file=sys.stderr)
+                return 2
+            removed = users.delete(args.name)
+            removed_containers = _remove_user_containers(settings, args.name)
+            print(f"deleted user {args.name}: {len(removed)} workspace folder(s), "
+                  f"{removed_containers} sandbox kernel(s)")
         elif args.users_cmd == "token":
             print(users.new_token(args.name))
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _remove_user_containers(settings: Settings, uid: str) -> int:
+    """The user's kernel slots go too (their /data holds hard links to the user's files), and
+    with the docker backend their containers; a running server's local kernels are reaped."""
+    from datadesk.sandbox.registry import purge_user_slots
+
+    kernels = purge_user_slots(settings.home, uid)
+    if settings.sandbox.backend != "docker" or not kernels:
+        return len(kernels)
+    try:
+        from datadesk.sandbox.docker import DockerSandbox
+
+        sandbox = DockerSandbox(settings.sandbox, settings.home)
+        for kid in kernels:
+            for c in sandbox.client.containers.list(all=True, filters={"label": [
+                    f"datadesk.home={sandbox.home_label}", f"datadesk.kernel={kid}"]}):
+                c.remove(force=True)
+    except Exception as exc:
+        log.warning("could not remove the user's sandbox containers: %s", exc)
+    return len(kernels)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -186,6 +216,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("name")
     lu = us.add_parser("login-url", help="print a one-time login URL for a user")
     lu.add_argument("name")
+    d = us.add_parser("delete", help="delete a user and everything of theirs (threads, artifacts, memory)")
+    d.add_argument("name")
+    d.add_argument("--yes", action="store_true", help="confirm")
     t = us.add_parser("token", help="issue an additional API token for a user")
     t.add_argument("name")
     return p

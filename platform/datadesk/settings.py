@@ -63,6 +63,23 @@ class ContextSettings(msgspec.Struct, forbid_unknown_fields=True):
     profiles: dict[str, ModelProfileSettings] = msgspec.field(default_factory=dict)
 
 
+class SummarySettings(msgspec.Struct, forbid_unknown_fields=True):
+    enabled: bool = True
+    refresh_after_records: int = 4
+    max_tokens: int = 1_500
+    uncovered_allowance: float = 0.25
+    revisions_kept: int = 10
+    timeout_s: float = 120.0
+
+
+class MemorySettings(msgspec.Struct, forbid_unknown_fields=True):
+    max_active: int = 50
+    max_chars: int = 500
+    max_total_chars: int = 8_000
+    max_inactive: int = 200
+    extraction_max_candidates: int = 5
+
+
 class SQLSettings(msgspec.Struct, forbid_unknown_fields=True):
     timeout_s: float = 30.0
 
@@ -131,6 +148,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     sql: SQLSettings = msgspec.field(default_factory=SQLSettings)
     offload: OffloadSettings = msgspec.field(default_factory=OffloadSettings)
     context: ContextSettings = msgspec.field(default_factory=ContextSettings)
+    summary: SummarySettings = msgspec.field(default_factory=SummarySettings)
+    memory: MemorySettings = msgspec.field(default_factory=MemorySettings)
     sandbox: SandboxSettings = msgspec.field(default_factory=SandboxSettings)
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)

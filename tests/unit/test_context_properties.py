@@ -11,6 +11,7 @@ never raise. Deterministic tests pin pairing, orphans and chunked trimming.
 
 from __future__ import annotations
 
+import os
 import random
 import tempfile
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from datadesk.context.builder import NO_RESULT, BuiltContext, ContextBuilder
 from datadesk.context.calibration import Calibration
@@ -38,7 +39,7 @@ TOOLS = [
                                       "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
                                                      "required": ["code"]}}},
 ]
-MODELS = ["gpt-4o-mini", "qwen2.5-72b", "deepseek-r1"]
+MODELS = ["gpt-4o-mini", "qwen2.5-72b", "deepseek-r1", "qwen2.5-vl-72b"]  # the last: vision in a 32k window
 WORDS = "revenue store month region churn kwh holiday total average median forecast margin".split()
 
 
@@ -93,6 +94,7 @@ class Step:
     result_status: list[str]
     images: list[int]  # images per result
     orphan_at: int | None  # position among the results where an orphan result lands
+    orphan_late: bool  # the orphan answers a call of the previous turn (a late result) or no call at all
     build_after: bool
 
 
@@ -111,18 +113,18 @@ def steps(draw) -> Step:
     got = draw(st.permutations(range(calls)))
     missing = draw(st.integers(0, calls)) if draw(st.integers(0, 3)) == 0 else 0
     got = list(got[: calls - missing])
-    huge = draw(st.lists(st.integers(0, 5).map(lambda n: n == 0), min_size=calls, max_size=calls))
+    huge = draw(st.lists(st.integers(0, 3).map(lambda n: n == 0), min_size=calls, max_size=calls))
     huge = [h and i < 2 for i, h in enumerate(huge)]  # at most 2 per step: a current turn fits any window
     rstatus = draw(st.lists(st.sampled_from(["ok", "ok", "ok", "error"]), min_size=calls, max_size=calls))
     images = draw(st.lists(st.integers(0, 6).map(lambda n: max(0, n - 4)), min_size=calls, max_size=calls))
     orphan_at = draw(st.none() | st.integers(0, len(got)))
-    return Step(calls, status, text, got, huge, rstatus, images, orphan_at, draw(st.booleans()))
+    return Step(calls, status, text, got, huge, rstatus, images, orphan_at, draw(st.booleans()), draw(st.booleans()))
 
 
 @st.composite
 def turns(draw) -> list[Turn]:
     out = []
-    for i in range(draw(st.integers(1, 7))):
+    for i in range(draw(st.integers(1, 9))):
         upload = draw(st.sampled_from([None, None, None, f"up{i}", f"up{i}gone"]))
         text = f"question {i}: " + " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=40)))
         out.append(Turn(text, upload, draw(st.lists(steps(), max_size=2))))
@@ -144,9 +146,10 @@ def write_and_build(th: Thread, plan: list[Turn]) -> list[tuple[BuiltContext, Re
             th.add("assistant", step.text, status=step.status,
                    tool_calls=[ToolCall(c, "sql_query", f'{{"sql": "SELECT {k}"}}') for k, c in enumerate(ids)]
                    or None)
+            ghost = f"call_{t - 1}_0_0" if step.orphan_late and t else f"ghost_{t}_{s}"
             for pos, k in enumerate(step.results):
                 if step.orphan_at == pos:
-                    th.add("tool", "late rows", tool_call_id=f"ghost_{t}_{s}", name="sql_query")
+                    th.add("tool", "late rows", tool_call_id=ghost, name="sql_query")
                 n += 1
                 content = huge_text(n) if step.huge[k] else f"{k + 1} rows: " + " ".join(WORDS[: k + 3])
                 if step.result_status[k] == "error":
@@ -155,7 +158,7 @@ def write_and_build(th: Thread, plan: list[Turn]) -> list[tuple[BuiltContext, Re
                 th.add("tool", content, tool_call_id=ids[k], name="sql_query", status=step.result_status[k],
                        meta={"images": aids, "rows": k + 1} if aids else {"rows": k + 1})
             if step.orphan_at is not None and step.orphan_at >= len(step.results):
-                th.add("tool", "late rows", tool_call_id=f"ghost_{t}_{s}", name="sql_query")
+                th.add("tool", "late rows", tool_call_id=ghost, name="sql_query")
             if step.build_after:
                 builds.append((th.build(), newest))
     return builds
@@ -195,10 +198,16 @@ def check(built: BuiltContext, newest: Record, preamble: str | None) -> None:
     assert len(sent_images) == len(m.images) <= 4
     if not built.profile.vision:
         assert not sent_images
+    for name, hit in [("trimmed", m.first_seq > 1), ("stubs", bool(stubs)), ("capped", bool(m.capped)),
+                      ("images sent", bool(sent_images)), ("orphans", m.dropped_orphans > 0),
+                      ("synthetic", m.synthetic_results > 0), ("current over budget", m.regions["current"] > budget)]:
+        if hit:
+            event(name)
 
 
-@settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(plan=turns(), budget=st.integers(2_000, 40_000), model=st.sampled_from(MODELS),
+# DATADESK_PROPERTY_EXAMPLES=2000 explores further (a few minutes)
+@settings(max_examples=int(os.environ.get("DATADESK_PROPERTY_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(plan=turns(), budget=st.integers(2_000, 6_000) | st.integers(2_000, 40_000), model=st.sampled_from(MODELS),
        preamble=st.none() | st.just("summary: the user analyses store revenue by month."))
 def test_random_threads_build_valid_requests(plan, budget, model, preamble) -> None:
     with tempfile.TemporaryDirectory() as tmp:

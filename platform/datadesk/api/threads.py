@@ -116,6 +116,21 @@ class ThreadController(Controller):
             await rt.kernels.shutdown_thread((handle.meta.workspace, user.id, handle.id))
         rt.threads.delete(handle)
 
+    @post("/{tid:str}/clear", status_code=200)
+    async def clear_thread(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
+        """Clear chat: cancel the running turn, bump the epoch, delete the log, summary,
+        manifests, artifacts and outputs, shut the kernel down. Memory stays."""
+        handle = find_thread(rt, user, tid)
+        await rt.turns.cancel(handle.id)
+        removed = rt.threads.clear(handle)
+        kernel = False
+        if rt.kernels is not None:
+            key = (handle.meta.workspace, user.id, handle.id)
+            kernel = key in rt.kernels.sessions
+            await rt.kernels.shutdown_thread(key)
+        return {"thread": handle.id, "epoch": handle.meta.epoch, "removed": {**removed, "kernel": kernel},
+                "memory": "kept"}
+
     @get("/{tid:str}/context")
     async def get_context(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
         """The manifest of the thread's latest model request (what went into the model)."""

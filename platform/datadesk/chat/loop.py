@@ -25,7 +25,7 @@ from datadesk.domain.records import Record, ToolCall
 from datadesk.domain.users import User
 from datadesk.llm.base import ModelDelta, ModelError, ModelReply
 from datadesk.offload.pipeline import OffloadCapability, artifact_ref
-from datadesk.store.threadlog import LogClosed
+from datadesk.store.threadlog import LogClosed, current_epoch
 from datadesk.store.threads import ThreadHandle
 from datadesk.tools.registry import ToolContext, ToolResult
 
@@ -51,11 +51,13 @@ class TurnLoop:
         self.handle = handle
         self.user = user
         self.log = handle.log
+        self.epoch = handle.meta.epoch
         self.settings = rt.settings.chat
 
     def _append(self, **fields: Any) -> Record:
         fields.setdefault("turn_id", self.turn.turn_id)
-        return self.log.append(lambda seq: Record(seq=seq, ts=time.time(), **fields))
+        # the epoch seen at the start: a clear during this turn makes every later append fail
+        return self.log.append(lambda seq: Record(seq=seq, ts=time.time(), **fields), epoch=self.epoch)
 
     async def run(self, text: str) -> None:
         status = "ok"
@@ -151,7 +153,7 @@ class TurnLoop:
                 workspace=self.handle.meta.workspace, user=self.user.id, thread=self.handle.id,
                 permissions=self.user.permission_set,
                 workspace_dir=self.rt.layout.workspace_dir(self.handle.meta.workspace),
-                thread_dir=self.handle.dir, call_id=call.id,
+                thread_dir=self.handle.dir, call_id=call.id, epoch=self.epoch,
             )
             try:
                 if call.name not in self.allowed:
@@ -200,7 +202,9 @@ class TurnLoop:
         elif reply is None:
             manifest.error = "no reply"
         try:
-            append_manifest(self.handle.dir / "context.jsonl", manifest)
+            with self.log.lock():
+                if current_epoch(self.handle.dir) == self.epoch:  # not after a clear
+                    append_manifest(self.handle.dir / "context.jsonl", manifest)
         except OSError:
             log.warning("could not write the context manifest of %s", self.handle.id)
 

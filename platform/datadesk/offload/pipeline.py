@@ -148,7 +148,7 @@ class OffloadPipeline:
         aid = new_artifact_id()
         try:
             art, head, schema = self.write_table(ctx.thread_dir, aid, table, self._origin(spec, arguments, ctx),
-                                                 "result")
+                                                 "result", epoch=ctx.epoch)
         except OSError as exc:
             log.warning("offload of %s failed: %s", spec.name, exc)
             reason = f"saving the full result failed: {exc.strerror or exc}"
@@ -166,7 +166,7 @@ class OffloadPipeline:
         return OffloadOutcome(ToolResult(content=content, meta={**result.meta, **artifact_ref(art)}), art)
 
     def write_table(self, thread_dir: Path, aid: str, table: TabularStream, origin: ArtifactOrigin,
-                    kind: str, existing: Artifact | None = None
+                    kind: str, existing: Artifact | None = None, epoch: int | None = None
                     ) -> tuple[Artifact | None, pa.Table, pa.Schema | None]:
         """Stream `table` into `artifacts/<aid>.parquet`: (artifact, preview head, schema).
 
@@ -204,7 +204,7 @@ class OffloadPipeline:
                             "ceiling; writing stopped") if res.partial else None,
             requeried_at=now if existing else None,
         )
-        self.store.save(thread_dir, art)
+        self.store.save(thread_dir, art, epoch)
         return art, head_table, res.schema
 
     def _truncated_table(self, result: ToolResult, table: TabularStream, reason: str) -> ToolResult:
@@ -231,7 +231,8 @@ class OffloadPipeline:
                 meta={**result.meta, "chars": len(text), "truncated": True}))
         aid = new_artifact_id()
         try:
-            art = self.write_text(ctx.thread_dir, aid, text, self._origin(spec, arguments, ctx), "result")
+            art = self.write_text(ctx.thread_dir, aid, text, self._origin(spec, arguments, ctx), "result",
+                                  epoch=ctx.epoch)
         except OSError as exc:
             reason = f"saving the full result failed: {exc.strerror or exc}"
             return OffloadOutcome(ToolResult(
@@ -242,7 +243,7 @@ class OffloadPipeline:
         return OffloadOutcome(ToolResult(content=content, meta={**result.meta, **artifact_ref(art)}), art)
 
     def write_text(self, thread_dir: Path, aid: str, text: str, origin: ArtifactOrigin, kind: str,
-                   existing: Artifact | None = None) -> Artifact:
+                   existing: Artifact | None = None, epoch: int | None = None) -> Artifact:
         data = text.encode("utf-8", errors="replace")
         partial = len(data) > self.settings.result_max_bytes
         if partial:
@@ -258,7 +259,7 @@ class OffloadPipeline:
             partial_reason="the text passed the size ceiling; the rest was not saved" if partial else None,
             requeried_at=now if existing else None,
         )
-        self.store.save(thread_dir, art)
+        self.store.save(thread_dir, art, epoch)
         return art
 
     def _created(self, ctx: ToolContext, art: Artifact) -> None:

@@ -21,6 +21,7 @@ from datadesk.domain.artifacts import Artifact
 from datadesk.domain.ids import check_id, new_id
 from datadesk.store.files import read_json, write_json
 from datadesk.store.layout import Layout
+from datadesk.store.threadlog import LogClosed, ThreadLog, current_epoch
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,22 @@ class ArtifactStore:
         d.mkdir(parents=True, exist_ok=True)
         return FileLock(str(d / ".lock"))
 
-    def save(self, thread_dir: Path, art: Artifact) -> None:
+    def save(self, thread_dir: Path, art: Artifact, epoch: int | None = None) -> None:
+        """Write the metadata. With `epoch`, under the thread lock: when the thread was cleared
+        since the work started, the data file is removed and LogClosed raised, so nothing
+        from before a clear survives it."""
         check_id(art.id, "artifact")
-        write_json(artifacts_dir(thread_dir) / f"{art.id}.json", art)
+        if epoch is None:
+            write_json(artifacts_dir(thread_dir) / f"{art.id}.json", art)
+            return
+        with ThreadLog(thread_dir / "log.jsonl").lock():
+            if current_epoch(thread_dir) != epoch:
+                try:
+                    (artifacts_dir(thread_dir) / art.file).unlink()
+                except FileNotFoundError:
+                    pass
+                raise LogClosed(f"thread {thread_dir.name} was cleared")
+            write_json(artifacts_dir(thread_dir) / f"{art.id}.json", art)
 
     def load(self, thread_dir: Path, aid: str) -> Artifact:
         check_id(aid, "artifact")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -177,6 +178,9 @@ class KernelRegistry:
             session = await self._launch()
         session.key = key
         session.last_used = time.time()
+        # who this slot serves, on disk: a user deletion from the CLI can find and purge it
+        owner = session.placement.data_dir.parent / "owner.json"
+        owner.write_text(json.dumps({"workspace": key[0], "user": key[1], "thread": key[2]}))
         self.sessions[key] = session
         self._fill_pool()  # a used kernel never returns to the pool; start a replacement
         return session
@@ -328,3 +332,19 @@ class KernelRegistry:
                 await self.reap_once()
             except Exception:
                 log.exception("kernel reaper pass failed")
+
+
+def purge_user_slots(home: Path, user: str) -> list[str]:
+    """Remove the kernel slots (data links, outputs) serving `user`; returns their kernel ids.
+    Used when a user is deleted while a server may still hold their kernels."""
+    root = Path(home) / "sandbox" / "slots"
+    gone: list[str] = []
+    for slot in (root.iterdir() if root.is_dir() else ()):
+        try:
+            owner = json.loads((slot / "owner.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if owner.get("user") == user:
+            shutil.rmtree(slot, ignore_errors=True)
+            gone.append(slot.name)
+    return gone

@@ -39,6 +39,34 @@ def _thread_lock(path: Path) -> threading.Lock:
         return _local_locks.setdefault(str(path), threading.Lock())
 
 
+class _Both:
+    def __init__(self, a, b) -> None:
+        self.a, self.b = a, b
+
+    def __enter__(self):
+        self.a.__enter__()
+        try:
+            self.b.__enter__()
+        except BaseException:
+            self.a.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.b.__exit__(*exc)
+        finally:
+            self.a.__exit__(*exc)
+
+
+def current_epoch(thread_dir: Path) -> int | None:
+    """The epoch in `meta.json` (bumped by every clear), or None without one."""
+    try:
+        return int(msgspec.json.decode((thread_dir / "meta.json").read_bytes()).get("epoch", 0))
+    except (FileNotFoundError, msgspec.DecodeError, AttributeError, ValueError, TypeError):
+        return None
+
+
 class LogClosed(Exception):
     """The thread was deleted or cleared while something tried to append to it."""
 
@@ -52,16 +80,24 @@ class ThreadLog:
         self._tlock = _thread_lock(self.path)
 
     # -- writing -----------------------------------------------------------
-    def append(self, make: Callable[[int], Record]) -> Record:
+    def lock(self):
+        """The thread's lock (threads and processes): held by appends and by clear."""
+        return _Both(self._tlock, self._flock)
+
+    def append(self, make: Callable[[int], Record], epoch: int | None = None) -> Record:
         """Append the record `make(next_seq)` and return it.
 
         The seq is assigned under the lock, so concurrent writers each get a
-        distinct, increasing seq and a whole line of their own.
+        distinct, increasing seq and a whole line of their own. With `epoch`,
+        the append is refused (LogClosed) when the thread was cleared since:
+        nothing from before a clear lands after it.
         """
         # checked before taking the lock too: the lock file would recreate the directory
         if not self.path.parent.is_dir():
             raise LogClosed(f"thread {self.path.parent.name} no longer exists")
         with self._tlock, self._flock:
+            if epoch is not None and current_epoch(self.path.parent) != epoch:
+                raise LogClosed(f"thread {self.path.parent.name} was cleared")
             last = self._repair_and_last()
             record = make(last.seq + 1 if last else 1)
             if last is not None and record.seq <= last.seq:
@@ -162,6 +198,17 @@ class ThreadLog:
                 rec = self._decode(raw)
                 if rec is not None:
                     yield rec
+
+    def since(self, first_seq: int, last_seq: int | None = None) -> list[Record]:
+        """Records with first_seq <= seq (<= last_seq), read from the tail: the cost is the
+        distance from the end, not the length of the log."""
+        want = 64
+        while True:
+            records = self.tail(want)
+            if len(records) < want or (records and records[0].seq <= first_seq):
+                break
+            want *= 4
+        return [r for r in records if r.seq >= first_seq and (last_seq is None or r.seq <= last_seq)]
 
     def find(self, predicate: Callable[[Record], bool], limit: int = 1) -> list[Record]:
         """Newest-first search (for paging an old tool result back, etc.)."""

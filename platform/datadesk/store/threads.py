@@ -94,6 +94,37 @@ class ThreadStore:
         handle.meta = meta
         return meta
 
+    def clear(self, handle: ThreadHandle) -> dict[str, int]:
+        """Clear chat, one operation under the thread lock: bump the epoch (appends of anything
+        started before are refused), then delete the log, summary and revisions, manifests,
+        artifacts and outputs. Memory is not touched. Returns what was removed."""
+        removed = {"records": 0, "artifacts": 0, "bytes": 0}
+        log = handle.log
+        with log.lock():
+            raw = read_json(handle.dir / "meta.json")
+            if raw is None:
+                raise ThreadNotFound(f"thread {handle.id} not found")
+            meta = msgspec.convert(raw, ThreadMeta)
+            meta = msgspec.structs.replace(meta, epoch=meta.epoch + 1, updated=time.time())
+            write_json(handle.dir / "meta.json", meta)
+            handle.meta = meta
+            removed["records"] = sum(1 for _ in log)
+            for name in ("log.jsonl", "log.torn", "summary.json", "summary.revisions.jsonl", "context.jsonl"):
+                path = handle.dir / name
+                if path.is_file():
+                    removed["bytes"] += path.stat().st_size
+                    path.unlink()
+            for sub in ("artifacts", "outputs"):
+                d = handle.dir / sub
+                if d.is_dir() and not d.is_symlink():
+                    for p in d.rglob("*"):
+                        if p.is_file() and not p.is_symlink():
+                            removed["bytes"] += p.stat().st_size
+                            if sub == "artifacts" and p.suffix == ".json":
+                                removed["artifacts"] += 1
+                    shutil.rmtree(d, ignore_errors=True)
+        return removed
+
     def delete(self, handle: ThreadHandle) -> None:
         """Remove a thread: rename it away first so no reader sees half of it."""
         trash = handle.dir.with_name(f".deleted-{handle.id}-{new_id()}")

@@ -139,6 +139,30 @@ class UserStore:
         self._update(change)
         self._drop_sessions(lambda s: s.user == uid)
 
+    def delete(self, uid: str) -> list[str]:
+        """Remove a user and everything of theirs on disk (threads, artifacts, memory,
+        summaries), in every workspace. Returns the directories removed."""
+        import shutil
+
+        def change(doc: UsersDoc) -> None:
+            self._need(doc, uid)
+            del doc.users[uid]
+            doc.login_codes = [c for c in doc.login_codes if c.user != uid]
+
+        self._update(change)
+        self._drop_sessions(lambda s: s.user == uid)
+        removed = []
+        root = self.layout.workspaces_dir
+        for wsdir in (root.iterdir() if root.is_dir() else ()):
+            udir = wsdir / "users" / uid
+            if udir.is_dir() and not udir.is_symlink():
+                # renamed away first: a concurrent writer never sees half a user
+                trash = udir.with_name(f".deleted-{uid}-{new_id()}")
+                udir.rename(trash)
+                shutil.rmtree(trash, ignore_errors=True)
+                removed.append(str(udir))
+        return removed
+
     @staticmethod
     def _need(doc: UsersDoc, uid: str) -> User:
         user = doc.users.get(uid)

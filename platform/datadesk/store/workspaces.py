@@ -26,6 +26,8 @@ class WorkspaceConfig(msgspec.Struct, forbid_unknown_fields=True):
     prompt: str = ""
     warehouse: str = "data/warehouse.duckdb"  # relative to the workspace directory
     disabled_tools: list[str] = msgspec.field(default_factory=list)  # hidden from the model here
+    memory: bool = False  # long-term memory for this workspace (users also need the permission)
+    memory_extraction: bool = False  # background extraction of candidate facts (off by default)
 
 
 def load_workspace(layout: Layout, ws: str) -> WorkspaceConfig:

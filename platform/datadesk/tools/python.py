@@ -107,7 +107,7 @@ class PythonTool:
         art = Artifact(id=aid, kind=kind, format=ext if ext != "jpg" else "jpeg", file=path.name,
                        origin=self._origin(ctx, filename), created=now, last_used=now, bytes=len(data),
                        sha256=hashlib.sha256(data).hexdigest(), media_type=media)
-        self.store.save(ctx.thread_dir, art)
+        self.store.save(ctx.thread_dir, art, ctx.epoch)
         return art
 
     def _body(self, r: ExecutionResult, ctx: ToolContext, produced: list[Artifact]) -> list[str]:

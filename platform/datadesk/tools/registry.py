@@ -68,6 +68,7 @@ class ToolContext:
     workspace_dir: Path
     thread_dir: Path
     call_id: str = ""
+    epoch: int | None = None  # the thread's epoch when the turn started (clear bumps it)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
