@@ -164,3 +164,20 @@ def test_first_party_tools_are_never_offloaded(rt: Runtime) -> None:
 def test_artifact_files_are_readable_by_the_sandbox_user(rt: Runtime) -> None:
     out, c = sql(rt, "SELECT * FROM readings LIMIT 5000")
     assert os.stat(data_file(c, out)).st_mode & 0o777 == 0o644
+
+
+def test_a_result_finishing_after_a_clear_leaves_nothing(rt: Runtime) -> None:
+    import dataclasses
+
+    c = dataclasses.replace(ctx(rt, "tclear"), epoch=0)
+    (c.thread_dir / "meta.json").write_text('{"id": "tclear", "workspace": "demo", "owner": "alice", '
+                                            '"title": "t", "created": 0, "updated": 0, "epoch": 1}')
+    args = json.dumps({"sql": "SELECT * FROM readings"})
+
+    async def go():
+        result = await rt.tools.run("sql_query", args, c)
+        return await rt.offload.process(rt.tools.get("sql_query").spec, args, result, c, YES)
+
+    out = asyncio.run(go())
+    assert out.result.is_error and "cleared" in out.result.content
+    assert [p.name for p in (c.thread_dir / "artifacts").iterdir() if p.name != ".lock"] == []
