@@ -31,7 +31,7 @@ from datadesk.chat.runtime import Runtime  # noqa: E402
 from datadesk.domain.records import Record  # noqa: E402
 from datadesk.llm.base import ModelDelta  # noqa: E402
 from datadesk.llm.scripted import ScriptedModel, tool_step  # noqa: E402
-from datadesk.settings import SandboxSettings, Settings  # noqa: E402
+from datadesk.settings import SandboxSettings, Settings, SummarySettings  # noqa: E402
 from datadesk.store.layout import Layout  # noqa: E402
 from datadesk.store.threadlog import ThreadLog  # noqa: E402
 from datadesk.store.workspaces import ensure_demo_workspace  # noqa: E402
@@ -70,7 +70,8 @@ def bench_turns(home: Path, turns: int, with_tool: bool) -> dict[str, Any]:
                                                         "GROUP BY 1 ORDER BY 2 DESC LIMIT 5"}))
         steps.append(answer)
     model = TimedModel(ScriptedModel(steps, chunk_size=16, max_recorded=2))
-    rt = Runtime(settings=Settings(home=home, sandbox=SandboxSettings(backend="none")), model=model)
+    rt = Runtime(settings=Settings(home=home, sandbox=SandboxSettings(backend="none"),
+                                 summary=SummarySettings(enabled=False)), model=model)
     _, token = rt.users.add(f"bench{int(with_tool)}", ["demo"])
     headers = {"Authorization": f"Bearer {token}"}
     totals, overheads, tool_ms = [], [], []

@@ -64,8 +64,10 @@ class Harness:
 
 def make_harness(home: Path, model: ChatModel, **overrides: Any) -> Harness:
     overrides.setdefault("sandbox", {"backend": "none"})  # kernels only in the tests about them
+    overrides.setdefault("summary", {"enabled": False})  # summaries only where a test gives a summarizer
+    summary_model = overrides.pop("summary_model", None)
     settings = msgspec.convert({"home": str(home), **overrides}, Settings, dec_hook=lambda t, o: Path(o))
-    rt = Runtime(settings=settings, model=model)
+    rt = Runtime(settings=settings, model=model, summary_model=summary_model)
     users = UserStore(rt.layout)
     h = Harness(rt=rt)
     for name, wss, perms in [

@@ -75,7 +75,7 @@ def test_full_turn_with_parallel_tool_calls(harness_factory) -> None:
         assert [m["tool_call_id"] for m in second[3:5]] == ["call_a", "call_b"]
         assert str(N_READINGS) in second[3]["content"]
         assert [t["function"]["name"] for t in fake.requests[0]["tools"]] == [
-        "sql_query", "requery_artifact", "read_tool_result"]
+        "sql_query", "requery_artifact", "read_tool_result", "compact"]
         # the API key travelled only as the bearer header
         assert fake.request_headers[0]["authorization"] == "Bearer sk-test-secret"
         # one manifest per model request

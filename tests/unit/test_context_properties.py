@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from datadesk.context.builder import NO_RESULT, BuiltContext, ContextBuilder
@@ -181,7 +182,9 @@ def check(built: BuiltContext, newest: Record, preamble: str | None) -> None:
     assert any(x["role"] == "user" and newest.content in text_of(x) for x in msgs), "newest user message missing"
     # within the budget, unless the current turn alone is larger
     fixed = m.regions["system"] + m.regions["tools"] + m.regions["preamble"]
-    budget = min(m.budget_tokens, m.limit_tokens - fixed)
+    s = ContextSettings()
+    reserve = s.max_images * s.image_tokens if built.profile.vision else 0  # room kept for images
+    budget = min(m.budget_tokens, m.limit_tokens - fixed - reserve)
     if m.regions["current"] <= budget:
         assert m.regions["history"] + m.regions["current"] <= budget + 2, m.regions
     else:
@@ -335,3 +338,27 @@ def test_the_anchor_is_kept_where_newest_first_would_move_it(tmp_path: Path) -> 
     assert naive_moves == 30 - full, naive_starts  # one-turn trimming: the start moves every turn
     assert anchored_moves <= naive_moves // 3, (anchored_starts, naive_starts)
     assert kept_while_naive_moved >= 2 * anchored_moves, (anchored_starts, naive_starts)
+
+
+@pytest.mark.parametrize("covered_through", [None, 0])
+def test_images_do_not_push_a_small_window_over_the_limit(tmp_path: Path, covered_through: int | None) -> None:
+    """Regression: a vision model with a 32k window (qwen-vl) and the default 32k budget. History
+    filled the window minus the fixed part and the 4 images (4,000 tokens) came on top, so the
+    9th turn was refused (ContextTooLarge) instead of trimmed; with a summary's coverage given
+    (covered_through=0: nothing covered), the uncovered turns were kept and refused the same way."""
+    th = Thread(tmp_path / "t", make_builder(tmp_path), model="qwen2.5-vl-72b")
+    starts = set()
+    for i in range(16):
+        th.add("user", "[The user uploaded an image]", meta={"kind": "upload", "artifact": f"img{i}", "image": True})
+        th.add("user", turn_text(i, 500))
+        th.add("assistant", turn_text(i + 100, 2_000))
+        kw = {} if covered_through is None else {"covered_through": covered_through}
+        built = th.builder.build(thread_dir=th.dir, model=th.model, system_prompt="You are DataDesk.", tools=TOOLS,
+                                 turn_id=f"t{i}", step=1, **kw)
+        append_manifest(th.dir / "context.jsonl", built.manifest)
+        validate_openai(built.messages)
+        validate_anthropic(built.messages)
+        m = built.manifest
+        assert len(m.images) == min(i + 1, 4) and m.estimated_tokens <= m.limit_tokens
+        starts.add(m.first_seq)
+    assert len(starts) > 1  # it trimmed rather than refused

@@ -21,6 +21,7 @@ from datadesk.chat.turns import RunningTurn
 from datadesk.context.builder import ContextTooLarge
 from datadesk.context.manifest import append_manifest
 from datadesk.context.rules import BASE_RULES
+from datadesk.summary.model import render_summary
 from datadesk.domain.records import Record, ToolCall
 from datadesk.domain.users import User
 from datadesk.llm.base import ModelDelta, ModelError, ModelReply
@@ -62,10 +63,11 @@ class TurnLoop:
     async def run(self, text: str) -> None:
         status = "ok"
         try:
-            self._append(role="user", content=text)
+            self.user_seq = self._append(role="user", content=text).seq
             if self.handle.meta.title == "New chat":
                 self.rt.threads.touch(self.handle, title=text.strip().splitlines()[0][:80] or None)
             status = await self._steps()
+            self._after_reply()
         except asyncio.CancelledError:
             status = "cancelled"
             self.turn.emit("error", kind="cancelled", message="the turn was cancelled; what completed is kept")
@@ -84,21 +86,21 @@ class TurnLoop:
             self.turn.emit("done", turn_id=self.turn.turn_id, status=status)
 
     async def _steps(self) -> str:
+        self.tool_output_seen = False
         specs = self.rt.permitted_tools(self.user, self.handle.meta.workspace)
         tools = [s.openai_schema() for s in specs]
         self.allowed = {s.name for s in specs}
         prompt = system_prompt(self.rt, self.handle.meta.workspace)
         for step in range(1, self.settings.max_steps + 1):
             try:
-                built = self.rt.context.build(
-                    thread_dir=self.handle.dir, model=self.rt.model.name, system_prompt=prompt, tools=tools,
-                    turn_id=self.turn.turn_id, step=step)
+                built = await self._build(prompt, tools, step)
             except ContextTooLarge as exc:
                 self._append(role="assistant", status="error", content="", meta={"error": str(exc),
                                                                                  "kind": "context"})
                 self.turn.emit("error", kind="context", message=str(exc))
                 return "error"
             reply: ModelReply | None = None
+            self.last_manifest = built.manifest
             try:
                 reply = await self._call_model(built.messages, built.tools)
             finally:  # also when cancelled: what was sent is recorded
@@ -122,6 +124,39 @@ class TurnLoop:
                            meta={"error": "step_limit"})
         self.turn.emit("error", kind="step_limit", message=rec.content)
         return "error"
+
+    async def _build(self, prompt: str, tools: list[dict[str, Any]], step: int):
+        """The request for this step, with the summary (and memory) as the preamble. When
+        uncovered records would leave the window, the summary is made first (no gap)."""
+        rt, d = self.rt, self.handle.dir
+        summaries = rt.settings.summary.enabled
+        extra = self.rt.memory_preamble(self.user, self.handle) if hasattr(self.rt, "memory_preamble") else None
+        for attempt in range(2):
+            summary = rt.summaries.store.load_current(d, self.epoch) if summaries else None
+            preamble_parts = [render_summary(summary)] if summary else []
+            memory_ids: list[str] = []
+            if extra:
+                preamble_parts.append(extra[0])
+                memory_ids = extra[1]
+            built = rt.context.build(
+                thread_dir=d, model=rt.model.name, system_prompt=prompt, tools=tools,
+                turn_id=self.turn.turn_id, step=step, preamble="\n\n".join(preamble_parts) or None,
+                preamble_info={"covers_through_seq": summary.covers_through_seq, "epoch": summary.epoch}
+                if summary else None, memory_facts=memory_ids,
+                covered_through=(summary.covers_through_seq if summary else 0) if summaries else None,
+                uncovered_allowance=rt.settings.summary.uncovered_allowance, accept_gap=attempt == 1)
+            if not built.needs_summary:
+                return built
+            await rt.summaries.refresh(d, built.uncovered_through, self.epoch, synchronous=True)
+        return built
+
+    def _after_reply(self) -> None:
+        """Schedule the summary refresh when due; the reply never waits for it."""
+        m = getattr(self, "last_manifest", None)
+        if m is None or not self.rt.settings.summary.enabled:
+            return
+        if self.rt.summaries.due(self.handle.dir, m.trimmed_through_seq, m.water):
+            self.rt.summaries.schedule(self.handle.dir, m.trimmed_through_seq, self.epoch)
 
     async def _call_model(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply | None:
         parts: list[str] = []
@@ -154,6 +189,8 @@ class TurnLoop:
                 permissions=self.user.permission_set,
                 workspace_dir=self.rt.layout.workspace_dir(self.handle.meta.workspace),
                 thread_dir=self.handle.dir, call_id=call.id, epoch=self.epoch,
+                extra={"user_seq": self.user_seq, "after_tool_output": self.tool_output_seen,
+                       "user_asked": True, "project": getattr(self.handle.meta, "project", None)},
             )
             try:
                 if call.name not in self.allowed:
@@ -184,6 +221,7 @@ class TurnLoop:
 
         try:
             await asyncio.gather(*(one(c) for c in calls))
+            self.tool_output_seen = True
         except asyncio.CancelledError:
             for call in calls:
                 if call.id not in recorded:

@@ -27,7 +27,10 @@ from datadesk.context.calibration import Calibration
 from datadesk.offload.store import ArtifactNotFound
 from datadesk.sandbox.files import read_regular
 from datadesk.tools.artifacts import register_artifact_tools
-from datadesk.tools.history import register_history_tools
+from datadesk.summary.service import SummaryService
+from datadesk.summary.store import SummaryStore
+from datadesk.summary.summarizer import Summarizer
+from datadesk.tools.history import register_compact_tool, register_history_tools
 from datadesk.tools.python import PythonTool, register_python_tool
 from datadesk.tools.registry import ToolContext, ToolRegistry, ToolSpec
 from datadesk.tools.sql import register_sql_tool
@@ -68,9 +71,10 @@ class Runtime:
     A plain class (not a dataclass) so web frameworks treat it as an opaque dependency.
     """
 
-    def __init__(self, settings: Settings, model: ChatModel) -> None:
+    def __init__(self, settings: Settings, model: ChatModel, summary_model: ChatModel | None = None) -> None:
         self.settings = settings
         self.model = model
+        self.summary_model = summary_model or model  # the same LLM unless told otherwise
         self.layout = Layout(settings.home)
         self.users = UserStore(self.layout)
         self.threads = ThreadStore(self.layout)
@@ -87,6 +91,9 @@ class Runtime:
                           settings.offload.stream_timeout_s)
         register_artifact_tools(self.tools, self.requery)
         register_history_tools(self.tools)
+        self.summaries = SummaryService(SummaryStore(settings.summary.revisions_kept),
+                                        Summarizer(self.summary_model, settings.summary, count_tokens), settings.summary)
+        register_compact_tool(self.tools, self.summaries)
         self.calibration = Calibration(self.layout.home / "calibration.json", settings.context.calibration_margin)
         self.context = ContextBuilder(settings.context, count_tokens, self.calibration,
                                       self._artifact_status, self._image_bytes)
@@ -105,6 +112,7 @@ class Runtime:
 
     async def stop(self) -> None:
         await self.turns.cancel_all()
+        await self.summaries.drain()
         if self.kernels is not None:
             await self.kernels.stop()
 

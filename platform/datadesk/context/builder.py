@@ -71,6 +71,10 @@ class BuiltContext:
     tools: list[dict[str, Any]]
     manifest: ContextManifest
     profile: ModelProfile
+    # records not covered by the summary would leave the window (beyond the allowance):
+    # the caller should summarize through `uncovered_through` and build again
+    needs_summary: bool = False
+    uncovered_through: int = 0
 
 
 class _TokenCache:
@@ -120,8 +124,13 @@ class ContextBuilder:
     # -- build -------------------------------------------------------------------------
     def build(self, *, thread_dir: Path, model: str, system_prompt: str, tools: list[dict[str, Any]],
               turn_id: str, step: int, preamble: str | None = None,
-              preamble_info: dict[str, Any] | None = None, memory_facts: list[str] | None = None
-              ) -> BuiltContext:
+              preamble_info: dict[str, Any] | None = None, memory_facts: list[str] | None = None,
+              covered_through: int | None = None, uncovered_allowance: float = 0.25,
+              accept_gap: bool = False) -> BuiltContext:
+        """`covered_through`: the summary's coverage (None: summaries off). Records after it
+        never silently leave the window: they stay up to `uncovered_allowance` over the
+        budget; past that the result asks for a summary (`needs_summary`), unless
+        `accept_gap`, when the window trims anyway and the manifest records the gap."""
         s = self.s
         profile = profile_for(model, s)
         factor = self.calibration.factor(model, profile.token_factor)
@@ -146,11 +155,32 @@ class ContextBuilder:
         previous = last_manifest(thread_dir / "context.jsonl")
         anchor = previous.first_seq if previous else None
         fixed = sum(regions_raw.values()) * factor
-        history_budget = min(s.history_budget_tokens, max(0, limit - fixed))
-        units = self._load_units(log, anchor, history_budget, factor, thread_dir, profile)
+        # images are priced outside the history: keep room for the most a window can send
+        images_reserve = s.max_images * s.image_tokens if profile.vision else 0
+        history_budget = min(s.history_budget_tokens, max(0, limit - fixed - images_reserve))
+        load_back_to = anchor
+        if covered_through is not None and (anchor is None or covered_through + 1 < anchor):
+            load_back_to = covered_through + 1  # uncovered turns may have to stay in the window
+        units = self._load_units(log, load_back_to, history_budget, factor, thread_dir, profile)
         start = self._select(units, anchor, history_budget, factor)
+        needs_summary, gap_through = False, 0
+        if covered_through is not None and units and units[start].first_seq - 1 > covered_through:
+            # the no-gap rule: keep uncovered turns, up to the allowance over the budget
+            first_uncovered = next(i for i, u in enumerate(units) if u.records[-1].seq > covered_through)
+            allowance = history_budget * (1 + uncovered_allowance)
+            total = sum(u.raw_tokens for u in units[first_uncovered:]) * factor
+            loaded = units[0].first_seq - 1 <= covered_through  # nothing uncovered before the tail read
+            fits = (loaded and total <= allowance
+                    and self._total(units[first_uncovered:], regions_raw, factor) + images_reserve <= limit)
+            if fits:
+                start = min(start, first_uncovered)
+            elif accept_gap:
+                gap_through = units[start].first_seq - 1
+            else:
+                needs_summary = True
         # past the window, drop more (never the current turn) before refusing
-        while start < len(units) - 1 and self._total(units[start:], regions_raw, factor) > s.refuse_level * limit:
+        while start < len(units) - 1 and (self._total(units[start:], regions_raw, factor) + images_reserve
+                                          > s.refuse_level * limit):
             start += 1
         window = units[start:]
         images = self._attach_images(window, thread_dir, profile)
@@ -192,9 +222,11 @@ class ContextBuilder:
             estimated_tokens=total, estimated_raw_tokens=raw_total + len(images) * s.image_tokens,
             messages=len(messages), dropped_orphans=sum(u.orphans for u in window),
             synthetic_results=sum(u.synthetic for u in window), summary=preamble_info,
-            memory_facts=memory_facts or [],
+            memory_facts=memory_facts or [], gap_through_seq=gap_through or None,
         )
-        return BuiltContext(messages=messages, tools=tools, manifest=manifest, profile=profile)
+        return BuiltContext(messages=messages, tools=tools, manifest=manifest, profile=profile,
+                            needs_summary=needs_summary,
+                            uncovered_through=(window[0].first_seq - 1) if window else 0)
 
     # -- selection -------------------------------------------------------------------
     def _total(self, units: list[Unit], regions_raw: dict[str, int], factor: float) -> float:
@@ -205,7 +237,10 @@ class ContextBuilder:
         """Whole user turns from the tail of the log, rendered: back to the previous window's
         start, or far enough to fill the budget. Never the whole log unless it is small."""
         want = 64
-        enough = budget + self.s.trim_chunk_fraction * self.s.history_budget_tokens
+        if anchor is not None and (last := log.tail(1)):
+            # seqs are consecutive: read back to the anchor in one pass (not 64, 256, 1024, ...)
+            want = min(max(want, last[-1].seq - anchor + 1), 1 << 13)
+        enough = budget * 1.5 + self.s.trim_chunk_fraction * self.s.history_budget_tokens
         while True:
             records = log.tail(want)
             whole_log = len(records) < want

@@ -63,3 +63,36 @@ def register_history_tools(registry: ToolRegistry) -> None:
         ),
         read_tool_result,
     )
+
+
+def register_compact_tool(registry: ToolRegistry, summaries) -> None:
+    """`compact(focus)`: refresh the thread summary now, emphasising `focus`."""
+    from datadesk.summary.model import render_summary
+
+    async def compact(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        focus = args.get("focus")
+        if focus is not None and (not isinstance(focus, str) or len(focus) > 500):
+            raise ToolError("`focus` must be a short text (at most 500 chars) saying what matters now")
+        upto = int(ctx.extra.get("user_seq", 1)) - 1  # everything before the current message
+        if upto < 1 or ctx.epoch is None:
+            raise ToolError("nothing to summarize yet: this is the start of the thread")
+        summary = await summaries.refresh(ctx.thread_dir, upto, ctx.epoch, focus=focus, synchronous=True)
+        if summary is None:
+            raise ToolError("the summary could not be refreshed now; the previous one (if any) is kept")
+        return ToolResult(content="Summary refreshed:\n" + render_summary(summary),
+                          meta={"covers_through_seq": summary.covers_through_seq})
+
+    registry.register(
+        ToolSpec(
+            name="compact",
+            description=("Refresh the structured summary of this thread now (goal, constraints, decisions, "
+                         "data references, state), emphasising `focus`. Use it when the conversation has "
+                         "drifted or before a long new phase of work."),
+            parameters={"type": "object",
+                        "properties": {"focus": {"type": "string", "description": "what matters now"}},
+                        "additionalProperties": False},
+            offloadable=False,
+            read_only=False,
+        ),
+        compact,
+    )

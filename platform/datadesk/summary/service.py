@@ -1,0 +1,159 @@
+"""When to refresh a thread summary, and the refresh jobs themselves.
+
+- `due()`: after a reply, when >= `refresh_after_records` records were trimmed
+  out of the window and are not covered yet, or the request passed the
+  "compact" water level (with at least one such record).
+- `schedule()`: runs `refresh()` in the background after the reply (the reply
+  never waits); tasks are kept referenced until done; `drain()` awaits them.
+- `refresh()`: one job at a time per thread: an in-process `asyncio.Lock` per
+  thread directory, plus `summary.lock` (filelock, timeout 0) so a job of
+  another process makes this one skip. It reads the previous summary and only
+  the records in (covers_through_seq, upto_seq] from the tail of the log,
+  asks the summarizer, and writes through the guarded store (epoch and
+  coverage checked under the thread lock). It never raises (CancelledError
+  apart): a failure keeps the previous summary and is logged.
+- `refresh(..., synchronous=True)`: used before a model call when uncovered
+  records would otherwise leave the window ("no gap"): it waits for another
+  process's job instead of skipping, and returns the stored summary when that
+  already covers `upto_seq`.
+- `uncovered()`: records neither in the window nor covered by the summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from datadesk.settings import SummarySettings
+from datadesk.store.threadlog import ThreadLog, current_epoch
+from datadesk.summary.model import ThreadSummary
+from datadesk.summary.store import SummaryStore
+from datadesk.summary.summarizer import SummaryError, Summarizer
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = "summary.lock"
+POLL_S = 0.05  # synchronous refresh: how often to retry another process's summary.lock
+
+
+class SummaryService:
+    """Refreshes thread summaries (see the module docstring)."""
+
+    def __init__(self, store: SummaryStore, summarizer: Summarizer, settings: SummarySettings | None = None) -> None:
+        self.store = store
+        self.summarizer = summarizer
+        self.settings = settings or SummarySettings()
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- when ----------------------------------------------------------------
+    def _covers(self, thread_dir: Path, summary: ThreadSummary | None = None) -> int:
+        if summary is None:
+            epoch = current_epoch(Path(thread_dir))
+            summary = self.store.load_current(Path(thread_dir), epoch) if epoch is not None else None
+        return summary.covers_through_seq if summary is not None else 0
+
+    def due(self, thread_dir: Path, trimmed_through_seq: int, water: str) -> bool:
+        """True when a refresh should follow this reply.
+
+        `trimmed_through_seq`: the last seq before the window (records up to it
+        left the window); `water`: the request's level ("ok" | "warn" | "compact").
+        Seqs are contiguous within an epoch, so the count is a difference.
+        """
+        if not self.settings.enabled or trimmed_through_seq <= 0:
+            return False
+        pending = trimmed_through_seq - self._covers(thread_dir)
+        if pending <= 0:
+            return False
+        return pending >= self.settings.refresh_after_records or water == "compact"
+
+    def uncovered(self, thread_dir: Path, summary: ThreadSummary | None, first_window_seq: int) -> int:
+        """Records with covers_through_seq < seq < first_window_seq (read from the tail of the log)."""
+        covers = summary.covers_through_seq if summary is not None else 0
+        if first_window_seq - 1 <= covers:
+            return 0
+        return len(ThreadLog(Path(thread_dir) / "log.jsonl").since(covers + 1, first_window_seq - 1))
+
+    # -- jobs ----------------------------------------------------------------
+    def schedule(self, thread_dir: Path, upto_seq: int, epoch: int, focus: str | None = None) -> asyncio.Task:
+        """Run `refresh` in the background; the task is kept until it finishes."""
+        task = asyncio.get_running_loop().create_task(
+            self.refresh(thread_dir, upto_seq, epoch, focus), name=f"summary:{Path(thread_dir).name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def drain(self) -> None:
+        """Wait until every scheduled job has finished (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    @property
+    def pending(self) -> int:
+        return len(self._tasks)
+
+    async def refresh(self, thread_dir: Path, upto_seq: int, epoch: int, focus: str | None = None,
+                      synchronous: bool = False) -> ThreadSummary | None:
+        """Summarize through `upto_seq`; the summary written (or, synchronous, the one covering), else None."""
+        thread_dir = Path(thread_dir)
+        try:
+            if not self.settings.enabled or not thread_dir.is_dir():
+                return None
+            key = str(thread_dir.resolve())
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = asyncio.Lock()
+            async with lock:
+                flock = FileLock(str(thread_dir / LOCK_FILE))
+                if not await self._acquire(flock, synchronous):
+                    log.info("summary refresh of %s skipped: another process is summarizing it", thread_dir.name)
+                    return None
+                try:
+                    return await self._run(thread_dir, upto_seq, epoch, focus, synchronous)
+                finally:
+                    flock.release()
+        except asyncio.CancelledError:
+            raise
+        except SummaryError as exc:
+            log.warning("summary of %s not refreshed (previous kept): %s", thread_dir.name, exc)
+        except Exception:  # noqa: BLE001 - a background job must never take anything down
+            log.exception("summary refresh of %s failed (previous kept)", thread_dir.name)
+        return None
+
+    async def _acquire(self, flock: FileLock, synchronous: bool) -> bool:
+        deadline = time.monotonic() + self.settings.timeout_s
+        while True:
+            try:
+                flock.acquire(timeout=0)
+                return True
+            except Timeout:
+                if not synchronous or time.monotonic() >= deadline:
+                    return False
+            await asyncio.sleep(POLL_S)
+
+    async def _run(self, thread_dir: Path, upto_seq: int, epoch: int, focus: str | None,
+                   synchronous: bool) -> ThreadSummary | None:
+        if current_epoch(thread_dir) != epoch:
+            log.info("summary refresh of %s skipped: the thread was cleared", thread_dir.name)
+            return None
+        previous = self.store.load_current(thread_dir, epoch)
+        covers = previous.covers_through_seq if previous is not None else 0
+        if upto_seq <= covers:
+            return previous if synchronous else None  # an earlier job already covers it
+        records = ThreadLog(thread_dir / "log.jsonl").since(covers + 1, upto_seq)
+        if not records:
+            return None
+        summary = await self.summarizer.summarize(previous, records, epoch, focus)
+        if self.store.write(thread_dir, summary, epoch):
+            log.info("summary of %s now covers #%d", thread_dir.name, summary.covers_through_seq)
+            return summary
+        if synchronous:  # dropped: maybe because another job already covers as far
+            stored = self.store.load_current(thread_dir, epoch)
+            if stored is not None and stored.covers_through_seq >= upto_seq:
+                return stored
+        return None
