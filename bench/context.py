@@ -271,11 +271,15 @@ def prefix_cache(tmp: Path, turns: int, budget: int, chunked: bool) -> dict[str,
         add("tool", tool_call_id=call, name="sql_query", content=csv_blob(100 + t, 6_000), meta={"rows": 160})
         add("assistant", content=prose(rng, answer_words))
     changes = sum(starts[i] != starts[i - 1] for i in range(1, len(starts)))
+    # once the thread outgrows the budget (the first trim), the two modes differ
+    first_trim = next((i for i in range(1, len(starts)) if starts[i] != starts[i - 1]), len(starts))
+    trimmed = ratios[first_trim - 1:]
     return {"mode": "chunked" if chunked else "one-record", "turns": turns, "budget": budget,
             "avg_prefix_ratio": round(statistics.mean(ratios), 4) if ratios else 0.0,
             "prefix_tokens_total": sum(prefix_tokens), "prompt_tokens_total": sum(prompt_tokens),
             "weighted_prefix_ratio": round(sum(prefix_tokens) / max(1, sum(prompt_tokens)), 4),
-            "window_start_changes": changes, "per_turn_ratio": [round(r, 3) for r in ratios]}
+            "avg_prefix_ratio_once_trimming": round(statistics.mean(trimmed), 4) if trimmed else None,
+            "first_trim_turn": first_trim, "window_start_changes": changes, "per_turn_ratio": [round(r, 3) for r in ratios]}
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -330,8 +334,9 @@ def main() -> int:
                  "same turns raw", "saved"]))
     print(f"\nPrefix cache over a {turns}-turn thread (budget {pbudget:,})")
     print(table([[p["mode"], f"{p['avg_prefix_ratio']:.1%}", f"{p['weighted_prefix_ratio']:.1%}",
+                  "-" if p["avg_prefix_ratio_once_trimming"] is None else f"{p['avg_prefix_ratio_once_trimming']:.1%}",
                   p["window_start_changes"]] for p in prefix],
-                ["trimming", "avg prefix/prompt", "token-weighted", "start changes"]))
+                ["trimming", "avg prefix/prompt", "token-weighted", "avg once trimming", "start changes"]))
     out = {"tiny": args.tiny, "model": MODEL, "builds": builds, "goals": goals, "compaction": compaction,
            "prefix_cache": prefix, "seconds": round(time.perf_counter() - started, 1)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

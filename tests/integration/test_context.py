@@ -111,7 +111,7 @@ def test_seed_scenario_compacts_pages_back_and_trims_in_chunks(harness_factory) 
     assert moves and len(moves) < len(starts) / 3
     for m in manifests:
         assert m["regions"]["history"] + m["regions"]["current"] <= 7_000 * 1.01 or m["first_seq"] == m["last_seq"]
-    assert manifests[-1]["trimmed_through_seq"] > 0 and manifests[-1]["compacted"]
+    assert manifests[-1]["trimmed_through_seq"] > 0 and any(m["compacted"] for m in manifests)
     assert SEED not in json.dumps(model.calls[-1]) or manifests[-1]["first_seq"] == 1
 
 

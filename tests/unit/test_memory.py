@@ -390,7 +390,8 @@ def test_hard_delete_removes_the_fact_everywhere(store: MemoryStore) -> None:
 
 
 def test_audit_never_holds_text(store: MemoryStore) -> None:
-    a = store.remember(WS, UID, "Secret-ish project Zephyr uses meter M12", provenance=Provenance(after_tool_output=True))
+    a = store.remember(WS, UID, "Secret-ish project Zephyr uses meter M12",
+                       provenance=Provenance(after_tool_output=True))
     store.confirm(WS, UID, a.id)
     b = store.remember(WS, UID, "Project Zephyr is led by Ines")
     store.edit(WS, UID, b.id, "Project Zephyr is led by Ines Duval")
@@ -462,6 +463,27 @@ def test_concurrent_writers_lose_nothing(store: MemoryStore) -> None:
     assert len(store.facts(WS, UID)) == 20
 
 
+def _add_from_process(home: str, start: int) -> None:
+    store = MemoryStore(Layout(Path(home)))
+    for i in range(start, start + 10):
+        store.remember(WS, UID, f"Sensor S{i} measures hall {i}")
+
+
+def test_writers_in_other_processes_lose_nothing(tmp_path: Path) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_add_from_process, args=(str(tmp_path), n * 10)) for n in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    store = MemoryStore(Layout(tmp_path))
+    assert len(store.facts(WS, UID)) == 30
+    assert len(audit_lines(store)) == 30
+
+
 # -- secrets ---------------------------------------------------------------------------
 SECRETS = {
     "aws access key": "our key is AKIAIOSFODNN7EXAMPLE for the bucket",
@@ -474,7 +496,8 @@ SECRETS = {
     "jwt": "Authorization was eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
            "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
     "bearer": "curl -H 'Authorization: Bearer 8f14e45fceea167a5a36dedd4bea2543'",
-    "private key": "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1c7+9z5Pad7OejecsQ0bu\n-----END RSA PRIVATE KEY-----",
+    "private key": ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1c7+9z5Pad7OejecsQ0bu\n"
+                    "-----END RSA PRIVATE KEY-----"),
     "openssh key": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n",
     "postgres url": "connect with postgres://analyst:s3cr3tPw@db.internal:5432/energy",
     "mongodb url": "mongodb+srv://admin:hunter2@cluster0.abcde.mongodb.net/prod",

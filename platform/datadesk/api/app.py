@@ -19,6 +19,7 @@ from litestar.static_files import create_static_files_router
 from datadesk import __version__
 from datadesk.api.artifacts import ArtifactController
 from datadesk.api.auth import provide_runtime, provide_user
+from datadesk.api.memory import MemoryController
 from datadesk.api.session import SessionController
 from datadesk.api.threads import ThreadController
 from datadesk.chat.runtime import Runtime
@@ -104,6 +105,7 @@ def create_app(rt: Runtime) -> Litestar:
             SessionController,
             ThreadController,
             ArtifactController,
+            MemoryController,
             index,
             create_static_files_router(path="/static", directories=[WEB_DIR], include_in_schema=False),
         ],

@@ -10,6 +10,7 @@ import msgspec
 class NewThread(msgspec.Struct, forbid_unknown_fields=True):
     title: str = msgspec.field(default="New chat")
     workspace: str | None = None
+    project: str | None = None  # a label: project-scoped memory facts apply to this thread
 
 
 class NewMessage(msgspec.Struct, forbid_unknown_fields=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from typing import Annotated, Any, AsyncIterator
 
 import msgspec
@@ -89,7 +90,10 @@ class ThreadController(Controller):
         if ws not in user.workspaces:
             # not a member: same answer as a workspace that does not exist
             raise NotFoundException(f"workspace {ws!r} not found")
-        handle = rt.threads.create(ws, user.id, data.title.strip() or "New chat")
+        project = data.project.strip() if data.project else None
+        if project is not None and not re.fullmatch(r"[A-Za-z0-9 _.-]{1,64}", project):
+            raise ClientException("project must be 1-64 letters, digits, spaces, '_', '.' or '-'")
+        handle = rt.threads.create(ws, user.id, data.title.strip() or "New chat", project=project)
         return thread_out(rt, handle.meta)
 
     @get("/")

@@ -63,11 +63,13 @@ class TurnLoop:
     async def run(self, text: str) -> None:
         status = "ok"
         try:
-            self.user_seq = self._append(role="user", content=text).seq
+            user_rec = self._append(role="user", content=text)
+            self.user_seq = user_rec.seq
             if self.handle.meta.title == "New chat":
                 self.rt.threads.touch(self.handle, title=text.strip().splitlines()[0][:80] or None)
             status = await self._steps()
             self._after_reply()
+            self.rt.after_turn(self.user, self.handle, [user_rec])  # memory extraction: user words only
         except asyncio.CancelledError:
             status = "cancelled"
             self.turn.emit("error", kind="cancelled", message="the turn was cancelled; what completed is kept")
@@ -130,7 +132,7 @@ class TurnLoop:
         uncovered records would leave the window, the summary is made first (no gap)."""
         rt, d = self.rt, self.handle.dir
         summaries = rt.settings.summary.enabled
-        extra = self.rt.memory_preamble(self.user, self.handle) if hasattr(self.rt, "memory_preamble") else None
+        extra = self.rt.memory_preamble(self.user, self.handle)
         for attempt in range(2):
             summary = rt.summaries.store.load_current(d, self.epoch) if summaries else None
             preamble_parts = [render_summary(summary)] if summary else []
@@ -155,8 +157,9 @@ class TurnLoop:
         m = getattr(self, "last_manifest", None)
         if m is None or not self.rt.settings.summary.enabled:
             return
-        if self.rt.summaries.due(self.handle.dir, m.trimmed_through_seq, m.water):
-            self.rt.summaries.schedule(self.handle.dir, m.trimmed_through_seq, self.epoch)
+        upto = max(m.trimmed_through_seq, m.over_budget_through_seq)
+        if self.rt.summaries.due(self.handle.dir, upto, m.water):
+            self.rt.summaries.schedule(self.handle.dir, upto, self.epoch)
 
     async def _call_model(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply | None:
         parts: list[str] = []
@@ -236,7 +239,8 @@ class TurnLoop:
             manifest.usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
                               "cached_tokens": u.cached_tokens}
             manifest.cache_ratio = round(u.cached_tokens / u.prompt_tokens, 4)
-            self.rt.calibration.observe(self.rt.model.name, manifest.estimated_raw_tokens, u.prompt_tokens)
+            if getattr(self.rt.model, "reports_real_usage", True):
+                self.rt.calibration.observe(self.rt.model.name, manifest.estimated_raw_tokens, u.prompt_tokens)
         elif reply is None:
             manifest.error = "no reply"
         try:

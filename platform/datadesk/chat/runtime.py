@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from pathlib import Path
@@ -27,7 +28,10 @@ from datadesk.context.calibration import Calibration
 from datadesk.offload.store import ArtifactNotFound
 from datadesk.sandbox.files import read_regular
 from datadesk.tools.artifacts import register_artifact_tools
+from datadesk.memory.extraction import MemoryExtractor
+from datadesk.memory.store import MemoryStore
 from datadesk.summary.service import SummaryService
+from datadesk.tools.memory import memory_gate, register_memory_tools
 from datadesk.summary.store import SummaryStore
 from datadesk.summary.summarizer import Summarizer
 from datadesk.tools.history import register_compact_tool, register_history_tools
@@ -94,6 +98,12 @@ class Runtime:
         self.summaries = SummaryService(SummaryStore(settings.summary.revisions_kept),
                                         Summarizer(self.summary_model, settings.summary, count_tokens), settings.summary)
         register_compact_tool(self.tools, self.summaries)
+        self.memory = MemoryStore(self.layout, settings.memory)
+        register_memory_tools(self.tools, self.memory,
+                              memory_gate(self.memory, lambda ws: self.workspace(ws)[0].memory))
+        self.extractor = MemoryExtractor(self.memory, self.summary_model, settings.memory,
+                                         user_exists=self._user_active)
+        self._background: set[asyncio.Task[Any]] = set()
         self.calibration = Calibration(self.layout.home / "calibration.json", settings.context.calibration_margin)
         self.context = ContextBuilder(settings.context, count_tokens, self.calibration,
                                       self._artifact_status, self._image_bytes)
@@ -113,8 +123,36 @@ class Runtime:
     async def stop(self) -> None:
         await self.turns.cancel_all()
         await self.summaries.drain()
+        for task in list(self._background):
+            task.cancel()
         if self.kernels is not None:
             await self.kernels.stop()
+
+    def _user_active(self, uid: str) -> bool:
+        user = self.users.get(uid)
+        return user is not None and not user.revoked
+
+    def memory_preamble(self, user: User, handle: Any) -> tuple[str, list[str]] | None:
+        """The memory block for this user's thread, with the injected fact ids (None when off/empty)."""
+        ws = handle.meta.workspace
+        cfg, _ = self.workspace(ws)
+        if not self.memory.allowed(ws, user.id, cfg.memory, user.permissions)[0]:
+            return None
+        project = getattr(handle.meta, "project", None)
+        facts = self.memory.active(ws, user.id, project)
+        if not facts:
+            return None
+        return self.memory.block(ws, user.id, project), [f.id for f in facts]
+
+    def after_turn(self, user: User, handle: Any, records: list[Any]) -> None:
+        """Background memory extraction (off by default; a workspace flag), never awaited."""
+        ws = handle.meta.workspace
+        cfg, _ = self.workspace(ws)
+        if not cfg.memory_extraction or not self.memory.allowed(ws, user.id, cfg.memory, user.permissions)[0]:
+            return
+        task = asyncio.create_task(self.extractor.extract(ws, user.id, records, thread=handle.id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def workspace(self, ws: str) -> tuple[WorkspaceConfig, Warehouse]:
         """The config and warehouse of a workspace (read once, then cached)."""
@@ -149,6 +187,8 @@ class Runtime:
         """Tools this user may call in this workspace, in registration order."""
         cfg, _ = self.workspace(workspace)
         disabled = set(cfg.disabled_tools)
+        if not cfg.memory:  # memory off in this workspace: its tools would only cost tokens
+            disabled |= {"remember", "forget"}
         return [s for s in self.tools.permitted(user.permission_set) if s.name not in disabled]
 
     def offload_capability(self, user: User, workspace: str, specs: list[ToolSpec]) -> OffloadCapability:

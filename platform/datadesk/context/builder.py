@@ -163,6 +163,7 @@ class ContextBuilder:
             load_back_to = covered_through + 1  # uncovered turns may have to stay in the window
         units = self._load_units(log, load_back_to, history_budget, factor, thread_dir, profile)
         start = self._select(units, anchor, history_budget, factor)
+        natural_start = start  # where the budget alone would start the window
         needs_summary, gap_through = False, 0
         if covered_through is not None and units and units[start].first_seq - 1 > covered_through:
             # the no-gap rule: keep uncovered turns, up to the allowance over the budget
@@ -223,6 +224,8 @@ class ContextBuilder:
             messages=len(messages), dropped_orphans=sum(u.orphans for u in window),
             synthetic_results=sum(u.synthetic for u in window), summary=preamble_info,
             memory_facts=memory_facts or [], gap_through_seq=gap_through or None,
+            over_budget_through_seq=(units[natural_start].first_seq - 1) if units and natural_start < len(units)
+            else 0,
         )
         return BuiltContext(messages=messages, tools=tools, manifest=manifest, profile=profile,
                             needs_summary=needs_summary,

@@ -37,6 +37,9 @@ class ContextManifest(msgspec.Struct, omit_defaults=True):
     synthetic_results: int = 0
     summary: dict[str, Any] | None = None  # {covers_through_seq, epoch} when a summary was injected
     gap_through_seq: int | None = None  # records up to here left the window uncovered by any summary
+    # records up to here are past the budget: shown only because no summary covers them yet
+    # (the allowance); the background summary job takes them next
+    over_budget_through_seq: int = 0
     memory_facts: list[str] = msgspec.field(default_factory=list)
     usage: dict[str, int] | None = None  # the provider's usage, when the reply arrived
     cache_ratio: float | None = None  # cached_tokens / prompt_tokens

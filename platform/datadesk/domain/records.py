@@ -68,6 +68,7 @@ class ThreadMeta(msgspec.Struct, omit_defaults=True):
     created: float
     updated: float
     epoch: int = 0
+    project: str | None = None  # project-scoped memory applies to threads with this label
 
 
 record_encoder = msgspec.json.Encoder()

@@ -74,6 +74,7 @@ class ScriptedModel:
     ) -> None:
         self.steps = list(steps)
         self.name = name
+        self.reports_real_usage = False  # its usage is an estimate: never calibrate against it
         self.is_demo = is_demo
         self.chunk_size = max(1, chunk_size)
         self.then: Step = then if then is not None else FINISHED_TEXT

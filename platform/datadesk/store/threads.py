@@ -40,7 +40,7 @@ class ThreadStore:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
 
-    def create(self, workspace: str, owner: str, title: str = "New chat") -> ThreadHandle:
+    def create(self, workspace: str, owner: str, title: str = "New chat", project: str | None = None) -> ThreadHandle:
         check_id(workspace, "workspace")
         check_id(owner, "user")
         # 64 random bits: collisions are astronomically unlikely, and checked anyway
@@ -53,7 +53,7 @@ class ThreadStore:
             raise RuntimeError("could not allocate a thread id")
         now = time.time()
         meta = ThreadMeta(id=tid, workspace=workspace, owner=owner, title=title[:200] or "New chat",
-                          created=now, updated=now)
+                          created=now, updated=now, project=project)
         tdir.mkdir(parents=True)
         write_json(tdir / "meta.json", meta)
         return ThreadHandle(meta=meta, dir=tdir)

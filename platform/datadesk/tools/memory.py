@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from datadesk.memory.model import KINDS, Provenance
-from datadesk.memory.store import DuplicateFact, FactNotFound, FactStateError, MemoryInputError, MemoryStore
+from datadesk.memory.store import FactNotFound, FactStateError, MemoryInputError, MemoryStore
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 
 Gate = Callable[[ToolContext], "tuple[bool, str]"]

@@ -1,0 +1,104 @@
+"""Summaries in real turns: the seed scenario keeps "exclude holidays" after 15 turns about
+chart colours; clearing during a background summary job writes nothing back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import httpx
+
+from datadesk.llm.scripted import ScriptedModel, ScriptStep, tool_step
+from datadesk.tools.registry import ToolResult, ToolSpec
+from tests.conftest import parse_sse, serve_app, wait_until
+from tests.unit.test_summary import faithful
+
+SEED = "analyse last month's office energy use, exclude holidays"
+
+
+def seed_run(harness_factory, summaries: bool, budget: int = 6_000):
+    big = {i: (f"chart spec {i}: " + "colour=#%06x; " % (i * 4999) * 900) for i in range(16)}
+    steps: list = [tool_step("sql_query", {"sql": "SELECT 1"}, call_id="call_q"), "Last month, holidays excluded."]
+    for i in range(1, 16):
+        steps += [tool_step("chart_spec", {"variant": i}, call_id=f"call_c{i}"), f"Colours updated ({i})."]
+    steps += ["Recomputed."]
+    model = ScriptedModel(steps)
+    summarizer = ScriptedModel(then=faithful)
+    h = harness_factory(model, summary_model=summarizer, context={"history_budget_tokens": budget},
+                        summary={"enabled": summaries})
+
+    async def chart_spec(args, ctx):
+        return ToolResult(big[args["variant"]])
+
+    h.rt.tools.register(ToolSpec(name="chart_spec", description="chart", parameters={"type": "object"},
+                                 offloadable=False), chart_spec)
+    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=60) as c:
+        tid = c.post("/api/threads", json={}).json()["id"]
+        c.post(f"/api/threads/{tid}/messages", json={"content": SEED})
+        for i in range(1, 16):
+            c.post(f"/api/threads/{tid}/messages", json={"content": f"make the chart colours warmer ({i})"})
+            wait_until(lambda: not h.rt.summaries._tasks if hasattr(h.rt.summaries, "_tasks") else True)
+        c.post(f"/api/threads/{tid}/messages", json={"content": "recompute"})
+        tdir = h.rt.threads.get(tid, "bob", ["demo"]).dir
+    manifests = [json.loads(x) for x in (tdir / "context.jsonl").read_text().splitlines()]
+    return model, summarizer, manifests
+
+
+def test_seed_constraint_is_carried_by_the_summary(harness_factory) -> None:
+    model, summarizer, manifests = seed_run(harness_factory, summaries=True)
+    recompute = model.calls[-1]
+    text = json.dumps(recompute)
+    assert "exclude holidays" in text.lower()
+    assert SEED not in [m.get("content") for m in recompute if m["role"] == "user"]  # the turn itself left
+    assert manifests[-1]["summary"]["covers_through_seq"] >= 1
+    assert summarizer.calls, "the summarizer was never asked"
+    assert all(m.get("gap_through_seq") is None for m in manifests)  # no record left uncovered
+    # the summarizer only ever saw records that had left the window, incrementally
+    mean = sum(m["estimated_tokens"] for m in manifests) / len(manifests)
+    print(f"\nseed scenario with summary: mean request tokens {mean:,.0f}, last {manifests[-1]['estimated_tokens']:,}")
+
+
+def test_without_summaries_the_constraint_is_lost(harness_factory) -> None:
+    model, _, manifests = seed_run(harness_factory, summaries=False)
+    assert "exclude holidays" not in json.dumps(model.calls[-1]).lower()
+    mean = sum(m["estimated_tokens"] for m in manifests) / len(manifests)
+    print(f"\nseed scenario without summary: mean request tokens {mean:,.0f}, "
+          f"last {manifests[-1]['estimated_tokens']:,}")
+
+
+def test_seed_scenario_without_any_trimming(harness_factory) -> None:
+    _, _, manifests = seed_run(harness_factory, summaries=False, budget=200_000)
+    mean = sum(m["estimated_tokens"] for m in manifests) / len(manifests)
+    print(f"\nseed scenario, whole history (no trimming): mean request tokens {mean:,.0f}, "
+          f"last {manifests[-1]['estimated_tokens']:,}")
+
+
+def test_clear_during_a_summary_job_writes_nothing_back(harness_factory) -> None:
+    gate = threading.Event()
+    started = threading.Event()
+
+    async def gated(messages, tools):
+        started.set()
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+        return faithful(messages, tools)
+
+    model = ScriptedModel(then="ok")
+    h = harness_factory(model, summary_model=ScriptedModel(then=gated),
+                        context={"history_budget_tokens": 400}, summary={"enabled": True})
+    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=60) as c:
+        tid = c.post("/api/threads", json={}).json()["id"]
+        for i in range(12):
+            c.post(f"/api/threads/{tid}/messages", json={"content": f"constraint: rule {i}. " + "pad " * 40})
+            if started.is_set():
+                break
+        assert started.wait(20), "no summary job started"
+        tdir = h.rt.threads.get(tid, "bob", ["demo"]).dir
+        assert c.post(f"/api/threads/{tid}/clear").status_code == 200
+        gate.set()
+        wait_until(lambda: True)
+        import time
+        time.sleep(0.5)
+        assert not (tdir / "summary.json").exists()
+        assert c.get(f"/api/threads/{tid}").json()["records"] == []
