@@ -334,7 +334,8 @@ def main() -> int:
                  "same turns raw", "saved"]))
     print(f"\nPrefix cache over a {turns}-turn thread (budget {pbudget:,})")
     print(table([[p["mode"], f"{p['avg_prefix_ratio']:.1%}", f"{p['weighted_prefix_ratio']:.1%}",
-                  "-" if p["avg_prefix_ratio_once_trimming"] is None else f"{p['avg_prefix_ratio_once_trimming']:.1%}",
+                  "-" if p["avg_prefix_ratio_once_trimming"] is None
+                  else f"{p['avg_prefix_ratio_once_trimming']:.1%}",
                   p["window_start_changes"]] for p in prefix],
                 ["trimming", "avg prefix/prompt", "token-weighted", "avg once trimming", "start changes"]))
     out = {"tiny": args.tiny, "model": MODEL, "builds": builds, "goals": goals, "compaction": compaction,

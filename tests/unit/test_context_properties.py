@@ -333,8 +333,8 @@ def test_the_anchor_is_kept_where_newest_first_would_move_it(tmp_path: Path) -> 
     full = next(i for i, s in enumerate(naive_starts) if s > 1)
     naive_moves = sum(naive_starts[i] != naive_starts[i - 1] for i in range(full, 30))
     anchored_moves = sum(anchored_starts[i] != anchored_starts[i - 1] for i in range(full, 30))
-    kept_while_naive_moved = sum(anchored_starts[i] == anchored_starts[i - 1] and naive_starts[i] != naive_starts[i - 1]
-                                 for i in range(full, 30))
+    kept_while_naive_moved = sum(anchored_starts[i] == anchored_starts[i - 1]
+                                 and naive_starts[i] != naive_starts[i - 1] for i in range(full, 30))
     assert naive_moves == 30 - full, naive_starts  # one-turn trimming: the start moves every turn
     assert anchored_moves <= naive_moves // 3, (anchored_starts, naive_starts)
     assert kept_while_naive_moved >= 2 * anchored_moves, (anchored_starts, naive_starts)

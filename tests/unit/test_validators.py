@@ -32,7 +32,7 @@ GOOD = [
     [SYS, user(), asst(None, "a", "b"), tool("b"), tool("a"), asst("done"), user("more")],
     [SYS, user(), asst("", "a"), tool("a"), {"role": "user", "content": [{"type": "text", "text": "images"}, IMG]},
      asst("seen")],
-    [user({"x": 1}.__class__.__name__), asst("x")],
+    [user("no system prompt"), asst("x")],
     [SYS, user(), user("again"), asst("merged for Anthropic")],
 ]
 
