@@ -279,7 +279,8 @@ def prefix_cache(tmp: Path, turns: int, budget: int, chunked: bool) -> dict[str,
             "prefix_tokens_total": sum(prefix_tokens), "prompt_tokens_total": sum(prompt_tokens),
             "weighted_prefix_ratio": round(sum(prefix_tokens) / max(1, sum(prompt_tokens)), 4),
             "avg_prefix_ratio_once_trimming": round(statistics.mean(trimmed), 4) if trimmed else None,
-            "first_trim_turn": first_trim, "window_start_changes": changes, "per_turn_ratio": [round(r, 3) for r in ratios]}
+            "first_trim_turn": first_trim, "window_start_changes": changes,
+            "per_turn_ratio": [round(r, 3) for r in ratios]}
 
 
 # -- main -------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ class TimedModel:
             yield ev
 
 
-def bench_turns(home: Path, turns: int, with_tool: bool) -> dict[str, Any]:
+def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0) -> dict[str, Any]:
     from litestar.testing import TestClient
 
     from datadesk.api.app import create_app
@@ -72,7 +72,11 @@ def bench_turns(home: Path, turns: int, with_tool: bool) -> dict[str, Any]:
     model = TimedModel(ScriptedModel(steps, chunk_size=16, max_recorded=2))
     rt = Runtime(settings=Settings(home=home, sandbox=SandboxSettings(backend="none"),
                                  summary=SummarySettings(enabled=False)), model=model)
-    _, token = rt.users.add(f"bench{int(with_tool)}", ["demo"])
+    name = f"bench{int(with_tool)}m{memory_facts}"
+    _, token = rt.users.add(name, ["demo"], ["memory"] if memory_facts else [])
+    for i in range(memory_facts):  # active facts, injected into every request
+        rt.memory.remember("demo", name, f"Preference {i}: report totals of building B{i:02d} in MWh",
+                           kind="preference", source="panel", user_asked=True)
     headers = {"Authorization": f"Bearer {token}"}
     totals, overheads, tool_ms = [], [], []
     with TestClient(create_app(rt)) as client:
@@ -84,7 +88,7 @@ def bench_turns(home: Path, turns: int, with_tool: bool) -> dict[str, Any]:
             total = time.perf_counter() - t0
             assert resp.status_code == 200 and '"status":"ok"' in resp.text, resp.text[-300:]
             tool_s = 0.0
-            for rec in ThreadLog(rt.threads.get(tid, f"bench{int(with_tool)}", ["demo"]).dir / "log.jsonl").tail(2):
+            for rec in ThreadLog(rt.threads.get(tid, name, ["demo"]).dir / "log.jsonl").tail(2):
                 if rec.role == "tool":
                     tool_s += (rec.meta or {}).get("duration_ms", 0.0) / 1000
             totals.append(total * 1000)
@@ -93,6 +97,7 @@ def bench_turns(home: Path, turns: int, with_tool: bool) -> dict[str, Any]:
     return {
         "turns": turns,
         "with_tool": with_tool,
+        "memory_facts": memory_facts,
         "overhead_ms_median": round(statistics.median(overheads), 2),
         "overhead_ms_p90": round(sorted(overheads)[int(0.9 * (len(overheads) - 1))], 2),
         "overhead_ms_first": round(overheads[0], 2),
@@ -146,12 +151,17 @@ def main() -> int:
         home = Path(tmp) / "var"
         ensure_demo_workspace(Layout(home))
         turn_rows = [bench_turns(home, turns, False), bench_turns(home, turns, True)]
+        cfg = Layout(home).workspace_config("demo")
+        cfg.write_text(cfg.read_text() + "memory = true\n")  # the same turn with memory injected
+        turn_rows.append(bench_turns(home, turns, False, memory_facts=20))
         tail_rows = bench_tail(Path(tmp), [100, records], reps)
 
     print("\nPlatform overhead per turn (scripted model; model and tool time excluded)")
     print(f"{'turn kind':<22}{'turns':>6}{'median ms':>11}{'p90 ms':>9}{'first':>8}{'last':>8}{'tool ms':>9}")
     for r in turn_rows:
         kind = "text answer" if not r["with_tool"] else "sql_query + answer"
+        if r["memory_facts"]:
+            kind = f"text + {r['memory_facts']} memory facts"
         print(f"{kind:<22}{r['turns']:>6}{r['overhead_ms_median']:>11}{r['overhead_ms_p90']:>9}"
               f"{r['overhead_ms_first']:>8}{r['overhead_ms_last']:>8}{r['tool_ms_median']:>9}")
     print("\nNewest 50 records of a thread log")

@@ -209,7 +209,8 @@ def check(built: BuiltContext, newest: Record, preamble: str | None) -> None:
 
 
 # DATADESK_PROPERTY_EXAMPLES=2000 explores further (a few minutes)
-@settings(max_examples=int(os.environ.get("DATADESK_PROPERTY_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=int(os.environ.get("DATADESK_PROPERTY_EXAMPLES", "150")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(plan=turns(), budget=st.integers(2_000, 6_000) | st.integers(2_000, 40_000), model=st.sampled_from(MODELS),
        preamble=st.none() | st.just("summary: the user analyses store revenue by month."))
 def test_random_threads_build_valid_requests(plan, budget, model, preamble) -> None:
