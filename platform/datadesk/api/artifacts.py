@@ -57,7 +57,7 @@ class ArtifactOut(msgspec.Struct):
 
 
 def artifact_out(rt: Runtime, thread_id: str, art: Artifact) -> ArtifactOut:
-    tool = rt.tools.get(art.origin.tool or "") if art.origin.source == "tool" else None
+    tool = rt.tools.get(art.origin.tool or "", art.origin.workspace) if art.origin.source == "tool" else None
     expires = art.last_used + rt.settings.offload.ttl_s if art.is_cache and art.available else None
     return ArtifactOut(
         id=art.id, thread=thread_id, kind=art.kind, format=art.format, status=art.status, rows=art.rows,

@@ -206,7 +206,7 @@ class TurnLoop:
                     )
             except asyncio.TimeoutError:
                 result = ToolResult(f"{call.name} timed out after {self.settings.tool_timeout_s:g} s", is_error=True)
-            tool = self.rt.tools.get(call.name)
+            tool = self.rt.tools.get(call.name, self.handle.meta.workspace)
             outcome = await self.rt.offload.process(tool.spec if tool else None, call.arguments, result, ctx, cap)
             result = outcome.result
             if outcome.artifact is not None:

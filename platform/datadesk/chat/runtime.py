@@ -189,7 +189,7 @@ class Runtime:
         disabled = set(cfg.disabled_tools)
         if not cfg.memory:  # memory off in this workspace: its tools would only cost tokens
             disabled |= {"remember", "forget"}
-        return [s for s in self.tools.permitted(user.permission_set) if s.name not in disabled]
+        return [s for s in self.tools.permitted(user.permission_set, workspace) if s.name not in disabled]
 
     def offload_capability(self, user: User, workspace: str, specs: list[ToolSpec]) -> OffloadCapability:
         """Large results go to files only when the model can read them: the python tool is in

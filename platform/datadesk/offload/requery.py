@@ -62,7 +62,7 @@ class RequeryService:
         if art.origin.source != "tool" or not art.origin.tool:
             raise ToolError(f"artifact {aid} is {describe_origin(art)}, not a tool result: it cannot be "
                             "re-run. Ask the user to provide it again.")
-        tool = self.registry.get(art.origin.tool)
+        tool = self.registry.get(art.origin.tool, art.origin.workspace)
         if tool is None:
             raise ToolError(f"the tool {art.origin.tool!r} that produced {aid} is not available any more")
         if not tool.spec.read_only:
@@ -126,7 +126,8 @@ class RequeryService:
                 continue
             if art.available:
                 continue
-            tool = self.registry.get(art.origin.tool or "") if art.origin.source == "tool" else None
+            tool = (self.registry.get(art.origin.tool or "", art.origin.workspace)
+                    if art.origin.source == "tool" else None)
             if auto and tool is not None and tool.spec.read_only:
                 try:
                     report = await self.requery(thread_dir, aid, ctx)

@@ -44,7 +44,9 @@ class ToolSpec(msgspec.Struct, frozen=True):
     permission: str | None = None
     offloadable: bool = True
     read_only: bool = False
-    source: str = "builtin"
+    source: str = "builtin"  # builtin | mcp:<server>
+    workspace: str | None = None  # None: every workspace; else only that workspace's requests
+    annotations: dict[str, Any] | None = None  # e.g. MCP tool annotations (readOnlyHint, ...)
 
     def openai_schema(self) -> dict[str, Any]:
         return {
@@ -95,37 +97,49 @@ class Tool:
 
 
 class ToolRegistry:
-    """Named tools in registration order (a stable order keeps prompt caches warm)."""
+    """Named tools in registration order (a stable order keeps prompt caches warm).
+
+    Built-in tools are global; MCP tools belong to one workspace (`spec.workspace`), so
+    two workspaces may each have a `crm__search` without seeing the other's.
+    """
 
     def __init__(self) -> None:
-        self._tools: dict[str, Tool] = {}
+        self._tools: dict[tuple[str, str], Tool] = {}
 
     def register(self, spec: ToolSpec, handler: Handler) -> None:
-        if spec.name in self._tools:
+        key = (spec.workspace or "", spec.name)
+        if key in self._tools or ("", spec.name) in self._tools:
             raise ValueError(f"tool {spec.name!r} is already registered")
         if spec.permission is not None and spec.permission not in PERMISSIONS:
             raise ValueError(f"tool {spec.name!r}: unknown permission {spec.permission!r}")
-        self._tools[spec.name] = Tool(spec, handler)
+        self._tools[key] = Tool(spec, handler)
 
-    def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
+    def unregister(self, name: str, workspace: str | None = None) -> None:
+        self._tools.pop((workspace or "", name), None)
 
-    def names(self) -> list[str]:
-        return list(self._tools)
+    def get(self, name: str, workspace: str | None = None) -> Tool | None:
+        if workspace:
+            hit = self._tools.get((workspace, name))
+            if hit is not None:
+                return hit
+        return self._tools.get(("", name))
 
-    def permitted(self, permissions: frozenset[str]) -> list[ToolSpec]:
-        """Specs the holder of `permissions` may call, in registration order."""
+    def names(self, workspace: str | None = None) -> list[str]:
+        return [n for (ws, n) in self._tools if ws in ("", workspace or "")]
+
+    def permitted(self, permissions: frozenset[str], workspace: str | None = None) -> list[ToolSpec]:
+        """Specs the holder of `permissions` may call (in `workspace`), in registration order."""
         return [
             t.spec
-            for t in self._tools.values()
-            if t.spec.permission is None or t.spec.permission in permissions
+            for (ws, _), t in self._tools.items()
+            if ws in ("", workspace or "") and (t.spec.permission is None or t.spec.permission in permissions)
         ]
 
     async def run(self, name: str, raw_arguments: str, ctx: ToolContext) -> ToolResult:
         """Run one call; every failure becomes an error result the model can act on."""
-        tool = self._tools.get(name)
+        tool = self.get(name, ctx.workspace)
         if tool is None:
-            known = ", ".join(s.name for s in self.permitted(ctx.permissions)) or "none"
+            known = ", ".join(s.name for s in self.permitted(ctx.permissions, ctx.workspace)) or "none"
             return ToolResult(f"unknown tool {name!r}; available tools: {known}", is_error=True)
         if tool.spec.permission and tool.spec.permission not in ctx.permissions:
             return ToolResult(
