@@ -40,6 +40,9 @@ def system_prompt(rt: Runtime, workspace: str) -> str:
     parts = [BASE_RULES]
     if cfg.prompt.strip():
         parts.append("## Workspace\n" + cfg.prompt.strip())
+    catalog = rt.skills.catalog_text(workspace)
+    if catalog:
+        parts.append(catalog)
     return "\n\n".join(parts)
 
 

@@ -35,6 +35,7 @@ from datadesk.tools.memory import memory_gate, register_memory_tools
 from datadesk.summary.store import SummaryStore
 from datadesk.summary.summarizer import Summarizer
 from datadesk.tools.history import register_compact_tool, register_history_tools
+from datadesk.tools.skills import SkillCatalog, register_skill_tool
 from datadesk.tools.python import PythonTool, register_python_tool
 from datadesk.tools.registry import ToolContext, ToolRegistry, ToolSpec
 from datadesk.tools.sql import register_sql_tool
@@ -95,6 +96,8 @@ class Runtime:
                           settings.offload.stream_timeout_s)
         register_artifact_tools(self.tools, self.requery)
         register_history_tools(self.tools)
+        self.skills = SkillCatalog(self.layout)
+        register_skill_tool(self.tools, self.skills)
         self.summaries = SummaryService(SummaryStore(settings.summary.revisions_kept),
                                         Summarizer(self.summary_model, settings.summary, count_tokens), settings.summary)
         register_compact_tool(self.tools, self.summaries)
@@ -113,7 +116,7 @@ class Runtime:
             self.kernels = build_kernel_registry(settings, self.layout)
             self.sandbox_health = self.kernels.health
             register_python_tool(self.tools, PythonTool(settings, self.kernels, self.artifacts, self.quota,
-                                                        self.requery))
+                                                        self.requery, self._auto_requery))
 
     async def start(self) -> None:
         """Start background work (kernel pool, reaper); called by the app at startup."""
@@ -127,6 +130,10 @@ class Runtime:
             task.cancel()
         if self.kernels is not None:
             await self.kernels.stop()
+
+    def _auto_requery(self, ws: str) -> bool:
+        flag = self.workspace(ws)[0].auto_requery
+        return self.settings.offload.auto_requery if flag is None else flag
 
     def _user_active(self, uid: str) -> bool:
         user = self.users.get(uid)
@@ -160,9 +167,11 @@ class Runtime:
             hit = self._workspaces.get(ws)
             if hit is None:
                 cfg = load_workspace(self.layout, ws)
+                wdir = self.layout.workspace_dir(ws)
                 wh = Warehouse(
                     warehouse_path(self.layout, ws, cfg),
                     self.layout.workspace_data_dir(ws),
+                    views={k: str(wdir / v) for k, v in cfg.views.items()},
                     timeout_s=self.settings.sql.timeout_s,
                 )
                 hit = self._workspaces[ws] = (cfg, wh)
@@ -189,7 +198,9 @@ class Runtime:
         disabled = set(cfg.disabled_tools)
         if not cfg.memory:  # memory off in this workspace: its tools would only cost tokens
             disabled |= {"remember", "forget"}
-        return [s for s in self.tools.permitted(user.permission_set, workspace) if s.name not in disabled]
+        perms = user.permission_set
+        return [s for s in self.tools.permitted(perms, workspace) if s.name not in disabled
+                and cfg.tool_permissions.get(s.name, None) in (None, *perms)]
 
     def offload_capability(self, user: User, workspace: str, specs: list[ToolSpec]) -> OffloadCapability:
         """Large results go to files only when the model can read them: the python tool is in

@@ -282,13 +282,19 @@ class Warehouse:
     its own connection.
     """
 
-    def __init__(self, db_path: Path, data_dir: Path, timeout_s: float, max_rows: int = 100_000) -> None:
+    def __init__(self, db_path: Path, data_dir: Path, timeout_s: float, max_rows: int = 100_000,
+                 views: dict[str, str] | None = None) -> None:
+        """`views`: name -> absolute file or glob (Parquet/CSV) inside `data_dir`, exposed as views
+        (then the DuckDB file, if any, is attached read-only and its tables shown as views too)."""
+        self.views = dict(views or {})
         self.db_path = Path(db_path).absolute()
         self.data_dir = Path(data_dir).absolute()
         self.timeout_s = float(timeout_s)
         self.max_rows = int(max_rows)
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
+        if self.views:
+            return self._connect_views()
         if not self.db_path.is_file():
             raise SQLError(f"warehouse not found: this workspace has no {self.db_path.name}")
         allowed = str(self.data_dir).rstrip("/") + "/"
@@ -320,6 +326,31 @@ class Warehouse:
                 if isinstance(exc, duckdb.Error):
                     raise SQLError(f"cannot lock down the warehouse connection: {_short(exc)}") from None
                 raise
+        return con
+
+    def _connect_views(self) -> duckdb.DuckDBPyConnection:
+        """An in-memory database whose views read the workspace's files (and its DuckDB file,
+        attached read-only), locked down the same way before any user SQL runs."""
+        allowed = str(self.data_dir).rstrip("/") + "/"
+        con = duckdb.connect(":memory:", config=dict(_CONNECT_CONFIG))
+        try:
+            con.execute("SET enable_progress_bar=false")
+            if self.db_path.is_file():
+                con.execute(f"ATTACH {_sql_literal(str(self.db_path))} AS wh (READ_ONLY)")
+                for (table,) in con.execute(
+                        "SELECT table_name FROM duckdb_tables() WHERE database_name = 'wh' "
+                        "UNION SELECT view_name FROM duckdb_views() WHERE database_name = 'wh' "
+                        "AND NOT internal").fetchall():
+                    con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM wh."{table}"')
+            for name, target in self.views.items():
+                reader = "read_parquet" if target.lower().endswith(".parquet") else "read_csv_auto"
+                con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {reader}({_sql_literal(target)})')
+            con.execute(f"SET allowed_directories=[{_sql_literal(allowed)}]")
+            con.execute("SET enable_external_access=false")
+            con.execute("SET lock_configuration=true")
+        except duckdb.Error as exc:
+            con.close()
+            raise SQLError(f"cannot open the warehouse views: {_short(exc)}") from None
         return con
 
     def query_sync(self, sql: str) -> QueryResult:

@@ -15,7 +15,7 @@ import mimetypes
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
@@ -52,8 +52,11 @@ def _cap(text: str, head: int, tail: int) -> str:
 
 class PythonTool:
     def __init__(self, settings: Settings, kernels: KernelRegistry, store: ArtifactStore,
-                 quota: ArtifactQuota, requery: RequeryService) -> None:
+                 quota: ArtifactQuota, requery: RequeryService,
+                 auto_requery: Callable[[str], bool] | None = None) -> None:
         self.settings = settings
+        # per workspace (workspace.toml `auto_requery`), else the server setting
+        self.auto_requery = auto_requery or (lambda ws: settings.offload.auto_requery)
         self.kernels = kernels
         self.store = store
         self.quota = quota
@@ -67,7 +70,7 @@ class PythonTool:
             raise ToolError(f"code is too long ({len(code):,} chars; limit {MAX_CODE_CHARS:,})")
         refs = sorted(set(_DATA_REF.findall(code)))
         problems = await self.requery.ensure_available(ctx.thread_dir, refs, ctx,
-                                                       auto=self.settings.offload.auto_requery)
+                                                       auto=self.auto_requery(ctx.workspace))
         if refs:
             self.store.touch(ctx.thread_dir, refs)  # named by code = used: keeps it in the cache
         timeout = args.get("timeout_s")
