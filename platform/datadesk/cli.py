@@ -103,6 +103,13 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     count_tokens("warm up")  # load the tokenizer now, not in the first user's turn
     rt = Runtime(settings=settings, model=build_model(settings))
+    from datadesk.store.workspaces import WorkspaceConfigError
+
+    try:
+        rt.validate_workspaces()  # a bad workspace.toml fails now, naming the file and the key
+    except WorkspaceConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
     admin = next((u for u in rt.users.list() if "admin" in u.permissions and not u.revoked), None)
     host, port = settings.server.host, settings.server.port
     base = settings.server.public_url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"

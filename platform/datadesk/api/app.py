@@ -20,6 +20,7 @@ from datadesk import __version__
 from datadesk.api.artifacts import ArtifactController
 from datadesk.api.auth import provide_runtime, provide_user
 from datadesk.api.memory import MemoryController
+from datadesk.api.workspace import WorkspaceController
 from datadesk.api.session import SessionController
 from datadesk.api.threads import ThreadController
 from datadesk.chat.runtime import Runtime
@@ -106,6 +107,7 @@ def create_app(rt: Runtime) -> Litestar:
             ThreadController,
             ArtifactController,
             MemoryController,
+            WorkspaceController,
             index,
             create_static_files_router(path="/static", directories=[WEB_DIR], include_in_schema=False),
         ],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+import msgspec
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -41,6 +43,22 @@ from datadesk.tools.registry import ToolContext, ToolRegistry, ToolSpec
 from datadesk.tools.sql import register_sql_tool
 
 PYTHON_TOOL = "python"
+
+
+def validate_mcp_config(path: Path, cfg: WorkspaceConfig) -> dict[str, Any]:
+    """The `[mcp.<server>]` tables as MCPServerConfig, or WorkspaceConfigError naming file and key."""
+    from datadesk.store.workspaces import WorkspaceConfigError
+    from datadesk.tools.mcp import MCPServerConfig
+
+    servers = {}
+    for name, raw in cfg.mcp.items():
+        try:
+            server = msgspec.convert(raw, MCPServerConfig)
+            server.validate(name)
+        except (msgspec.ValidationError, ValueError) as exc:
+            raise WorkspaceConfigError(f"{path}: key 'mcp.{name}': {exc}") from None
+        servers[name] = server
+    return servers
 
 
 def build_kernel_registry(settings: Settings, layout: Layout) -> KernelRegistry:
@@ -130,6 +148,20 @@ class Runtime:
             task.cancel()
         if self.kernels is not None:
             await self.kernels.stop()
+
+    def mcp_status(self, ws: str) -> list[dict[str, Any]]:
+        """MCP servers of a workspace with state, tools and masked config ([] without MCP)."""
+        return self.mcp.status(ws) if getattr(self, "mcp", None) is not None else []
+
+    def validate_workspaces(self) -> list[str]:
+        """Read every workspace's config now, so a bad file fails at start (file, key, problem)."""
+        root = self.layout.workspaces_dir
+        names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+            if root.is_dir() else []
+        for ws in names:
+            cfg, _ = self.workspace(ws)
+            validate_mcp_config(self.layout.workspace_config(ws), cfg)
+        return names
 
     def _auto_requery(self, ws: str) -> bool:
         flag = self.workspace(ws)[0].auto_requery

@@ -1,0 +1,49 @@
+"""`GET /api/workspace` (admins): data sources, MCP servers with state and tools, skills, flags.
+Secrets are masked: environment/header values never leave the server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Controller, get
+from litestar.exceptions import NotFoundException, PermissionDeniedException
+from litestar.params import FromQuery
+
+from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.domain.ids import check_id
+from datadesk.store.warehouse import SQLError
+
+
+class WorkspaceController(Controller):
+    path = "/api/workspace"
+
+    @get("/")
+    async def workspace(self, user: CurrentUser, rt: RuntimeDep,
+                        workspace: FromQuery[str | None] = None) -> dict[str, Any]:
+        if not user.can("admin"):
+            raise PermissionDeniedException("the workspace view is for admins")
+        ws = workspace or user.workspaces[0]
+        check_id(ws, "workspace")
+        if ws not in user.workspaces:
+            raise NotFoundException(f"workspace {ws!r} not found")
+        cfg, wh = rt.workspace(ws)
+        try:
+            tables = [msgspec.to_builtins(t) for t in wh.describe()]
+            warehouse_error = None
+        except SQLError as exc:
+            tables, warehouse_error = [], str(exc)
+        return {
+            "workspace": ws,
+            "name": cfg.name,
+            "prompt": cfg.prompt,
+            "data": {"warehouse": cfg.warehouse, "views": cfg.views, "tables": tables, "error": warehouse_error},
+            "mcp": rt.mcp_status(ws),
+            "skills": [{"name": s.name, "description": s.description} for s in rt.skills.skills(ws)],
+            "flags": {"memory": cfg.memory, "memory_extraction": cfg.memory_extraction,
+                      "auto_requery": rt._auto_requery(ws)},
+            "disabled_tools": cfg.disabled_tools,
+            "tool_permissions": cfg.tool_permissions,
+            "tools": [{"name": s.name, "source": s.source, "read_only": s.read_only, "permission": s.permission}
+                      for s in rt.tools.permitted(frozenset({"code_execution", "memory", "admin"}), ws)],
+        }

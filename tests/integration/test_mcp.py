@@ -1,0 +1,346 @@
+"""MCP client manager against real MCP servers over stdio (real subprocesses).
+
+(a) our own fake server (tests/fakes/mcp_server.py, written with the SDK):
+listing and namespacing, annotations, calls through `ToolRegistry.run`, big
+text, timeouts, images, error results, a crash and the restart, stderr
+redaction, allow-lists, `${env:...}` secrets and their masking, clean stop.
+
+(b) the third-party `mcp-server-duckdb` on a 200,000-row DuckDB file.
+mcp-server-duckdb 1.1.0 is written against the mcp 1.x server API and does not
+start next to mcp 2.x, so it needs its own environment, e.g.
+`python -m venv .venv-mcp-duckdb && .venv-mcp-duckdb/bin/pip install mcp-server-duckdb "mcp<2"`;
+point DATADESK_MCP_DUCKDB at its console script. Without a usable one the test
+skips (DATADESK_REQUIRE_MCP_DUCKDB=1 makes that a failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from datadesk.tools.mcp import MCPManager, MCPServerConfig, exposed_tool_name, mask, masked_config
+from datadesk.tools.registry import ToolContext, ToolRegistry, ToolResult
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = [sys.executable, str(ROOT / "tests" / "fakes" / "mcp_server.py")]
+WS = "demo"
+
+
+def ctx(tmp_path: Path, ws: str = WS) -> ToolContext:
+    tdir = tmp_path / "thread"
+    tdir.mkdir(exist_ok=True)
+    return ToolContext(workspace=ws, user="ann", thread="t1", permissions=frozenset(), workspace_dir=tmp_path,
+                       thread_dir=tdir, call_id="c1")
+
+
+async def call(reg: ToolRegistry, c: ToolContext, name: str, **args: Any) -> ToolResult:
+    return await reg.run(name, json.dumps(args), c)
+
+
+async def wait_for(pred, timeout: float = 20.0, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        await asyncio.sleep(step)
+    return pred()
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def one(status: list[dict], name: str) -> dict:
+    return next(s for s in status if s["name"] == name)
+
+
+# -- pure helpers ------------------------------------------------------------------------
+def test_config_validation_and_masking() -> None:
+    with pytest.raises(ValueError, match="'both'.*exactly one of `command`"):
+        MCPServerConfig(command=["x"], url="http://h/mcp").validate("both")
+    with pytest.raises(ValueError, match="'none'.*exactly one"):
+        MCPServerConfig().validate("none")
+    with pytest.raises(ValueError, match="'bad'.*`timeout_s`"):
+        MCPServerConfig(command=["x"], timeout_s=0).validate("bad")
+    with pytest.raises(ValueError, match="`env.TOKEN` must be"):
+        MCPServerConfig(command=["x"], env={"TOKEN": "pre-${env:X}"}).validate("s")
+    with pytest.raises(ValueError, match="name"):
+        MCPServerConfig(command=["x"]).validate("no spaces")
+    MCPServerConfig(url="https://example.invalid/mcp", headers={"Authorization": "${env:T}"}).validate("ok")
+
+    cfg = MCPServerConfig(url="https://user:pw@example.invalid/mcp?token=abc123",
+                          headers={"Authorization": "Bearer literal-secret", "X-Key": "${env:API_KEY}"})
+    shown = masked_config(cfg)
+    assert shown["headers"] == {"Authorization": "***", "X-Key": "${env:API_KEY}"}
+    assert "pw" not in shown["url"] and "abc123" not in shown["url"]
+    assert mask("${env:A}") == "${env:A}" and mask("plain") == "***"
+
+
+def test_tool_names_fit_openai() -> None:
+    import re
+
+    ok = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+    assert exposed_tool_name("fake", "echo") == "fake__echo"
+    long_a = exposed_tool_name("srv", "x" * 80 + "a")
+    long_b = exposed_tool_name("srv", "x" * 80 + "b")
+    assert ok.match(long_a) and ok.match(long_b) and long_a != long_b
+    dotted = exposed_tool_name("srv", "files.read/all")
+    assert ok.match(dotted) and dotted == "srv__files_read_all"
+    assert exposed_tool_name("srv", "a.b", taken={"srv__a_b"}) != "srv__a_b"
+
+
+# -- (a) our own server ----------------------------------------------------------------------
+def test_fake_server_end_to_end(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog.set_level(logging.INFO, logger="datadesk.mcp.fake")
+    monkeypatch.setenv("FAKE_TOKEN", "s3cr3t-value-xyz")
+    monkeypatch.setenv("APP_ONLY_SECRET", "never-passed-on")
+    saved: list[tuple[bytes, str]] = []
+
+    def save_image(c: ToolContext, data: bytes, mime: str) -> str:
+        saved.append((data, mime))
+        return f"a_img{len(saved)}"
+
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg, save_image=save_image)
+        cfg = MCPServerConfig(command=FAKE, env={"FAKE_TOKEN": "${env:FAKE_TOKEN}", "PLAIN": "visible"},
+                              read_only_tools=["secret_hint"], timeout_s=30)
+        await mgr.start_workspace(WS, {"fake": cfg}, tmp_path)
+        c = ctx(tmp_path)
+        try:
+            st = one(mgr.status(WS), "fake")
+            assert st["state"] == "up", st
+            assert st["transport"] == "stdio"
+            names = set(reg.names(WS))
+            assert {"fake__echo", "fake__rows", "fake__slow", "fake__crash", "fake__image", "fake__fail",
+                    "fake__env", "fake__pid", "fake__secret_hint"} <= names
+            assert set(st["tools"]) == {n for n in names if n.startswith("fake__")}
+            # only the workspace sees them
+            assert "fake__echo" not in reg.names("other")
+            echo = reg.get("fake__echo", WS).spec
+            assert echo.source == "mcp:fake" and echo.workspace == WS and echo.offloadable
+            assert echo.read_only and echo.annotations == {"readOnlyHint": True}
+            assert echo.parameters["required"] == ["text"]
+            assert not reg.get("fake__slow", WS).spec.read_only
+            assert reg.get("fake__secret_hint", WS).spec.read_only  # declared by config
+            assert [s.name for s in reg.permitted(frozenset(), WS)] == list(reg.names(WS))
+
+            r = await call(reg, c, "fake__echo", text="hello")
+            assert (r.content, r.is_error) == ("hello", False)
+            assert r.meta["mcp_server"] == "fake" and r.meta["mcp_tool"] == "echo"
+
+            r = await call(reg, c, "fake__rows", n=20000)
+            assert not r.is_error and len(r.content) > 500_000
+            rows = json.loads(r.content)
+            assert len(rows) == 20000 and rows[-1]["id"] == 19999
+
+            r = await call(reg, c, "fake__image")
+            assert not r.is_error and r.meta["images"] == ["a_img1"]
+            assert "image: artifact a_img1" in r.content
+            assert saved[0][1] == "image/png" and saved[0][0].startswith(b"\x89PNG")
+
+            r = await call(reg, c, "fake__fail")
+            assert r.is_error and "failed on purpose" in r.content
+
+            # the ${env:...} secret reaches the server; the app's other variables do not
+            r = await call(reg, c, "fake__env", name="FAKE_TOKEN")
+            assert r.content == "s3cr3t-value-xyz"
+            assert (await call(reg, c, "fake__env", name="PLAIN")).content == "visible"
+            assert (await call(reg, c, "fake__env", name="APP_ONLY_SECRET")).content == ""
+            shown = json.dumps(mgr.status(WS))
+            assert "s3cr3t-value-xyz" not in shown and "visible" not in shown
+            assert one(mgr.status(WS), "fake")["config"]["env"] == {"FAKE_TOKEN": "${env:FAKE_TOKEN}",
+                                                                     "PLAIN": "***"}
+
+            # stderr is logged line by line, redacted
+            def logged() -> list[str]:
+                return [r.getMessage() for r in caplog.records if r.name == "datadesk.mcp.fake"]
+
+            assert await wait_for(lambda: any("fake mcp server starting" in m for m in logged()), 5)
+            line = next(m for m in logged() if "fake mcp server starting" in m)
+            assert "sk-live-abcdef123456" not in line and "[REDACTED]" in line
+            assert not any("sk-live-abcdef123456" in m for m in logged())
+
+            pid = int((await call(reg, c, "fake__pid")).content)
+            assert alive(pid)
+        finally:
+            await mgr.stop()
+        assert reg.names(WS) == []
+        assert not alive(pid), "the server process survived stop()"
+
+    asyncio.run(main())
+
+
+def test_timeout_then_still_answers(tmp_path: Path) -> None:
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg)
+        await mgr.start_workspace(WS, {"fake": MCPServerConfig(command=FAKE, timeout_s=1)}, tmp_path)
+        c = ctx(tmp_path)
+        try:
+            t0 = time.monotonic()
+            r = await call(reg, c, "fake__slow", seconds=5)
+            assert time.monotonic() - t0 < 4
+            assert r.is_error and "did not answer within 1 s" in r.content
+            r = await call(reg, c, "fake__echo", text="still here")
+            assert (r.content, r.is_error) == ("still here", False)
+            assert one(mgr.status(WS), "fake")["state"] == "up"
+        finally:
+            await mgr.stop()
+
+    asyncio.run(main())
+
+
+def test_crash_is_reported_and_server_restarts(tmp_path: Path) -> None:
+    flag = tmp_path / "tools.txt"
+
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg)
+        cfg = MCPServerConfig(command=FAKE, env={"FAKE_MCP_TOOLS_FILE": str(flag)})
+        await mgr.start_workspace(WS, {"fake": cfg}, tmp_path)
+        c = ctx(tmp_path)
+        try:
+            pid1 = int((await call(reg, c, "fake__pid")).content)
+            assert "fake__extra" not in reg.names(WS)
+            flag.write_text("extra")  # the restarted server offers one more tool
+
+            r = await call(reg, c, "fake__crash")
+            assert r.is_error and "the MCP server fake is down" in r.content and "restarted" in r.content
+            # while down: tools stay registered and answer a clear error
+            assert "fake__echo" in reg.names(WS)
+            st = one(mgr.status(WS), "fake")
+            if st["state"] != "up":
+                r = await call(reg, c, "fake__echo", text="x")
+                assert r.is_error and "the MCP server fake is down" in r.content
+                assert one(mgr.status(WS), "fake")["last_error"]
+
+            assert await wait_for(lambda: one(mgr.status(WS), "fake")["state"] == "up", 20)
+            st = one(mgr.status(WS), "fake")
+            assert st["restarts"] >= 1 and st["last_error"] is None
+            r = await call(reg, c, "fake__echo", text="back")
+            assert (r.content, r.is_error) == ("back", False)
+            pid2 = int((await call(reg, c, "fake__pid")).content)
+            assert pid2 != pid1 and not alive(pid1)
+            assert "fake__extra" in reg.names(WS)  # re-listed after the reconnect
+            assert (await call(reg, c, "fake__extra")).content == "extra"
+        finally:
+            await mgr.stop()
+        assert not alive(pid2)
+
+    asyncio.run(main())
+
+
+def test_allow_list_missing_secret_and_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DATADESK_TEST_MISSING", raising=False)
+
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg)
+        servers = {
+            "fake": MCPServerConfig(command=FAKE, allow_tools=["echo", "rows"]),
+            "nosecret": MCPServerConfig(command=FAKE, env={"TOKEN": "${env:DATADESK_TEST_MISSING}"}),
+            "off": MCPServerConfig(command=FAKE, enabled=False),
+            "nocmd": MCPServerConfig(command=["/nonexistent/mcp-server-binary"]),
+        }
+        await mgr.start_workspace(WS, servers, tmp_path)
+        c = ctx(tmp_path)
+        try:
+            st = {s["name"]: s for s in mgr.status(WS)}
+            assert st["fake"]["state"] == "up"
+            assert sorted(st["fake"]["tools"]) == ["fake__echo", "fake__rows"]
+            assert sorted(reg.names(WS)) == ["fake__echo", "fake__rows"]
+            assert st["nosecret"]["state"] == "down"
+            assert "DATADESK_TEST_MISSING" in st["nosecret"]["last_error"]
+            assert "not set" in st["nosecret"]["last_error"]
+            assert st["off"]["state"] == "disabled" and st["off"]["tools"] == []
+            assert st["nocmd"]["state"] in ("down", "starting") and st["nocmd"]["tools"] == []
+            assert "nonexistent" in (st["nocmd"]["last_error"] or "")
+            r = await call(reg, c, "fake__crash")
+            assert r.is_error and "unknown tool" in r.content
+            assert (await call(reg, c, "fake__echo", text="ok")).content == "ok"
+        finally:
+            await mgr.stop()
+
+    asyncio.run(main())
+
+
+# -- (b) mcp-server-duckdb ------------------------------------------------------------------------
+def _duckdb_server_command() -> list[str] | None:
+    env = os.environ.get("DATADESK_MCP_DUCKDB")
+    if env:
+        return shlex.split(env)
+    for cand in (ROOT / ".venv-mcp-duckdb" / "bin" / "mcp-server-duckdb",):
+        if cand.exists():
+            return [str(cand)]
+    found = shutil.which("mcp-server-duckdb")
+    return [found] if found else None
+
+
+def test_mcp_server_duckdb(tmp_path: Path) -> None:
+    import duckdb
+
+    required = os.environ.get("DATADESK_REQUIRE_MCP_DUCKDB") == "1"
+    cmd = _duckdb_server_command()
+    if cmd is None:
+        if required:
+            pytest.fail("mcp-server-duckdb not found (set DATADESK_MCP_DUCKDB)")
+        pytest.skip("mcp-server-duckdb not installed (set DATADESK_MCP_DUCKDB to its console script)")
+    db = tmp_path / "sales.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE t AS SELECT i::INTEGER AS id, 'name ' || i AS name, (i * 0.5)::DOUBLE AS amount, "
+                "DATE '2024-01-01' + (i % 365)::INTEGER AS day FROM range(200000) r(i)")
+    con.close()
+
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg)
+        cfg = MCPServerConfig(command=[*cmd, "--db-path", str(db), "--readonly"], timeout_s=120,
+                              startup_timeout_s=60)
+        await mgr.start_workspace(WS, {"duckdb": cfg}, tmp_path)
+        c = ctx(tmp_path)
+        try:
+            st = one(mgr.status(WS), "duckdb")
+            if st["state"] != "up":
+                msg = (f"mcp-server-duckdb ({' '.join(cmd)}) is not usable here: {st['last_error']} "
+                       "(1.1.0 needs mcp<2: install it in its own venv and set DATADESK_MCP_DUCKDB)")
+                if required:
+                    pytest.fail(msg)
+                pytest.skip(msg)
+            assert st["tools"] == ["duckdb__query"]
+            spec = reg.get("duckdb__query", WS).spec
+            assert spec.parameters["required"] == ["query"] and not spec.read_only
+
+            r = await call(reg, c, "duckdb__query", query="SELECT * FROM t ORDER BY id")
+            assert not r.is_error
+            # The server returns str(cursor.fetchall()): a Python repr of a list of tuples.
+            assert r.content.startswith("[(0, 'name 0', 0.0, datetime.date(2024, 1, 1)), "
+                                        "(1, 'name 1', 0.5, datetime.date(2024, 1, 2)), ")
+            assert r.content.endswith("(199999, 'name 199999', 99999.5, datetime.date(2024, 12, 5))]")
+            assert r.content.count("), (") == 199_999
+
+            # errors are plain text, not isError results
+            r = await call(reg, c, "duckdb__query", query="SELECT * FROM missing_table")
+            assert not r.is_error and r.content.startswith("Database error: Catalog Error")
+            r = await call(reg, c, "duckdb__query", query="CREATE TABLE z (a INTEGER)")
+            assert r.content.startswith("Database error:") and "read-only" in r.content
+        finally:
+            await mgr.stop()
+
+    asyncio.run(main())
