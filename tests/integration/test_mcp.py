@@ -43,8 +43,8 @@ def ctx(tmp_path: Path, ws: str = WS) -> ToolContext:
                        thread_dir=tdir, call_id="c1")
 
 
-async def call(reg: ToolRegistry, c: ToolContext, name: str, **args: Any) -> ToolResult:
-    return await reg.run(name, json.dumps(args), c)
+async def call(reg: ToolRegistry, c: ToolContext, tool: str, /, **args: Any) -> ToolResult:
+    return await reg.run(tool, json.dumps(args), c)
 
 
 async def wait_for(pred, timeout: float = 20.0, step: float = 0.1) -> bool:
