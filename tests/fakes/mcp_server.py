@@ -10,8 +10,10 @@ Tools:
 - `crash()`: the process exits with status 1 in the middle of the call.
 - `image()`: a small PNG image content.
 - `fail()`: an error result (isError).
-- `env(name)` (read-only hint): the value of an environment variable ("" when unset).
+- `env(name)` (read-only hint): the value of an environment variable ("<unset>" when unset).
 - `pid()` (read-only hint): the server's process id.
+- `header(name)` (read-only hint): a request header (streamable HTTP).
+- `add_tool()`: adds `late()` and sends notifications/tools/list_changed.
 - `secret_hint()`: no hint, used to test `read_only_tools`.
 
 At start it writes a line with a fake secret to stderr (to test log redaction).
@@ -29,7 +31,7 @@ import struct
 import sys
 import zlib
 
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
@@ -90,7 +92,7 @@ def fail() -> str:
 @server.tool(annotations=RO, structured_output=False)
 def env(name: str) -> str:
     """The value of an environment variable of the server process."""
-    return os.environ.get(name, "")
+    return os.environ.get(name, "<unset>")
 
 
 @server.tool(annotations=RO, structured_output=False)
@@ -103,6 +105,26 @@ def pid() -> str:
 def secret_hint() -> str:
     """No read-only hint: declared read-only by configuration in tests."""
     return "ok"
+
+
+@server.tool(annotations=RO, structured_output=False)
+def header(name: str, ctx: Context) -> str:
+    """The value of a request header (streamable HTTP only; "<unset>" otherwise)."""
+    headers = ctx.headers or {}
+    return next((v for k, v in headers.items() if k.lower() == name.lower()), "<unset>")
+
+
+@server.tool(structured_output=False)
+async def add_tool(ctx: Context) -> str:
+    """Add the tool `late()` and tell the client the tool list changed."""
+
+    def late() -> str:
+        """Added at run time."""
+        return "late"
+
+    server.add_tool(late, name="late", annotations=RO, structured_output=False)
+    await ctx.session.send_tool_list_changed()
+    return "added"
 
 
 def _maybe_extra() -> None:

@@ -162,7 +162,7 @@ def test_fake_server_end_to_end(tmp_path: Path, caplog: pytest.LogCaptureFixture
             r = await call(reg, c, "fake__env", name="FAKE_TOKEN")
             assert r.content == "s3cr3t-value-xyz"
             assert (await call(reg, c, "fake__env", name="PLAIN")).content == "visible"
-            assert (await call(reg, c, "fake__env", name="APP_ONLY_SECRET")).content == ""
+            assert (await call(reg, c, "fake__env", name="APP_ONLY_SECRET")).content == "<unset>"
             shown = json.dumps(mgr.status(WS))
             assert "s3cr3t-value-xyz" not in shown and "visible" not in shown
             assert one(mgr.status(WS), "fake")["config"]["env"] == {"FAKE_TOKEN": "${env:FAKE_TOKEN}",
@@ -176,6 +176,12 @@ def test_fake_server_end_to_end(tmp_path: Path, caplog: pytest.LogCaptureFixture
             line = next(m for m in logged() if "fake mcp server starting" in m)
             assert "sk-live-abcdef123456" not in line and "[REDACTED]" in line
             assert not any("sk-live-abcdef123456" in m for m in logged())
+
+            # notifications/tools/list_changed: the new tool is registered
+            assert "fake__late" not in reg.names(WS)
+            assert (await call(reg, c, "fake__add_tool")).content == "added"
+            assert await wait_for(lambda: "fake__late" in reg.names(WS), 5)
+            assert (await call(reg, c, "fake__late")).content == "late"
 
             pid = int((await call(reg, c, "fake__pid")).content)
             assert alive(pid)
@@ -332,7 +338,7 @@ def test_mcp_server_duckdb(tmp_path: Path) -> None:
             # The server returns str(cursor.fetchall()): a Python repr of a list of tuples.
             assert r.content.startswith("[(0, 'name 0', 0.0, datetime.date(2024, 1, 1)), "
                                         "(1, 'name 1', 0.5, datetime.date(2024, 1, 2)), ")
-            assert r.content.endswith("(199999, 'name 199999', 99999.5, datetime.date(2024, 12, 5))]")
+            assert r.content.endswith("(199999, 'name 199999', 99999.5, datetime.date(2024, 12, 10))]")
             assert r.content.count("), (") == 199_999
 
             # errors are plain text, not isError results
@@ -344,3 +350,82 @@ def test_mcp_server_duckdb(tmp_path: Path) -> None:
             await mgr.stop()
 
     asyncio.run(main())
+
+
+# -- streamable HTTP -------------------------------------------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_http_server(port: int) -> "subprocess.Popen[bytes]":
+    import subprocess
+    import urllib.request
+
+    proc = subprocess.Popen([*FAKE, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/mcp", timeout=1)
+        except OSError as exc:
+            if getattr(exc, "code", None):  # an HTTP error status: the server answers
+                return proc
+            time.sleep(0.1)
+        else:
+            return proc
+    proc.kill()
+    raise RuntimeError("the fake HTTP MCP server did not start")
+
+
+def test_streamable_http_server_and_reconnect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_HTTP_TOKEN", "http-secret-123456")
+    port = _free_port()
+    proc = _start_http_server(port)
+
+    async def main() -> None:
+        nonlocal proc
+        reg = ToolRegistry()
+        mgr = MCPManager(reg)
+        cfg = MCPServerConfig(url=f"http://127.0.0.1:{port}/mcp", timeout_s=10,
+                              headers={"X-Api-Key": "${env:FAKE_HTTP_TOKEN}"})
+        await mgr.start_workspace(WS, {"web": cfg}, tmp_path)
+        c = ctx(tmp_path)
+        try:
+            st = one(mgr.status(WS), "web")
+            assert st["state"] == "up" and st["transport"] == "http", st
+            assert st["config"]["headers"] == {"X-Api-Key": "${env:FAKE_HTTP_TOKEN}"}
+            assert "http-secret-123456" not in json.dumps(mgr.status(WS))
+            r = await call(reg, c, "web__echo", text="over http")
+            assert (r.content, r.is_error) == ("over http", False)
+            # the ${env:...} header is resolved and sent
+            assert (await call(reg, c, "web__header", name="X-Api-Key")).content == "http-secret-123456"
+
+            proc.kill()
+            proc.wait()
+            r = await call(reg, c, "web__echo", text="x")
+            assert r.is_error and "the MCP server web" in r.content, r.content
+            proc = await asyncio.to_thread(_start_http_server, port)
+
+            async def back() -> bool:
+                r = await call(reg, c, "web__echo", text="again")
+                return not r.is_error and r.content == "again"
+
+            deadline = time.monotonic() + 40
+            ok = False
+            while time.monotonic() < deadline and not ok:
+                ok = await back()
+                if not ok:
+                    await asyncio.sleep(0.5)
+            assert ok, mgr.status(WS)
+            assert one(mgr.status(WS), "web")["restarts"] >= 1
+        finally:
+            await mgr.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        proc.kill()
+        proc.wait()

@@ -33,6 +33,7 @@ from datadesk.tools.artifacts import register_artifact_tools
 from datadesk.memory.extraction import MemoryExtractor
 from datadesk.memory.store import MemoryStore
 from datadesk.summary.service import SummaryService
+from datadesk.tools.mcp import MCPManager
 from datadesk.tools.memory import memory_gate, register_memory_tools
 from datadesk.summary.store import SummaryStore
 from datadesk.summary.summarizer import Summarizer
@@ -125,6 +126,7 @@ class Runtime:
         self.extractor = MemoryExtractor(self.memory, self.summary_model, settings.memory,
                                          user_exists=self._user_active)
         self._background: set[asyncio.Task[Any]] = set()
+        self.mcp = MCPManager(self.tools, save_image=self._save_tool_image)
         self.calibration = Calibration(self.layout.home / "calibration.json", settings.context.calibration_margin)
         self.context = ContextBuilder(settings.context, count_tokens, self.calibration,
                                       self._artifact_status, self._image_bytes)
@@ -137,17 +139,45 @@ class Runtime:
                                                         self.requery, self._auto_requery))
 
     async def start(self) -> None:
-        """Start background work (kernel pool, reaper); called by the app at startup."""
+        """Start background work (kernel pool, reaper, MCP servers); called by the app at startup."""
         if self.kernels is not None:
             await self.kernels.start()
+        for ws in self.validate_workspaces():
+            cfg, _ = self.workspace(ws)
+            if cfg.mcp:
+                servers = validate_mcp_config(self.layout.workspace_config(ws), cfg)
+                await self.mcp.start_workspace(ws, servers, self.layout.workspace_dir(ws))
 
     async def stop(self) -> None:
         await self.turns.cancel_all()
         await self.summaries.drain()
         for task in list(self._background):
             task.cancel()
+        await self.mcp.stop()
         if self.kernels is not None:
             await self.kernels.stop()
+
+    def _save_tool_image(self, ctx: ToolContext, data: bytes, mime: str) -> str:
+        """An image a tool returned (MCP): kept as an artifact, sent to vision models as an image."""
+        import hashlib
+        import time
+
+        from datadesk.domain.artifacts import Artifact, ArtifactOrigin
+        from datadesk.offload.store import artifacts_dir, new_artifact_id
+        from datadesk.store.files import write_atomic
+
+        ext = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}.get(mime, "png")
+        aid = new_artifact_id()
+        path = artifacts_dir(ctx.thread_dir) / f"{aid}.{ext}"
+        write_atomic(path, data)
+        now = time.time()
+        art = Artifact(id=aid, kind="result", format="jpeg" if ext == "jpg" else ext, file=path.name,
+                       origin=ArtifactOrigin(source="tool", user=ctx.user, thread=ctx.thread,
+                                             workspace=ctx.workspace, call_id=ctx.call_id),
+                       created=now, last_used=now, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                       media_type=mime)
+        self.artifacts.save(ctx.thread_dir, art, ctx.epoch)
+        return aid
 
     def mcp_status(self, ws: str) -> list[dict[str, Any]]:
         """MCP servers of a workspace with state, tools and masked config ([] without MCP)."""

@@ -32,6 +32,7 @@ from datadesk.offload import preview
 from datadesk.offload.sink import ParquetSink
 from datadesk.offload.store import ArtifactStore, artifacts_dir, new_artifact_id
 from datadesk.offload.stream import TabularStream
+from datadesk.offload.pyrepr import looks_like_repr_rows, repr_batches
 from datadesk.offload.tabular import TabularParseError, csv_batches, detect_text, json_batches
 from datadesk.settings import OffloadSettings
 from datadesk.store.files import write_atomic
@@ -57,7 +58,9 @@ class OffloadOutcome:
 def text_tabular_stream(text: str) -> TabularStream | None:
     """A stream of batches when `text` looks tabular (JSON records, columns+rows, CSV, TSV)."""
     kind = detect_text(text)
-    if kind == "json":
+    if looks_like_repr_rows(text):  # e.g. str(cursor.fetchall()) from an MCP server
+        gen = repr_batches(text)
+    elif kind == "json":
         gen = json_batches(text)
     elif kind in ("csv", "tsv"):
         gen = csv_batches(text, delimiter="\t" if kind == "tsv" else ",")

@@ -158,12 +158,17 @@ class KernelRegistry:
         self._tasks = [t for t in self._tasks if not t.done()]
 
     async def _pool_one(self) -> None:
+        session = None
         try:
             session = await self._launch()
             # the first cell of a fresh interpreter is slow: run it now, not on the user's time
             await session.backend.execute("None", self.settings.start_timeout_s)
             self.pool.append(session)
-        except Exception as exc:
+        except BaseException as exc:
+            if session is not None and session not in self.pool:
+                await self._dispose(session)  # cancelled mid warm-up (shutdown): never leak it
+            if not isinstance(exc, Exception):
+                raise
             log.warning("could not pre-start a pool kernel: %s", exc)
         finally:
             self._starting -= 1

@@ -43,6 +43,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
+import anyio.to_thread
 import msgspec
 
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
@@ -237,7 +238,7 @@ class _StderrPipe:
     def __init__(self, logger: logging.Logger, secrets: list[str]) -> None:
         self.logger = logger
         self.secrets = secrets
-        self.tail: deque[str] = deque(maxlen=5)
+        self.tail: deque[tuple[float, str]] = deque(maxlen=5)  # (monotonic time, line)
         r, w = os.pipe()
         self._reader = os.fdopen(r, "rb", buffering=0)
         self.writer = os.fdopen(w, "w")
@@ -275,8 +276,11 @@ class _StderrPipe:
         if len(line) > _MAX_STDERR_LINE:
             line = line[:_MAX_STDERR_LINE] + " …"
         line = redact(line, self.secrets)
-        self.tail.append(line.strip())
+        self.tail.append((time.monotonic(), line.strip()))
         self.logger.info("%s", line)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
 
     def close_writer(self) -> None:
         """Close our copy of the write end (the child keeps its own): EOF comes when it exits."""
@@ -351,7 +355,8 @@ class _Server:
     conn_closed: str | None = None  # why the current connection ended
     relist: bool = False
     stopping: bool = False
-    stderr_tail: deque[str] | None = None
+    stderr: _StderrPipe | None = None
+    up_since: float | None = None  # monotonic time the current connection came up
 
 
 class MCPManager:
@@ -407,18 +412,16 @@ class MCPManager:
         if srv.scope is not None:
             srv.scope.cancel()
         srv.wake.set()
-        if srv.task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(srv.task), 30)
-            except asyncio.TimeoutError:
+        task = srv.task
+        if task is not None:
+            # The SDK's stdio shutdown is bounded (stdin closed, 2 s grace, SIGTERM, SIGKILL).
+            done, _ = await asyncio.wait({task}, timeout=30)
+            if not done:
                 srv.log.warning("MCP server %s did not stop in time; cancelling its task", srv.name)
-                srv.task.cancel()
-                try:
-                    await srv.task
-                except BaseException:  # noqa: BLE001 - the task's end, whatever it is
-                    pass
-            except BaseException:  # noqa: BLE001
-                pass
+                task.cancel()
+                await asyncio.wait({task}, timeout=10)
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                srv.log.warning("MCP server %s: its task ended with %s", srv.name, _describe(task.exception()))
         for exposed in list(srv.tools):
             self.registry.unregister(exposed, srv.ws)
         srv.tools.clear()
@@ -463,9 +466,9 @@ class MCPManager:
                         srv.log.info("MCP server %s: restarting (attempt %d)", srv.name, srv.restarts)
                     first = False
                     srv.state = "starting"
-                    up_since: float | None = None
+                    srv.up_since = None
                     try:
-                        up_since = await self._serve_once(srv)
+                        await self._serve_once(srv)
                         reason = srv.conn_closed or "the connection closed"
                     except MCPConfigError as exc:
                         self._config_down(srv, str(exc))
@@ -476,25 +479,31 @@ class MCPManager:
                         reason = _describe(exc)
                     if srv.stopping:
                         break
-                    if srv.cfg.command is not None and srv.stderr_tail:
-                        reason = f"{reason}; last stderr: {srv.stderr_tail[-1]}"
+                    ended = time.monotonic()
+                    if srv.stderr is not None:
+                        await anyio.to_thread.run_sync(srv.stderr.join, 1.0)  # the last lines of a dying server
+                        recent = [line for t, line in srv.stderr.tail if t >= ended - 3.0]
+                        if recent:
+                            reason = f"{reason}; last stderr: {recent[-1]}"
                     srv.state = "down"
                     srv.session = None
                     srv.last_error = redact(reason, srv.secrets)[:1000]
                     srv.log.warning("MCP server %s is down: %s", srv.name, srv.last_error)
                     srv.ready.set()
-                    if up_since is not None and time.monotonic() - up_since >= _HEALTHY_S:
+                    if srv.up_since is not None and time.monotonic() - srv.up_since >= _HEALTHY_S:
                         delay = 1.0
                     await anyio.sleep(delay)
                     delay = min(delay * 2, _BACKOFF_MAX_S)
+        except Exception as exc:  # noqa: BLE001 - a bug here must not go unnoticed nor hang callers
+            srv.log.exception("MCP server %s: the manager's task failed", srv.name)
+            srv.state = "down"
+            srv.last_error = f"internal error in the MCP manager ({type(exc).__name__})"
         finally:
             srv.session = None
             srv.ready.set()
 
-    async def _serve_once(self, srv: _Server) -> float | None:
-        """One connection: connect, initialize, list and register tools, serve until it ends.
-
-        Returns when the connection ended (monotonic time it came up, or None)."""
+    async def _serve_once(self, srv: _Server) -> None:
+        """One connection: connect, initialize, list and register tools, serve until it ends."""
         cfg = srv.cfg
         env = resolve_values(srv.name, "env", cfg.env)
         headers = resolve_values(srv.name, "headers", cfg.headers)
@@ -506,9 +515,7 @@ class MCPManager:
         srv.wake.clear()
 
         def closed(reason: str) -> None:
-            if srv.conn_closed is None:
-                srv.conn_closed = reason
-            srv.wake.set()
+            self._mark_closed(srv, reason)
 
         if cfg.command is not None:
             from mcp import StdioServerParameters
@@ -522,11 +529,11 @@ class MCPManager:
             if cfg.cwd and not cwd.is_dir():
                 raise MCPConfigError(f"MCP server {srv.name!r}: `cwd` {cfg.cwd!r} is not a directory")
             pipe = _StderrPipe(srv.log, srv.secrets)
-            srv.stderr_tail = pipe.tail
+            srv.stderr = pipe
             try:
                 async with stdio_client(params, errlog=pipe.writer) as (read, write):
                     pipe.close_writer()
-                    return await self._session(
+                    await self._session(
                         srv, _WatchedStream(read, lambda: closed("the server process exited or closed its output")),
                         write)
             finally:
@@ -535,13 +542,13 @@ class MCPManager:
             from mcp.client.streamable_http import streamable_http_client
             from mcp.shared._httpx_utils import create_mcp_http_client
 
-            srv.stderr_tail = None
+            srv.stderr = None
             async with create_mcp_http_client(headers=headers or None) as client:
                 async with streamable_http_client(cfg.url, http_client=client) as (read, write):
-                    return await self._session(
+                    await self._session(
                         srv, _WatchedStream(read, lambda: closed("the HTTP connection closed")), write)
 
-    async def _session(self, srv: _Server, read: Any, write: Any) -> float | None:
+    async def _session(self, srv: _Server, read: Any, write: Any) -> None:
         from mcp import ClientSession
         import mcp.types as mt
 
@@ -550,8 +557,7 @@ class MCPManager:
                 text = redact(_describe(message), srv.secrets)
                 srv.log.warning("MCP server %s: transport error: %s", srv.name, text)
                 if srv.cfg.url is not None and _is_transport_failure(message):
-                    srv.conn_closed = srv.conn_closed or f"transport error: {text}"
-                    srv.wake.set()
+                    self._mark_closed(srv, f"transport error: {text}")
             elif isinstance(message, mt.ToolListChangedNotification):
                 srv.relist = True
                 srv.wake.set()
@@ -574,7 +580,7 @@ class MCPManager:
             srv.session = session
             srv.state = "up"
             srv.last_error = None
-            up_since = time.monotonic()
+            srv.up_since = time.monotonic()
             srv.log.info("MCP server %s is up with %d tools", srv.name, len(srv.tools))
             srv.ready.set()
             try:
@@ -591,7 +597,17 @@ class MCPManager:
                                             redact(_describe(exc), srv.secrets))
             finally:
                 srv.session = None
-            return up_since
+
+    @staticmethod
+    def _mark_closed(srv: _Server, reason: str) -> None:
+        """The current connection is gone: calls answer 'down' at once; the runner reconnects."""
+        if srv.conn_closed is None:
+            srv.conn_closed = reason
+        if srv.state == "up":
+            srv.state = "down"
+            srv.session = None
+            srv.last_error = redact(reason, srv.secrets)
+        srv.wake.set()
 
     @staticmethod
     async def _list_tools(session: Any) -> list[Any]:
@@ -697,14 +713,12 @@ class MCPManager:
                 raise ToolError(f"the MCP server {srv.name} did not answer within {timeout:g} s") from None
             if code == CONNECTION_CLOSED:
                 reason = "the connection closed during the call"
-                srv.conn_closed = srv.conn_closed or reason
-                srv.wake.set()
+                self._mark_closed(srv, reason)
                 raise ToolError(f"the MCP server {srv.name} is down ({reason}); it is being restarted") from None
             raise ToolError(f"the MCP server {srv.name} refused the call: "
                             f"{redact(str(exc), srv.secrets)}") from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError) as exc:
-            srv.conn_closed = srv.conn_closed or _describe(exc)
-            srv.wake.set()
+            self._mark_closed(srv, _describe(exc))
             raise ToolError(f"the MCP server {srv.name} is down ({_describe(exc)}); it is being restarted") from None
         except RuntimeError as exc:  # e.g. structured content not matching the output schema
             raise ToolError(f"the MCP server {srv.name} sent an invalid result: {exc}") from None
