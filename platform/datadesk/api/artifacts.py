@@ -7,7 +7,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, Iterator
 
 import msgspec
 import multipart
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from litestar import Controller, Request, get, post
 from litestar.exceptions import ClientException, HTTPException
 from litestar.params import FromPath, FromQuery
-from litestar.response import Response, Stream
+from litestar.response import Stream
 
 from datadesk.api.auth import CurrentUser, RuntimeDep
 from datadesk.api.threads import find_thread
@@ -28,9 +28,8 @@ from datadesk.domain.records import Record, ToolCall
 from datadesk.domain.users import User
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload import preview
-from datadesk.offload.pipeline import artifact_ref
 from datadesk.offload.requery import expired_message
-from datadesk.offload.store import ArtifactNotFound, artifacts_dir, regular_file
+from datadesk.offload.store import artifacts_dir, regular_file
 from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload
 from datadesk.store.threads import ThreadHandle
 from datadesk.tools.registry import ToolContext, ToolError

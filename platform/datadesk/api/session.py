@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.params import FromQuery, JSONBody
 from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
 from litestar.exceptions import NotAuthorizedException
@@ -13,8 +13,6 @@ from litestar.response import Redirect, Response
 from datadesk import __version__
 from datadesk.api.auth import SESSION_COOKIE, CurrentUser, RuntimeDep
 from datadesk.api.schemas import Login, MeOut
-from datadesk.chat.runtime import Runtime
-from datadesk.domain.users import User
 
 
 def session_cookie(rt: RuntimeDep, sid: str) -> Cookie:

@@ -9,7 +9,7 @@ import re
 from typing import Annotated, Any, AsyncIterator
 
 import msgspec
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar import Controller, Request, delete, get, post
 from litestar.exceptions import ClientException, HTTPException, NotFoundException
 from litestar.response import ServerSentEvent

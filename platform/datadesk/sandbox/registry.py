@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from datadesk.sandbox.base import (
-    ExecutionResult, KernelBackend, KernelLimitReached, KernelPlacement, SandboxError, SandboxUnavailable,
+    ExecutionResult, KernelBackend, KernelLimitReached, KernelPlacement, SandboxUnavailable,
 )
 from datadesk.sandbox.files import sync_data_links
 from datadesk.settings import SandboxSettings

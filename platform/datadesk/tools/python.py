@@ -116,7 +116,7 @@ class PythonTool:
     def _body(self, r: ExecutionResult, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
         s = self.settings.sandbox
         out: list[str] = []
-        status = {"ok": "ok", "error": "error", "timeout": f"TIMEOUT: stopped after the time limit",
+        status = {"ok": "ok", "error": "error", "timeout": "TIMEOUT: stopped after the time limit",
                   "died": "the kernel DIED"}[r.status]
         out.append(f"status: {status} ({r.duration_ms / 1000:.2f} s)")
         if r.note:
