@@ -185,23 +185,33 @@ def test_json_errors(text, match):
 
 
 def test_json_array_is_streamed(monkeypatch):
-    """The first batch comes out after ~batch_rows decode steps, not 200k."""
-    calls = {"n": 0}
+    """The first batch comes out after one bounded run (~1 MB) is decoded, not the whole array."""
+    decoded = {"chars": 0, "calls": 0}
+    real = jsonrows.msgspec.json.decode
 
-    class Counting(json.JSONDecoder):
-        def raw_decode(self, s, idx=0):
-            calls["n"] += 1
-            return super().raw_decode(s, idx)
+    def counting(buf, *a, **kw):
+        decoded["chars"] += len(buf)
+        decoded["calls"] += 1
+        return real(buf, *a, **kw)
 
-    monkeypatch.setattr(jsonrows, "_DECODER", Counting())
+    monkeypatch.setattr(jsonrows.msgspec.json, "decode", counting)
     text = "[" + ",".join('{"i": %d, "s": "v%d"}' % (i, i) for i in range(200_000)) + "]"
+    assert len(text) > 3 * jsonrows.FAST_CHUNK_CHARS
     gen = json_batches(text, batch_rows=1000)
     first = next(gen)
     assert first.num_rows == 1000
-    assert calls["n"] <= 1001
+    assert decoded["chars"] <= jsonrows.FAST_CHUNK_CHARS + 2  # one run, not the whole text
     rest = sum(b.num_rows for b in gen)
     assert first.num_rows + rest == 200_000
-    assert calls["n"] >= 200_000
+    assert decoded["calls"] >= 3 and decoded["chars"] <= len(text) + 2 * decoded["calls"]
+
+
+def test_fast_runs_never_split_inside_strings():
+    """'},' inside string values must not become a cut: values come back exactly."""
+    tricky = [{"i": i, "s": 'a"},{"b' * (i % 3), "t": "},"} for i in range(60_000)]
+    text = json.dumps(tricky)
+    got = [r for b in json_batches(text, batch_rows=7_000) for r in b.to_pylist()]
+    assert [(r["i"], r["s"], r["t"]) for r in got] == [(r["i"], r["s"], r["t"]) for r in tricky]
 
 
 # ------------------------------------------------------------------------- CSV

@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any, Iterator
 
+import msgspec
 import pyarrow as pa
 
 from datadesk.offload.columns import TabularParseError, records_to_batch, rows_to_batch
@@ -71,16 +72,58 @@ def _kind(value: Any) -> str:
     return "boolean" if isinstance(value, bool) else "number"
 
 
+FAST_CHUNK_CHARS = 1 << 20
+
+
+def _fast_run(text: str, pos: int) -> tuple[list[dict], int] | None:
+    """Decode a run of whole object elements starting at `pos` with msgspec (about 1 MB at a
+    time): (objects, position of the ',' after the last one), or None to take the slow path.
+
+    The run ends at a '},' boundary. A boundary that falls inside a string leaves both halves
+    with an unterminated string, so such a cut never decodes: a successful decode means the
+    cut was real. Anything unusual (non-objects, NaN, huge ints) falls back to the exact,
+    one-element-at-a-time path with its precise error messages.
+    """
+    if text[pos:pos + 1] != "{":
+        return None
+    limit = pos + FAST_CHUNK_CHARS
+    for _ in range(3):  # a '},' inside a string is no boundary: try an earlier one
+        cut = text.rfind("},", pos, limit)
+        if cut < 0:
+            return None
+        try:
+            values = msgspec.json.decode("[" + text[pos:cut + 1] + "]")
+        except (msgspec.DecodeError, RecursionError):
+            limit = cut
+            continue
+        if not all(type(v) is dict for v in values):
+            return None
+        return values, cut + 1
+    return None
+
+
 def _array_items(text: str, pos: int) -> Iterator[tuple[int, Any, int]]:
     """Yield (index, value, start) of the array at text[pos] == "["; return its end.
 
-    Decodes one element at a time, so memory holds one element, not the array.
+    Decodes a bounded run of elements at a time (about 1 MB), so memory holds a run, not
+    the array.
     """
     pos = _WS.match(text, pos + 1).end()
     if text.startswith("]", pos):
         return pos + 1
     index = 0
+    slow_until = 0  # after a failed fast run, go element by element past that region
     while True:
+        run = _fast_run(text, pos) if pos >= slow_until else None
+        if run is None and pos >= slow_until:
+            slow_until = pos + FAST_CHUNK_CHARS  # keeps failed attempts linear overall
+        if run is not None:
+            values, comma = run
+            for value in values:
+                yield index, value, pos
+                index += 1
+            pos = _WS.match(text, comma + 1).end()
+            continue
         value, end = _decode(text, pos)
         yield index, value, pos
         pos = _WS.match(text, end).end()
