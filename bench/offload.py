@@ -282,7 +282,7 @@ def case_breakdown(home: Path) -> dict[str, Any]:
     """Where the duckdb case's time goes, part by part (one process, hot caches)."""
     from datadesk.domain.artifacts import ArtifactOrigin
     from datadesk.offload import preview
-    from datadesk.offload.pipeline import file_sha256
+    from datadesk.offload.sink import file_digest
     from datadesk.offload.sink import ParquetSink
     from datadesk.offload.stream import TabularStream
     from datadesk.llm.tokens import count_tokens
@@ -315,7 +315,7 @@ def case_breakdown(home: Path) -> dict[str, Any]:
 
     # 3. sha256 of the final file (the sink hashes it once in close()).
     t0 = time.perf_counter()
-    file_sha256(path)
+    file_digest(path)
     out["sha256_s"] = round(time.perf_counter() - t0, 4)
 
     # 4. pipeline.write_table (sink + preview head + metadata save) and the preview message.

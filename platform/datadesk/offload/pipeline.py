@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,14 +80,6 @@ def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa
 
 def column_schema(schema: pa.Schema) -> list[ColumnSchema]:
     return [ColumnSchema(f.name, str(f.type)) for f in schema]
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class OffloadPipeline:
@@ -287,13 +278,3 @@ def _short_args(arguments: str, limit: int = 300) -> str:
         text = arguments
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def cleanup_partial_files(thread_dir: Path) -> None:
-    """Remove leftovers of writes interrupted by a crash (temp files never renamed in)."""
-    adir = artifacts_dir(thread_dir)
-    for p in adir.glob(".*.tmp*") if adir.is_dir() else ():
-        try:
-            os.unlink(p)
-        except OSError:
-            pass

@@ -129,7 +129,7 @@ class ParquetSink:
             else:
                 out = tmpdir / "final.parquet"
                 schema = self._unify(out)
-            digest, size = _sha256(out)
+            digest, size = file_digest(out)
             rows = sum(s.rows for s in self._segments)
             os.chmod(out, 0o644)  # temp files are private; the sandbox user must read artifacts
             os.replace(out, self.final_path)
@@ -306,7 +306,8 @@ def _encoded_size(table: pa.Table, compression: str) -> int:
     return buf.size - footer - 12
 
 
-def _sha256(path: Path) -> tuple[str, int]:
+def file_digest(path: Path) -> tuple[str, int]:
+    """SHA-256 (hex) and size of a file, read in 1 MB chunks."""
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:

@@ -8,7 +8,6 @@ naming the problem; nothing half-written remains.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import pyarrow as pa
 
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.offload.pipeline import OffloadPipeline
+from datadesk.offload.sink import file_digest
 from datadesk.offload.store import artifacts_dir, new_artifact_id
 from datadesk.offload.stream import TabularStream
 from datadesk.offload.tabular import TabularParseError, file_batches, sniff_file
@@ -64,15 +64,11 @@ def _image(pipeline: OffloadPipeline, thread_dir: Path, tmp: Path, fmt: str, ori
     aid = new_artifact_id()
     ext = "jpg" if fmt == "jpeg" else fmt
     final = artifacts_dir(thread_dir) / f"{aid}.{ext}"
-    h = hashlib.sha256()
-    with open(tmp, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    size = tmp.stat().st_size
+    digest, size = file_digest(tmp)
     os.chmod(tmp, 0o644)  # readable by the sandbox user, like every artifact
     os.replace(tmp, final)
     now = time.time()
     art = Artifact(id=aid, kind="upload", format=fmt, file=final.name, origin=origin, created=now,
-                   last_used=now, bytes=size, sha256=h.hexdigest(), media_type=IMAGES[fmt])
+                   last_used=now, bytes=size, sha256=digest, media_type=IMAGES[fmt])
     pipeline.store.save(thread_dir, art)
     return art

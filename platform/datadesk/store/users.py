@@ -247,7 +247,3 @@ class UserStore:
             kept = {k: v for k, v in sessions.items() if k != key and not predicate(v)}
             if len(kept) != len(sessions):
                 write_json(self.layout.sessions_file, kept, mode=0o600)
-
-
-def users_file_exists(home: Path) -> bool:
-    return Layout(home).users_file.exists()
