@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Callable, Literal
 
-import msgspec
 
-from datadesk.domain.records import Record
+from datadesk.domain.records import Record, short_arguments
 from datadesk.settings import ContextSettings
 
 Form = Literal["full", "capped", "stub"]
@@ -27,16 +26,6 @@ def form_for(rec: Record, age: int, s: ContextSettings) -> Form:
     if age < limit:
         return "full" if len(rec.content) <= s.recent_result_chars else "capped"
     return "stub"
-
-
-def short_args(arguments: str, limit: int = 160) -> str:
-    try:
-        args = msgspec.json.decode(arguments or "{}")
-        text = ", ".join(f"{k}={v!r}" for k, v in args.items()) if isinstance(args, dict) else arguments
-    except msgspec.DecodeError:
-        text = arguments or ""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def render_tool_result(rec: Record, form: Form, arguments: str, s: ContextSettings,
@@ -52,7 +41,7 @@ def render_tool_result(rec: Record, form: Form, arguments: str, s: ContextSettin
     status = {"ok": "ok", "error": "error", "cancelled": "cancelled"}[rec.status]
     if rec.status == "error":
         status += f": {content.strip().splitlines()[0][:200] if content.strip() else ''}"
-    parts = [f"[compacted result of {rec.name}({short_args(arguments)}) → {status}"]
+    parts = [f"[compacted result of {rec.name}({short_arguments(arguments, 160)}) → {status}"]
     rows = meta.get("rows")
     art = meta.get("artifact") if isinstance(meta.get("artifact"), dict) else None
     if art:

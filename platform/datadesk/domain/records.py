@@ -71,5 +71,21 @@ class ThreadMeta(msgspec.Struct, omit_defaults=True):
     project: str | None = None  # project-scoped memory applies to threads with this label
 
 
+def arguments_text(arguments: str) -> str:
+    """Tool-call arguments (raw JSON) as one line of `key='value'` pairs, for people and stubs."""
+    try:
+        args = msgspec.json.decode(arguments or "{}")
+        text = ", ".join(f"{k}={v!r}" for k, v in args.items()) if isinstance(args, dict) else str(arguments)
+    except msgspec.DecodeError:
+        text = arguments or ""
+    return " ".join(text.split())
+
+
+def short_arguments(arguments: str, limit: int) -> str:
+    """`arguments_text`, cut to `limit` characters with an ellipsis."""
+    text = arguments_text(arguments)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 record_encoder = msgspec.json.Encoder()
 record_decoder = msgspec.json.Decoder(Record)

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import msgspec
 import pyarrow as pa
 
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin, ColumnSchema
+from datadesk.domain.records import short_arguments
 from datadesk.offload import preview
 from datadesk.offload.sink import ParquetSink
 from datadesk.offload.store import ArtifactStore, artifacts_dir, new_artifact_id
@@ -73,6 +73,16 @@ def text_tabular_stream(text: str) -> TabularStream | None:
     return TabularStream(first.schema, _chain(first, gen))
 
 
+def result_table(result: ToolResult) -> TabularStream | None:
+    """The result as a tabular stream: its own, or its text when that parses as a table."""
+    if result.table is not None:
+        return result.table
+    try:
+        return text_tabular_stream(result.content)
+    except TabularParseError:
+        return None
+
+
 def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield first
     yield from rest
@@ -111,13 +121,8 @@ class OffloadPipeline:
     # -- worker thread ------------------------------------------------------------
     def _process_sync(self, spec: ToolSpec, arguments: str, result: ToolResult, ctx: ToolContext,
                       cap: OffloadCapability) -> OffloadOutcome:
-        source = f"{spec.name}({_short_args(arguments)})"
-        table = result.table
-        if table is None:
-            try:
-                table = text_tabular_stream(result.content)
-            except TabularParseError:
-                table = None
+        source = f"{spec.name}({short_arguments(arguments, 300)})"
+        table = result_table(result)
         try:
             if table is not None:
                 try:
@@ -268,13 +273,3 @@ def artifact_ref(art: Artifact) -> dict[str, Any]:
     """The artifact reference carried by tool records and `tool.finished` events."""
     return {"artifact": {"id": art.id, "status": art.status, "rows": art.rows, "columns": art.columns,
                          "bytes": art.bytes, "format": art.format, "path": art.sandbox_path}}
-
-
-def _short_args(arguments: str, limit: int = 300) -> str:
-    try:
-        args = msgspec.json.decode(arguments or "{}")
-        text = ", ".join(f"{k}={v!r}" for k, v in args.items()) if isinstance(args, dict) else arguments
-    except msgspec.DecodeError:
-        text = arguments
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"

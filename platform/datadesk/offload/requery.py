@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from datadesk.domain.artifacts import Artifact
-from datadesk.offload.pipeline import OffloadPipeline, text_tabular_stream
+from datadesk.offload.pipeline import OffloadPipeline, result_table
 from datadesk.offload.store import ArtifactNotFound, ArtifactStore
-from datadesk.offload.tabular import TabularParseError
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -91,12 +90,7 @@ class RequeryService:
         return report
 
     def _rewrite(self, thread_dir: Path, art: Artifact, result) -> Artifact | None:
-        table = result.table
-        if table is None:
-            try:
-                table = text_tabular_stream(result.content)
-            except TabularParseError:
-                table = None
+        table = result_table(result)
         try:
             if table is not None:
                 new, _, _ = self.pipeline.write_table(thread_dir, art.id, table, art.origin, art.kind, existing=art)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import msgspec
 
-from datadesk.domain.records import Record, ToolCall
+from datadesk.domain.records import Record, ToolCall, arguments_text
 from datadesk.llm.base import ChatModel, ModelError, ModelReply
 from datadesk.llm.tokens import count_tokens as default_count_tokens
 from datadesk.settings import SummarySettings
@@ -103,12 +103,7 @@ def _shorten(text: str, limit: int) -> str:
 
 
 def _short_args(arguments: str, limit: int = ARGS_CHARS) -> str:
-    try:
-        args = msgspec.json.decode(arguments or "{}")
-        text = ", ".join(f"{k}={v!r}" for k, v in args.items()) if isinstance(args, dict) else str(arguments)
-    except msgspec.DecodeError:
-        text = arguments or ""
-    text = " ".join(text.split())
+    text = arguments_text(arguments)
     return text if len(text) <= limit else text[:limit] + " …"
 
 
