@@ -110,16 +110,7 @@ def read_new_outputs(root: str, seen: dict[str, tuple[int, int]], max_bytes: int
                 fst = os.fstat(fd)
                 if not stat.S_ISREG(fst.st_mode):
                     continue
-                data = b""
-                chunks = []
-                left = min(fst.st_size, budget) + 1
-                while left > 0:
-                    chunk = os.read(fd, min(left, 1 << 20))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    left -= len(chunk)
-                data = b"".join(chunks)
+                data = _read_at_most(fd, min(fst.st_size, budget) + 1)
             finally:
                 os.close(fd)
             if len(data) > budget:
@@ -136,6 +127,18 @@ def read_new_outputs(root: str, seen: dict[str, tuple[int, int]], max_bytes: int
     return found, problems
 
 
+def _read_at_most(fd: int, n: int) -> bytes:
+    """Up to `n` bytes from `fd` (one byte past a limit tells that the file grew past it)."""
+    chunks, left = [], n
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def read_regular(path: Path, limit: int) -> bytes:
     """Read a regular file without following a link at its last component; at most `limit` bytes."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -145,14 +148,7 @@ def read_regular(path: Path, limit: int) -> bytes:
             raise OSError(f"{path.name} is not a regular file")
         if st.st_size > limit:
             raise OSError(f"{path.name} is larger than {limit} bytes")
-        chunks, left = [], limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
+        data = _read_at_most(fd, limit + 1)
         if len(data) > limit:
             raise OSError(f"{path.name} grew past {limit} bytes")
         return data
