@@ -159,25 +159,12 @@ class Runtime:
 
     def _save_tool_image(self, ctx: ToolContext, data: bytes, mime: str) -> str:
         """An image a tool returned (MCP): kept as an artifact, sent to vision models as an image."""
-        import hashlib
-        import time
-
-        from datadesk.domain.artifacts import Artifact, ArtifactOrigin
-        from datadesk.offload.store import artifacts_dir, new_artifact_id
-        from datadesk.store.files import write_atomic
+        from datadesk.domain.artifacts import ArtifactOrigin
 
         ext = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}.get(mime, "png")
-        aid = new_artifact_id()
-        path = artifacts_dir(ctx.thread_dir) / f"{aid}.{ext}"
-        write_atomic(path, data)
-        now = time.time()
-        art = Artifact(id=aid, kind="result", format="jpeg" if ext == "jpg" else ext, file=path.name,
-                       origin=ArtifactOrigin(source="tool", user=ctx.user, thread=ctx.thread,
-                                             workspace=ctx.workspace, call_id=ctx.call_id),
-                       created=now, last_used=now, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
-                       media_type=mime)
-        self.artifacts.save(ctx.thread_dir, art, ctx.epoch)
-        return aid
+        origin = ArtifactOrigin(source="tool", user=ctx.user, thread=ctx.thread, workspace=ctx.workspace,
+                                call_id=ctx.call_id)
+        return self.artifacts.save_bytes(ctx.thread_dir, data, ext, "result", mime, origin, ctx.epoch).id
 
     def mcp_status(self, ws: str) -> list[dict[str, Any]]:
         """MCP servers of a workspace with state, tools and masked config ([] without MCP)."""

@@ -7,6 +7,7 @@ follows links: artifact files are opened only when they are regular files.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
@@ -17,9 +18,9 @@ from typing import Iterator
 import msgspec
 from filelock import FileLock
 
-from datadesk.domain.artifacts import Artifact
+from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.ids import check_id, new_id
-from datadesk.store.files import read_json, write_json
+from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
 from datadesk.store.threadlog import LogClosed, ThreadLog, current_epoch
 
@@ -74,6 +75,19 @@ class ArtifactStore:
                     pass
                 raise LogClosed(f"thread {thread_dir.name} was cleared")
             write_json(artifacts_dir(thread_dir) / f"{art.id}.json", art)
+
+    def save_bytes(self, thread_dir: Path, data: bytes, ext: str, kind: str, media_type: str,
+                   origin: ArtifactOrigin, epoch: int | None = None) -> Artifact:
+        """A new artifact holding `data` as `<aid>.<ext>` (charts, files, tool images)."""
+        aid = new_artifact_id()
+        path = artifacts_dir(thread_dir) / f"{aid}.{ext}"
+        write_atomic(path, data)
+        now = time.time()
+        art = Artifact(id=aid, kind=kind, format="jpeg" if ext == "jpg" else ext, file=path.name,
+                       origin=origin, created=now, last_used=now, bytes=len(data),
+                       sha256=hashlib.sha256(data).hexdigest(), media_type=media_type)
+        self.save(thread_dir, art, epoch)
+        return art
 
     def load(self, thread_dir: Path, aid: str) -> Artifact:
         check_id(aid, "artifact")

@@ -14,7 +14,6 @@ import hmac
 import secrets
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 import msgspec

@@ -10,23 +10,20 @@ the chat; files written under /outputs become downloadable artifacts.
 
 from __future__ import annotations
 
-import hashlib
 import mimetypes
 import re
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
 from datadesk.offload.requery import RequeryService
-from datadesk.offload.store import ArtifactStore, artifacts_dir, new_artifact_id
+from datadesk.offload.store import ArtifactStore
 from datadesk.sandbox.base import ExecutionResult, SandboxError
 from datadesk.sandbox.files import read_new_outputs, read_regular
 from datadesk.sandbox.messaging import strip_ansi, trim_traceback
 from datadesk.sandbox.registry import Execution, KernelRegistry
 from datadesk.settings import Settings
-from datadesk.store.files import write_atomic
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 
 TOOL_NAME = "python"
@@ -103,15 +100,8 @@ class PythonTool:
               filename: str | None) -> Artifact:
         if kind == "deliverable":
             self.quota.check_deliverable(ctx.user, len(data))
-        aid = new_artifact_id()
-        path = artifacts_dir(ctx.thread_dir) / f"{aid}.{ext}"
-        write_atomic(path, data)
-        now = time.time()
-        art = Artifact(id=aid, kind=kind, format=ext if ext != "jpg" else "jpeg", file=path.name,
-                       origin=self._origin(ctx, filename), created=now, last_used=now, bytes=len(data),
-                       sha256=hashlib.sha256(data).hexdigest(), media_type=media)
-        self.store.save(ctx.thread_dir, art, ctx.epoch)
-        return art
+        return self.store.save_bytes(ctx.thread_dir, data, ext, kind, media, self._origin(ctx, filename),
+                                     ctx.epoch)
 
     def _body(self, r: ExecutionResult, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
         s = self.settings.sandbox
