@@ -10,6 +10,8 @@ it through a `KernelChannel`.
   same directory under different paths (a bind mount), hence two infos.
 - `KernelChannel`: connect, run one execute request (output caps, timeout with
   interrupt, death detection), interrupt, close.
+- `ExecutionCollector`: turns one request's iopub messages and shell reply into
+  an `ExecutionResult`; shared with the gateway backend's websocket channel.
 - `strip_ansi`, `trim_traceback`: make error output fit for the model.
 """
 
@@ -327,6 +329,98 @@ class _OutputCapper:
         )
 
 
+# --------------------------------------------------------------------------- results
+
+
+class ExecutionCollector:
+    """The result of one execute request, built from the kernel's messages.
+
+    Transport-agnostic (ZMQ here, a websocket in gateway.py): the caller feeds
+    the iopub messages whose parent is the request (`on_iopub` says when the
+    kernel went idle) and the shell reply, then calls `finish`. Stream output
+    is capped head + tail with the full text in a file under `run_dir`; PNG
+    images are kept once each; errors get ANSI stripped and the traceback
+    trimmed.
+    """
+
+    def __init__(self, run_dir: Path, head_chars: int = HEAD_CHARS, tail_chars: int = TAIL_CHARS,
+                 file_cap_bytes: int = FILE_CAP_BYTES):
+        self.started = time.monotonic()
+        self.out = _OutputCapper(run_dir, head_chars, tail_chars, file_cap_bytes)
+        self.result: str | None = None
+        self.error: ErrorInfo | None = None
+        self.images: list[bytes] = []
+
+    def on_iopub(self, msg: dict) -> bool:
+        """Take one iopub message of this request; True when it reports the kernel idle."""
+        mtype = msg.get("msg_type") or msg.get("header", {}).get("msg_type")
+        content = msg.get("content", {}) or {}
+        if mtype == "status":
+            return content.get("execution_state") == "idle"
+        if mtype == "stream":
+            self.out.add(content.get("name", "stdout"), str(content.get("text", "")).replace("\r\n", "\n"))
+        elif mtype in ("execute_result", "display_data", "update_display_data"):
+            data = content.get("data", {}) or {}
+            png = data.get("image/png")
+            if png:
+                try:
+                    raw = png if isinstance(png, bytes) else base64.b64decode(png)
+                    # A figure that is the cell's value is also flushed by the
+                    # inline backend at the end of the cell: keep one copy.
+                    if raw not in self.images:
+                        self.images.append(raw)
+                except (binascii.Error, ValueError):
+                    log.debug("undecodable image/png from kernel")
+            text = data.get("text/plain")
+            if mtype == "execute_result":
+                self.result = text if isinstance(text, str) else None
+            elif not png and isinstance(text, str):
+                self.out.add("stdout", text if text.endswith("\n") else text + "\n")
+        elif mtype == "error":
+            self.error = _error_info(content)
+        return False
+
+    def finish(self, reply: dict | None, *, timed_out: bool = False, died: bool = False,
+               note: str = "") -> ExecutionResult:
+        """The result, given the shell reply (None when it never came) and how the wait ended."""
+        content = (reply or {}).get("content", {}) or {}
+        error = self.error
+        if error is None and content.get("status") == "error":
+            error = _error_info(content)
+        if died:
+            status = "died"
+        elif timed_out:
+            status = "timeout"
+        elif error is not None or content.get("status") in ("error", "aborted"):
+            status = "error"
+            if error is None:
+                error = ErrorInfo(ename="Aborted", evalue="the execution was aborted", traceback=[])
+        else:
+            status = "ok"
+        stdout, stderr, truncated, total, path = self.out.finish()
+        return ExecutionResult(
+            status=status,  # type: ignore[arg-type]
+            stdout=stdout,
+            stderr=stderr,
+            result=self.result,
+            error=error,
+            images=self.images,
+            output_truncated=truncated,
+            output_chars=total,
+            stdout_file=path,
+            duration_ms=(time.monotonic() - self.started) * 1000.0,
+            note=note,
+        )
+
+
+def _error_info(content: dict) -> ErrorInfo:
+    return ErrorInfo(
+        ename=str(content.get("ename", "")),
+        evalue=strip_ansi(str(content.get("evalue", ""))),
+        traceback=trim_traceback(list(content.get("traceback", []) or [])),
+    )
+
+
 # --------------------------------------------------------------------------- channel
 
 IsAlive = Callable[[], Awaitable[bool]]
@@ -449,12 +543,8 @@ class KernelChannel:
         if self._closed:
             raise SandboxError("the kernel connection is closed")
         client = self._client
-        started = time.monotonic()
         self.settled = False
-        out = _OutputCapper(self.run_dir, self.head_chars, self.tail_chars, self.file_cap_bytes)
-        result: str | None = None
-        error: ErrorInfo | None = None
-        images: list[bytes] = []
+        collected = ExecutionCollector(self.run_dir, self.head_chars, self.tail_chars, self.file_cap_bytes)
         reply: dict | None = None
         reply_at = 0.0
         timed_out = False
@@ -464,7 +554,7 @@ class KernelChannel:
         msg_id = client.execute(
             code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False
         )
-        deadline = started + timeout_s
+        deadline = collected.started + timeout_s
         last_iopub = time.monotonic()
         last_liveness = 0.0
 
@@ -513,37 +603,9 @@ class KernelChannel:
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             last_iopub = time.monotonic()
-            mtype = msg.get("msg_type") or msg.get("header", {}).get("msg_type")
-            content = msg.get("content", {})
-            if mtype == "status":
-                if content.get("execution_state") == "idle":
-                    self.settled = True
-                    break
-            elif mtype == "stream":
-                out.add(content.get("name", "stdout"), content.get("text", "").replace("\r\n", "\n"))
-            elif mtype in ("execute_result", "display_data", "update_display_data"):
-                data = content.get("data", {}) or {}
-                png = data.get("image/png")
-                if png:
-                    try:
-                        raw = png if isinstance(png, bytes) else base64.b64decode(png)
-                        # A figure that is the cell's value is also flushed by the
-                        # inline backend at the end of the cell: keep one copy.
-                        if raw not in images:
-                            images.append(raw)
-                    except (binascii.Error, ValueError):
-                        log.debug("undecodable image/png from kernel")
-                text = data.get("text/plain")
-                if mtype == "execute_result":
-                    result = text if isinstance(text, str) else None
-                elif not png and isinstance(text, str):
-                    out.add("stdout", text if text.endswith("\n") else text + "\n")
-            elif mtype == "error":
-                error = ErrorInfo(
-                    ename=str(content.get("ename", "")),
-                    evalue=strip_ansi(str(content.get("evalue", ""))),
-                    traceback=trim_traceback(list(content.get("traceback", []) or [])),
-                )
+            if collected.on_iopub(msg):
+                self.settled = True
+                break
 
         if self.settled:
             # The reply is sent before idle; it is normally already queued.
@@ -559,35 +621,4 @@ class KernelChannel:
         else:
             await poll_shell()
 
-        content = (reply or {}).get("content", {})
-        if error is None and content.get("status") == "error":
-            error = ErrorInfo(
-                ename=str(content.get("ename", "")),
-                evalue=strip_ansi(str(content.get("evalue", ""))),
-                traceback=trim_traceback(list(content.get("traceback", []) or [])),
-            )
-        if died:
-            status = "died"
-        elif timed_out:
-            status = "timeout"
-        elif error is not None or content.get("status") in ("error", "aborted"):
-            status = "error"
-            if error is None:
-                error = ErrorInfo(ename="Aborted", evalue="the execution was aborted", traceback=[])
-        else:
-            status = "ok"
-
-        stdout, stderr, truncated, total, path = out.finish()
-        return ExecutionResult(
-            status=status,  # type: ignore[arg-type]
-            stdout=stdout,
-            stderr=stderr,
-            result=result,
-            error=error,
-            images=images,
-            output_truncated=truncated,
-            output_chars=total,
-            stdout_file=path,
-            duration_ms=(time.monotonic() - started) * 1000.0,
-            note=note,
-        )
+        return collected.finish(reply, timed_out=timed_out, died=died, note=note)
