@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import httpx
 import pytest
 from litestar.testing import TestClient
 
@@ -123,8 +124,14 @@ def test_login_code_cookie_logout_and_rate_limit(env) -> None:
     assert r.status_code in (302, 303, 307)
     cookie = r.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie and "datadesk_session=" in cookie
-    assert client.get("/api/me").json()["id"] == "alice"
-    assert client.post("/api/logout").status_code == 200
+    me = client.get("/api/me").json()
+    assert me["id"] == "alice" and me["csrf"]
+    # a cookie session needs the CSRF token on state-changing requests
+    r = client.post("/api/logout")
+    assert r.status_code == 403 and "CSRF" in r.json()["error"]
+    r = client.post("/api/logout", headers={"X-CSRF-Token": "0" * 40})
+    assert r.status_code == 403 and "invalid CSRF" in r.json()["error"]
+    assert client.post("/api/logout", headers={"X-CSRF-Token": me["csrf"]}).status_code == 200
     client.cookies.clear()
     assert client.get("/api/me").status_code == 401
     # the code was one-time
@@ -189,3 +196,28 @@ def test_sse_error_event_for_tool_failure_then_recovery(harness_factory) -> None
     assert "unknown tool" in fin[2]["preview"]
     assert "not valid JSON" in fin[3]["preview"]
     assert events[-1][1]["status"] == "ok"
+
+
+def test_csrf_and_security_headers(env) -> None:
+    h, client, _ = env
+    r = client.post("/api/login", json={"token": h.tokens["alice"]})
+    token = r.json()["csrf"]
+    for method, url, body in [("POST", "/api/threads", {"title": "x"}), ("DELETE", "/api/memory", None),
+                              ("PUT", "/api/memory/settings", {"enabled": False})]:
+        r = client.request(method, url, json=body)
+        assert r.status_code == 403 and "X-CSRF-Token" in r.json()["error"], (method, url, r.text)
+    r = client.post("/api/threads", json={"title": "with token"}, headers={"X-CSRF-Token": token})
+    assert r.status_code == 201
+    # another session's token does not fit this session
+    other = httpx.Client(transport=client._transport, base_url=str(client.base_url))
+    other_token = other.post("/api/login", json={"token": h.tokens["bob"]}).json()["csrf"]
+    assert client.post("/api/threads", json={}, headers={"X-CSRF-Token": other_token}).status_code == 403
+    # bearer clients need no token (no ambient credential)
+    client.cookies.clear()
+    assert client.post("/api/threads", json={}, headers=h.auth("alice")).status_code == 201
+    # every page carries the strict CSP and nosniff
+    r = client.get("/")
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "img-src 'self' data:" in csp and "unsafe-inline" not in csp
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert client.get("/api/health").headers["content-security-policy"] == csp

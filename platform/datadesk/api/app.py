@@ -21,6 +21,7 @@ from datadesk.api.artifacts import ArtifactController
 from datadesk.api.auth import provide_runtime, provide_user
 from datadesk.api.memory import MemoryController
 from datadesk.api.workspace import WorkspaceController
+from datadesk.api.security import SecurityMiddleware, load_key
 from datadesk.api.session import SessionController
 from datadesk.api.threads import ThreadController
 from datadesk.chat.runtime import Runtime
@@ -69,7 +70,8 @@ def internal_error(request: Request, exc: Exception) -> Response[dict[str, Any]]
 
 @get("/", include_in_schema=False)
 async def index() -> Response[bytes]:
-    return Response((WEB_DIR / "index.html").read_bytes(), media_type="text/html")
+    return Response((WEB_DIR / "index.html").read_bytes(), media_type="text/html",
+                    headers={"Cache-Control": "no-cache"})
 
 
 def create_app(rt: Runtime) -> Litestar:
@@ -98,6 +100,7 @@ def create_app(rt: Runtime) -> Litestar:
             task.cancel()
         await rt.stop()
 
+    csrf_key = load_key(rt.layout.home)
     exception_handlers: dict[Any, Any] = {t: domain_error for t in _STATUS}
     exception_handlers[HTTPException] = http_error
     exception_handlers[500] = internal_error
@@ -113,12 +116,12 @@ def create_app(rt: Runtime) -> Litestar:
         ],
         dependencies={"user": Provide(provide_user), "rt": Provide(provide_runtime)},
         exception_handlers=exception_handlers,
-        middleware=[login_limit.middleware],
+        middleware=[lambda app: SecurityMiddleware(app, csrf_key), login_limit.middleware],
         request_max_body_size=rt.settings.server.max_body_bytes,
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
                                      render_plugins=[SwaggerRenderPlugin()]),
         on_startup=[on_startup],
         on_shutdown=[on_shutdown],
-        state=State({"runtime": rt}),
+        state=State({"runtime": rt, "csrf_key": csrf_key}),
     )
     return app

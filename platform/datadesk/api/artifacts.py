@@ -17,9 +17,11 @@ import pyarrow.parquet as pq
 from litestar import Controller, Request, get, post
 from litestar.exceptions import ClientException, HTTPException
 from litestar.params import FromPath, FromQuery
-from litestar.response import Stream
+from litestar.response import Response, Stream
 
 from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.api.render import data_uri, markdown_html, report_page, sanitize
+from datadesk.api.security import SANDBOX_CSP
 from datadesk.api.threads import find_thread
 from datadesk.chat.runtime import Runtime
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
@@ -30,6 +32,7 @@ from datadesk.llm.tokens import count_tokens
 from datadesk.offload import preview
 from datadesk.offload.requery import expired_message
 from datadesk.offload.store import artifacts_dir, regular_file
+from datadesk.sandbox.files import read_regular
 from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload
 from datadesk.store.threads import ThreadHandle
 from datadesk.tools.registry import ToolContext, ToolError
@@ -99,6 +102,47 @@ def _file_chunks(path: str) -> Iterator[bytes]:
         yield from iter(lambda: fh.read(1 << 20), b"")
 
 
+INLINE_IMAGES = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg", "gif": "image/gif",
+                 "webp": "image/webp"}  # never SVG: it can carry script
+REPORT_FORMATS = {"md", "markdown", "html", "htm"}
+MAX_VIEW_BYTES = 20 << 20
+MAX_EMBED_BYTES = 30 << 20  # all images embedded in one report page
+
+
+def _report_page(rt: Runtime, handle: ThreadHandle, art: Artifact, path: Path) -> str:
+    """A report file as a standalone page. Images it names (`chart.png`, `/outputs/chart.png`,
+    `figs/a.png`) are looked up among the same thread's python outputs and embedded as data: URIs;
+    anything else (other hosts, other threads, paths with '..') is dropped."""
+    text = read_regular(path, MAX_VIEW_BYTES).decode("utf-8", "replace")
+    by_name: dict[str, Artifact] = {}
+    for other in sorted(rt.artifacts.list(handle.dir), key=lambda a: a.created):
+        if other.origin.source == "python" and other.origin.filename and other.format in INLINE_IMAGES \
+                and other.available:
+            by_name[other.origin.filename] = other  # the newest file of that name wins
+    budget = [MAX_EMBED_BYTES]
+
+    def img_src(src: str) -> str | None:
+        if src.startswith("data:image/") and not src.startswith("data:image/svg"):
+            return src
+        name = src.strip()
+        for prefix in ("/outputs/", "./"):
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+        target = by_name.get(name)
+        if target is None or ".." in name.split("/"):
+            return None
+        data = read_regular(rt.artifacts.data_path(handle.dir, target), MAX_VIEW_BYTES)
+        if len(data) > budget[0]:
+            return None
+        budget[0] -= len(data)
+        return data_uri(INLINE_IMAGES[target.format], data)
+
+    name = art.origin.filename or art.file
+    body = markdown_html(text, img_src=img_src) if art.format in ("md", "markdown") else sanitize(text, img_src=img_src)
+    note = f"{name} · report from thread “{handle.meta.title}” · artifact {art.id} · sanitized copy, scripts removed"
+    return report_page(name, body, note)
+
+
 class ArtifactController(Controller):
     path = "/api"
 
@@ -136,6 +180,30 @@ class ArtifactController(Controller):
             "Content-Security-Policy": "sandbox",
             "Cache-Control": "private, no-store",
         })
+
+    @get("/artifacts/{aid:str}/view")
+    async def view(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> Response[bytes]:
+        """Show an artifact in the browser: raster images inline (charts), Markdown and HTML reports
+        as a sanitized, printable page with their charts embedded; anything else is a download."""
+        handle, art = _find(rt, user, aid)
+        if not art.available:
+            raise HTTPException(status_code=410, detail=expired_message(art))
+        path = rt.artifacts.data_path(handle.dir, art)
+        if not regular_file(path):
+            raise HTTPException(status_code=410, detail=f"the data file of artifact {aid} is missing")
+        headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
+        if art.format in INLINE_IMAGES:
+            data = await asyncio.to_thread(read_regular, path, MAX_VIEW_BYTES)
+            return Response(data, media_type=INLINE_IMAGES[art.format],
+                            headers={**headers, "Content-Security-Policy": "sandbox; default-src 'none'"})
+        if art.format not in REPORT_FORMATS:
+            raise HTTPException(status_code=415, detail=(
+                f"artifact {aid} is {art.format}: it cannot be shown in the browser, download it instead "
+                f"(/api/artifacts/{aid}/download)"))
+        page = await asyncio.to_thread(_report_page, rt, handle, art, path)
+        rt.artifacts.touch(handle.dir, [aid])
+        return Response(page.encode(), media_type="text/html; charset=utf-8",
+                        headers={**headers, "Content-Security-Policy": SANDBOX_CSP})
 
     @post("/artifacts/{aid:str}/requery", status_code=200)
     async def requery(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:

@@ -18,6 +18,10 @@ class NewMessage(msgspec.Struct, forbid_unknown_fields=True):
     background: bool | None = None  # finish the turn even if the client disconnects
 
 
+class ThreadPatch(msgspec.Struct, forbid_unknown_fields=True):
+    title: str
+
+
 class Login(msgspec.Struct, forbid_unknown_fields=True):
     token: str | None = None
     code: str | None = None
@@ -44,3 +48,5 @@ class MeOut(msgspec.Struct):
     workspaces: list[str]
     permissions: list[str]
     model: dict[str, Any]
+    sandbox: dict[str, Any] = msgspec.field(default_factory=dict)  # available, reason, can_execute_code
+    csrf: str | None = None  # X-CSRF-Token for state-changing requests (cookie sessions only)

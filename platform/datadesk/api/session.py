@@ -13,6 +13,20 @@ from litestar.response import Redirect, Response
 from datadesk import __version__
 from datadesk.api.auth import SESSION_COOKIE, CurrentUser, RuntimeDep
 from datadesk.api.schemas import Login, MeOut
+from datadesk.api.security import csrf_token
+
+
+def sandbox_status(rt: RuntimeDep, permissions: list[str]) -> dict[str, Any]:
+    """What the UI says about code execution: available, and if not, why (engine or permission)."""
+    can = "code_execution" in permissions
+    healthy, why = rt.sandbox_health()
+    if rt.kernels is None:
+        healthy, why = False, "the sandbox is turned off on this server (sandbox.backend = \"none\")"
+    reason = "" if can and healthy else (
+        why if can else "you do not have the code-execution permission: large results are truncated "
+                        "instead of analysed in Python (ask an admin for it)")
+    return {"available": healthy, "can_execute_code": can, "reason": reason,
+            "backend": rt.settings.sandbox.backend}
 
 
 def session_cookie(rt: RuntimeDep, sid: str) -> Cookie:
@@ -24,7 +38,7 @@ class SessionController(Controller):
     path = "/"
 
     @post("/api/login", status_code=200, opt={"login": True})
-    async def login(self, data: JSONBody[Login], rt: RuntimeDep) -> Response[dict[str, Any]]:
+    async def login(self, request: Request, data: JSONBody[Login], rt: RuntimeDep) -> Response[dict[str, Any]]:
         """Exchange an API token or a one-time login code for a session cookie."""
         if bool(data.token) == bool(data.code):
             raise NotAuthorizedException("send exactly one of 'token' or 'code'")
@@ -32,7 +46,7 @@ class SessionController(Controller):
         if user is None:
             raise NotAuthorizedException("invalid, used or expired login code or token")
         sid = rt.users.new_session(user.id, rt.settings.auth.session_ttl_s)
-        return Response({"user": user.id}, cookies=[session_cookie(rt, sid)])
+        return Response({"user": user.id, "csrf": csrf_token(request.app.state.csrf_key, sid)}, cookies=[session_cookie(rt, sid)])
 
     @get("/login", opt={"login": True}, include_in_schema=False)
     async def login_link(self, rt: RuntimeDep, code: FromQuery[str] = "") -> Response[Any]:
@@ -55,9 +69,12 @@ class SessionController(Controller):
                                         samesite="strict")])
 
     @get("/api/me")
-    async def me(self, user: CurrentUser, rt: RuntimeDep) -> MeOut:
+    async def me(self, request: Request, user: CurrentUser, rt: RuntimeDep) -> MeOut:
+        sid = request.cookies.get(SESSION_COOKIE)
         return MeOut(id=user.id, name=user.name, workspaces=user.workspaces,
-                     permissions=user.permissions, model=rt.model_info())
+                     permissions=user.permissions, model=rt.model_info(),
+                     sandbox=sandbox_status(rt, user.permissions),
+                     csrf=csrf_token(request.app.state.csrf_key, sid) if sid and not request.headers.get("authorization") else None)
 
     @get("/api/health")
     async def health(self, rt: RuntimeDep) -> dict[str, Any]:

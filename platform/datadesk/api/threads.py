@@ -6,17 +6,19 @@ import asyncio
 import logging
 import os
 import re
+import time
 from typing import Annotated, Any, AsyncIterator
 
 import msgspec
 from litestar.params import FromPath, JSONBody, QueryParameter
-from litestar import Controller, Request, delete, get, post
+from litestar import Controller, Request, delete, get, patch, post
 from litestar.exceptions import ClientException, HTTPException, NotFoundException
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
 from datadesk.api.auth import CurrentUser, RuntimeDep
-from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut
+from datadesk.api.render import markdown_html, tool_html
+from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut, ThreadPatch
 from datadesk.chat.loop import start_turn
 from datadesk.chat.runtime import Runtime
 from datadesk.chat.turns import RunningTurn
@@ -31,6 +33,18 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a pasted table may be large: it becomes an artifact
 MAX_MESSAGE_CHARS = MAX_MESSAGE_BYTES
+MAX_TITLE_CHARS = 200
+HTML_EVERY_S = 0.25  # while an answer streams, its rendered Markdown is refreshed this often
+
+
+def record_view(rec: Any) -> dict[str, Any]:
+    """A record for the UI: as stored, plus `html` (sanitized) for assistant text and tool results."""
+    out = msgspec.to_builtins(rec)
+    if rec.role == "assistant" and rec.content:
+        out["html"] = markdown_html(rec.content)
+    elif rec.role == "tool" and rec.content:
+        out["html"] = tool_html(rec.content)
+    return out
 
 
 async def oversized_message(rt: Runtime, user: User, handle: ThreadHandle, text: str) -> str:
@@ -72,7 +86,7 @@ async def oversized_message(rt: Runtime, user: User, handle: ThreadHandle, text:
 
 def thread_out(rt: RuntimeDep, meta: ThreadMeta) -> ThreadOut:
     return ThreadOut(id=meta.id, workspace=meta.workspace, title=meta.title, created=meta.created,
-                     updated=meta.updated, running=rt.turns.get(meta.id) is not None)
+                     updated=meta.updated, running=rt.turns.running(meta.id))
 
 
 def find_thread(rt: RuntimeDep, user: CurrentUser, tid: str) -> ThreadHandle:
@@ -110,28 +124,41 @@ class ThreadController(Controller):
         has_more = len(records) > limit
         records = records[-limit:]
         return ThreadDetail(thread=thread_out(rt, handle.meta),
-                            records=[msgspec.to_builtins(r) for r in records], has_more=has_more)
+                            records=[record_view(r) for r in records], has_more=has_more)
+
+    @patch("/{tid:str}")
+    async def rename_thread(self, tid: FromPath[str], data: JSONBody[ThreadPatch], user: CurrentUser,
+                            rt: RuntimeDep) -> ThreadOut:
+        handle = find_thread(rt, user, tid)
+        title = " ".join(data.title.split())
+        if not title:
+            raise ClientException("title is empty")
+        if len(title) > MAX_TITLE_CHARS:
+            raise ClientException(f"title is too long ({len(title)} chars; limit {MAX_TITLE_CHARS})")
+        return thread_out(rt, rt.threads.touch(handle, title=title))
 
     @delete("/{tid:str}", status_code=204)
     async def delete_thread(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> None:
         handle = find_thread(rt, user, tid)
-        await rt.turns.cancel(handle.id)
-        if rt.kernels is not None:  # its kernel goes with it
-            await rt.kernels.shutdown_thread((handle.meta.workspace, user.id, handle.id))
-        rt.threads.delete(handle)
+        # the running turn is cancelled wherever it runs; no turn starts until the thread is gone
+        async with rt.turns.exclusive(handle.id, deleting=True):
+            if rt.kernels is not None:  # its kernel goes with it
+                await rt.kernels.shutdown_thread((handle.meta.workspace, user.id, handle.id))
+            rt.threads.delete(handle)
 
     @post("/{tid:str}/clear", status_code=200)
     async def clear_thread(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
         """Clear chat: cancel the running turn, bump the epoch, delete the log, summary,
         manifests, artifacts and outputs, shut the kernel down. Memory stays."""
         handle = find_thread(rt, user, tid)
-        await rt.turns.cancel(handle.id)
-        removed = rt.threads.clear(handle)
-        kernel = False
-        if rt.kernels is not None:
-            key = (handle.meta.workspace, user.id, handle.id)
-            kernel = key in rt.kernels.sessions
-            await rt.kernels.shutdown_thread(key)
+        # the running turn is cancelled wherever it runs; no turn starts until the clear is done
+        async with rt.turns.exclusive(handle.id):
+            removed = rt.threads.clear(handle)
+            kernel = False
+            if rt.kernels is not None:
+                key = (handle.meta.workspace, user.id, handle.id)
+                kernel = rt.kernels.has_kernel(key)
+                await rt.kernels.shutdown_thread(key)
         return {"thread": handle.id, "epoch": handle.meta.epoch, "removed": {**removed, "kernel": kernel},
                 "memory": "kept"}
 
@@ -142,7 +169,21 @@ class ThreadController(Controller):
         manifest = last_manifest(handle.dir / "context.jsonl")
         if manifest is None:
             raise NotFoundException(f"thread {tid} has no model request yet")
-        return msgspec.to_builtins(manifest)
+        out = msgspec.to_builtins(manifest)
+        # for the inspector: the summary the request carried and the memory facts by text
+        summary = rt.summaries.store.load_current(handle.dir, handle.meta.epoch) if manifest.summary else None
+        out["summary_detail"] = ({**summary.fields(), "covers_through_seq": summary.covers_through_seq,
+                                  "model": summary.model, "created": summary.created} if summary else None)
+        facts = []
+        memory = getattr(rt, "memory", None)
+        if manifest.memory_facts and memory is not None:
+            known = {f.id: f for f in memory.facts(handle.meta.workspace, user.id)}
+            for fid in manifest.memory_facts:
+                f = known.get(fid)
+                facts.append({"id": fid, "text": f.text if f else "(deleted since)",
+                              "kind": f.kind if f else None, "status": f.status if f else "deleted"})
+        out["memory_detail"] = facts
+        return out
 
     @post("/{tid:str}/cancel", status_code=200)
     async def cancel_turn(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
@@ -170,10 +211,24 @@ class ThreadController(Controller):
 async def _stream(turn: RunningTurn) -> AsyncIterator[ServerSentEventMessage]:
     """Drain the turn's events; on client disconnect cancel it unless it runs in the background."""
     done = False
+    text: list[str] = []
+    rendered_at = 0.0
     try:
         while True:
             ev = await turn.queue.get()
-            yield ServerSentEventMessage(data=msgspec.json.encode(ev.data).decode(), event=ev.type)
+            data = ev.data
+            if ev.type == "message.delta":  # the answer so far, as sanitized Markdown, a few times a second
+                text.append(str(data.get("text", "")))
+                now = time.monotonic()
+                if now - rendered_at >= HTML_EVERY_S or turn.queue.empty():
+                    rendered_at = now
+                    data = {**data, "html": markdown_html("".join(text))}
+            elif ev.type == "message.completed":
+                text.clear()
+                data = {**data, "html": markdown_html(str(data.get("content") or ""))}
+            elif ev.type == "tool.finished":
+                data = {**data, "html": tool_html(str(data.get("preview") or ""))}
+            yield ServerSentEventMessage(data=msgspec.json.encode(data).decode(), event=ev.type)
             if ev.type == "done":
                 done = True
                 return

@@ -32,7 +32,7 @@ from datadesk.tools.registry import ToolContext, ToolResult
 
 log = logging.getLogger(__name__)
 
-PREVIEW_CHARS = 2_000
+PREVIEW_CHARS = 16_000  # the tool card shows the whole preview the model got (<2,000 tokens when offloaded)
 
 
 def system_prompt(rt: Runtime, workspace: str) -> str:

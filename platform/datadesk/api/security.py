@@ -1,0 +1,135 @@
+"""Browser security for every response: Content-Security-Policy, CSRF, and friends.
+
+- CSP: scripts, styles, fetches and frames only from the app; images only
+  from the app and `data:` (a Markdown image pointing at another host is
+  never fetched, so it cannot carry data out); no inline script, no plugins,
+  no framing by other sites. Responses that set their own policy (artifact
+  downloads and report pages use `sandbox`) keep it.
+- CSRF: a state-changing request (POST, PUT, PATCH, DELETE) authenticated by
+  the session cookie must carry `X-CSRF-Token`, an HMAC of the session id
+  under a per-installation key. The UI reads it from `GET /api/me`; another
+  site can neither read it nor set the header on a cross-site form. Requests
+  with `Authorization: Bearer` (API clients) carry no ambient credentials and
+  need no token. The session cookie is also `SameSite=Strict`, a second wall.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from http.cookies import CookieError, SimpleCookie
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import msgspec
+
+from datadesk.api.auth import SESSION_COOKIE
+
+CSRF_HEADER = b"x-csrf-token"
+UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+CSRF_EXEMPT = {"/api/login"}  # no session yet: nothing to ride on
+APP_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+           "connect-src 'self'; font-src 'self'; frame-src 'self'; object-src 'none'; base-uri 'none'; "
+           "form-action 'self'; frame-ancestors 'none'")
+SANDBOX_CSP = "sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+EXTRA_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+
+Scope = dict[str, Any]
+ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
+
+
+def load_key(home: Path) -> bytes:
+    """The installation's CSRF key (created once, 0600; shared by every worker of this data dir)."""
+    path = Path(home) / "csrf.key"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) >= 32:
+            return key
+        raise RuntimeError(f"{path} is damaged (shorter than 32 bytes): delete it to make a new one")
+    key = secrets.token_bytes(32)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(key)
+    return key
+
+
+def csrf_token(key: bytes, session_id: str) -> str:
+    return hmac.new(key, session_id.encode(), hashlib.sha256).hexdigest()[:40]
+
+
+def _cookie(headers: list[tuple[bytes, bytes]], name: str) -> str | None:
+    for k, v in headers:
+        if k == b"cookie":
+            try:
+                jar = SimpleCookie(v.decode("latin-1"))
+            except CookieError:
+                continue
+            if name in jar:
+                return jar[name].value
+    return None
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    return next((v for k, v in headers if k == name), None)
+
+
+class SecurityMiddleware:
+    """ASGI middleware: CSRF check on the way in, security headers on the way out."""
+
+    def __init__(self, app: ASGIApp, key: bytes) -> None:
+        self.app = app
+        self.key = key
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        problem = self._csrf_problem(scope)
+        if problem:
+            await self._refuse(send, problem)
+            return
+
+        async def send_with_headers(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                names = {k.lower() for k, _ in headers}
+                if b"content-security-policy" not in names:
+                    headers.append((b"content-security-policy", APP_CSP.encode()))
+                headers += [(k, v) for k, v in EXTRA_HEADERS if k not in names]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+    def _csrf_problem(self, scope: Scope) -> str | None:
+        if scope["method"] not in UNSAFE_METHODS or scope["path"] in CSRF_EXEMPT:
+            return None
+        headers = scope.get("headers", [])
+        if _header(headers, b"authorization"):
+            return None  # bearer clients: no ambient credential to forge with
+        sid = _cookie(headers, SESSION_COOKIE)
+        if not sid:
+            return None  # unauthenticated: the route answers 401
+        sent = (_header(headers, CSRF_HEADER) or b"").decode("latin-1")
+        if not sent:
+            return ("missing CSRF token: state-changing requests from the browser must send the "
+                    "X-CSRF-Token header (from GET /api/me)")
+        if not hmac.compare_digest(sent, csrf_token(self.key, sid)):
+            return "invalid CSRF token: reload the page and try again"
+        return None
+
+    @staticmethod
+    async def _refuse(send: Any, message: str) -> None:
+        body = msgspec.json.encode({"status_code": 403, "error": message, "detail": message})
+        await send({"type": "http.response.start", "status": 403, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"content-security-policy", APP_CSP.encode()), *EXTRA_HEADERS]})
+        await send({"type": "http.response.body", "body": body})

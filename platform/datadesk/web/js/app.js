@@ -1,0 +1,346 @@
+// DataDesk web chat: login, threads, chat with streaming answers, uploads, panels.
+
+import { ApiError, api, postStream, setCsrf, upload } from "./api.js";
+import { Conversation, loadThread } from "./chat.js";
+import { $, confirmDialog, h, promptDialog, toast } from "./dom.js";
+import { artifactsPanel, contextPanel, memoryPanel } from "./panels.js";
+
+const enc = encodeURIComponent;
+const PANELS = { artifacts: ["Artifacts", artifactsPanel], memory: ["Memory", memoryPanel], context: ["Context inspector", contextPanel] };
+
+const app = {
+  me: null,
+  thread: null,
+  threads: [],
+  running: null, // AbortController of the turn in flight
+  panel: null,
+  conv: null,
+};
+window.datadesk = app; // for debugging from the console
+
+// ---- start -------------------------------------------------------------------------------
+async function boot() {
+  try {
+    app.me = await api("GET", "/api/me");
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 401) return showLogin();
+    return showLogin(e.message);
+  }
+  setCsrf(app.me.csrf);
+  $("#login-view").hidden = true;
+  $("#app-view").hidden = false;
+  $("#user-name").textContent = app.me.name || app.me.id;
+  const model = app.me.model || {};
+  $("#model-label").textContent = model.label ? `${model.name} (${model.label})` : model.name || "";
+  $("#banner-demo").hidden = !model.demo;
+  const sb = app.me.sandbox || {};
+  const banner = $("#banner-sandbox");
+  if (sb.reason) {
+    banner.textContent = sb.can_execute_code
+      ? `Python is unavailable right now: ${sb.reason}. Large results are truncated instead of analysed.`
+      : `Note: ${sb.reason}.`;
+    banner.hidden = false;
+  }
+  app.conv = new Conversation($("#messages"), app);
+  await refreshThreads();
+  const wanted = new URLSearchParams(location.hash.slice(1)).get("t");
+  const first = app.threads.find((t) => t.id === wanted) || app.threads[0];
+  if (first) await openThread(first.id);
+  else app.conv.empty("Start a new chat with “+ New chat”, or just type a question.");
+  $("#input").focus();
+}
+
+function showLogin(message) {
+  $("#app-view").hidden = true;
+  $("#login-view").hidden = false;
+  const err = $("#login-error");
+  err.hidden = !message;
+  err.textContent = message || "";
+  $("#login-secret").focus();
+}
+
+$("#login-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const secret = $("#login-secret").value.trim();
+  const body = secret.startsWith("ddt_") ? { token: secret } : { code: secret };
+  try {
+    await api("POST", "/api/login", body);
+    $("#login-secret").value = "";
+    await boot();
+  } catch (err) {
+    showLogin(err.status === 429 ? "Too many attempts: wait a minute and try again." : err.message);
+  }
+});
+
+$("#logout").addEventListener("click", async () => {
+  try {
+    await api("POST", "/api/logout");
+  } catch (e) {
+    toast(e.message);
+  }
+  location.hash = "";
+  location.reload();
+});
+
+// ---- threads -----------------------------------------------------------------------------
+async function refreshThreads() {
+  app.threads = await api("GET", "/api/threads");
+  const ul = $("#thread-list");
+  ul.replaceChildren(...app.threads.map((t) => h("li", { class: t.id === (app.thread && app.thread.id) ? "active" : "" },
+    h("button", { type: "button", class: "thread-link", dataset: { thread: t.id }, title: t.title, onclick: () => openThread(t.id) },
+      t.title, t.running ? h("span", { class: "badge" }, "running") : null))));
+  if (!app.threads.length) ul.append(h("li", { class: "muted" }, "No chats yet."));
+}
+
+async function openThread(tid) {
+  if (app.running) {
+    toast("A turn is still running: stop it first or wait.", "info");
+    return;
+  }
+  try {
+    app.thread = await loadThread(app.conv, tid);
+  } catch (e) {
+    toast(e.message);
+    return;
+  }
+  location.hash = `t=${tid}`;
+  $("#thread-title").textContent = app.thread.title;
+  $("#thread-actions").hidden = false;
+  document.body.classList.remove("sidebar-open");
+  await refreshThreads();
+  if (app.panel) showPanel(app.panel);
+}
+
+async function newThread(title = "New chat") {
+  const t = await api("POST", "/api/threads", { title });
+  await refreshThreads();
+  await openThread(t.id);
+  return t;
+}
+
+$("#new-thread").addEventListener("click", () => newThread().catch((e) => toast(e.message)));
+
+$("#rename-thread").addEventListener("click", async () => {
+  const title = await promptDialog("Rename this chat", app.thread.title);
+  if (title === null) return;
+  try {
+    app.thread = await api("PATCH", `/api/threads/${enc(app.thread.id)}`, { title });
+    $("#thread-title").textContent = app.thread.title;
+    await refreshThreads();
+  } catch (e) {
+    toast(e.message);
+  }
+});
+
+$("#clear-thread").addEventListener("click", async () => {
+  const ok = await confirmDialog("Clear this chat?",
+    "All messages, the summary, the tables, charts and files of this chat, and its Python kernel are removed. " +
+    "Your memory (facts and preferences) stays. This cannot be undone.", "Clear chat");
+  if (!ok) return;
+  try {
+    const r = await api("POST", `/api/threads/${enc(app.thread.id)}/clear`);
+    await openThread(app.thread.id);
+    toast(`Chat cleared: ${r.removed.records || 0} records and ${r.removed.artifacts || 0} artifacts removed; memory kept.`, "info");
+  } catch (e) {
+    toast(e.message);
+  }
+});
+
+$("#delete-thread").addEventListener("click", async () => {
+  const ok = await confirmDialog("Delete this chat?",
+    `“${app.thread.title}” is deleted with its messages, tables, charts and files. Your memory stays.`, "Delete");
+  if (!ok) return;
+  try {
+    await api("DELETE", `/api/threads/${enc(app.thread.id)}`);
+    app.thread = null;
+    $("#thread-title").textContent = "No chat selected";
+    $("#thread-actions").hidden = true;
+    app.conv.empty("Chat deleted.");
+    await refreshThreads();
+    if (app.threads[0]) await openThread(app.threads[0].id);
+  } catch (e) {
+    toast(e.message);
+  }
+});
+
+// ---- sending -----------------------------------------------------------------------------
+function setRunning(ctrl) {
+  app.running = ctrl;
+  $("#send").hidden = !!ctrl;
+  $("#stop").hidden = !ctrl;
+  $("#input").classList.toggle("busy", !!ctrl);
+}
+
+async function send() {
+  const input = $("#input");
+  const text = input.value.trim();
+  if (!text || app.running) return;
+  if (!app.thread) {
+    try {
+      await newThread(text.slice(0, 60));
+    } catch (e) {
+      toast(e.message);
+      return;
+    }
+  }
+  input.value = "";
+  app.conv.userMessage(text);
+  const ctrl = new AbortController();
+  setRunning(ctrl);
+  const tid = app.thread.id;
+  try {
+    await postStream(`/api/threads/${enc(tid)}/messages`, { content: text }, (type, data) => app.conv.onEvent(type, data), ctrl.signal);
+  } catch (e) {
+    if (e.name !== "AbortError") {
+      app.conv.notice(e.message, "error");
+      if (e.status === 413 || e.status === 409 || e.status === 429) input.value = text; // nothing was sent: keep it
+    }
+  } finally {
+    setRunning(null);
+    refreshThreads().catch(() => {});
+    if (app.panel && app.panel !== "memory") showPanel(app.panel);
+  }
+}
+
+$("#composer").addEventListener("submit", (e) => {
+  e.preventDefault();
+  send();
+});
+
+$("#input").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+    e.preventDefault();
+    send();
+  }
+});
+
+$("#stop").addEventListener("click", async () => {
+  if (!app.thread) return;
+  $("#stop").disabled = true;
+  try {
+    await api("POST", `/api/threads/${enc(app.thread.id)}/cancel`);
+  } catch (e) {
+    toast(e.message);
+    if (app.running) app.running.abort();
+  } finally {
+    $("#stop").disabled = false;
+  }
+});
+
+// ---- uploads -----------------------------------------------------------------------------
+async function uploadFile(file) {
+  if (app.running) {
+    toast("Wait for the running turn to finish before uploading.", "info");
+    return;
+  }
+  if (!app.thread) await newThread(file.name.slice(0, 60));
+  const status = $("#upload-status");
+  const bar = $("#upload-progress");
+  const label = $("#upload-text");
+  status.hidden = false;
+  status.classList.remove("error");
+  bar.value = 0;
+  label.textContent = `Uploading ${file.name}…`;
+  try {
+    const r = await upload(`/api/threads/${enc(app.thread.id)}/uploads`, file, (f) => {
+      bar.value = Math.round(f * 100);
+      label.textContent = f < 1 ? `Uploading ${file.name}… ${Math.round(f * 100)}%` : `Reading ${file.name}…`;
+    });
+    const a = r.artifact;
+    label.textContent = `${file.name} uploaded${a.rows !== null && a.rows !== undefined ? `: ${a.rows.toLocaleString("en-US")} rows` : ""}.`;
+    app.conv.userUpload(file.name, a.id);
+    setTimeout(() => {
+      status.hidden = true;
+    }, 4000);
+  } catch (e) {
+    status.classList.add("error");
+    label.textContent = `${file.name} was not uploaded: ${e.message}`;
+  }
+}
+
+$("#upload-btn").addEventListener("click", () => $("#file-input").click());
+$("#file-input").addEventListener("change", (e) => {
+  const f = e.target.files[0];
+  e.target.value = "";
+  if (f) uploadFile(f).catch((err) => toast(err.message));
+});
+
+const chat = $("#chat");
+let dragDepth = 0;
+chat.addEventListener("dragenter", (e) => {
+  if (!e.dataTransfer || !Array.from(e.dataTransfer.types).includes("Files")) return;
+  e.preventDefault();
+  dragDepth += 1;
+  $("#drop-hint").hidden = false;
+});
+chat.addEventListener("dragover", (e) => {
+  if (e.dataTransfer && Array.from(e.dataTransfer.types).includes("Files")) e.preventDefault();
+});
+chat.addEventListener("dragleave", () => {
+  dragDepth = Math.max(0, dragDepth - 1);
+  if (!dragDepth) $("#drop-hint").hidden = true;
+});
+chat.addEventListener("drop", (e) => {
+  e.preventDefault();
+  dragDepth = 0;
+  $("#drop-hint").hidden = true;
+  const files = Array.from(e.dataTransfer.files || []);
+  if (files.length > 1) toast("One file at a time: uploading the first.", "info");
+  if (files[0]) uploadFile(files[0]).catch((err) => toast(err.message));
+});
+
+// ---- re-query ----------------------------------------------------------------------------
+app.requery = async (aid, button) => {
+  if (button) {
+    button.disabled = true;
+    button.textContent = "Re-running…";
+  }
+  try {
+    const r = await api("POST", `/api/artifacts/${enc(aid)}/requery`);
+    const rows = r.rows !== undefined && r.rows !== null ? ` (${Number(r.rows).toLocaleString("en-US")} rows)` : "";
+    toast(`Query re-run: artifact ${aid} is available again${rows}.`, "info");
+    if (app.thread) await openThread(app.thread.id);
+  } catch (e) {
+    toast(e.message);
+    if (button) {
+      button.disabled = false;
+      button.textContent = "Re-run query";
+    }
+  }
+};
+
+// ---- panels ------------------------------------------------------------------------------
+async function showPanel(name) {
+  const [title, render] = PANELS[name];
+  app.panel = name;
+  $("#panel-title").textContent = title;
+  $("#panel").hidden = false;
+  $("#panel").dataset.panel = name;
+  document.body.classList.add("panel-open");
+  const body = $("#panel-body");
+  body.setAttribute("aria-busy", "true");
+  try {
+    await render(body, app);
+  } catch (e) {
+    body.replaceChildren(h("p", { class: "error" }, e.message));
+  } finally {
+    body.removeAttribute("aria-busy");
+  }
+}
+
+function closePanel() {
+  app.panel = null;
+  $("#panel").hidden = true;
+  document.body.classList.remove("panel-open");
+}
+
+for (const name of Object.keys(PANELS)) {
+  $(`#open-${name}`).addEventListener("click", () => (app.panel === name ? closePanel() : showPanel(name)));
+}
+$("#panel-close").addEventListener("click", closePanel);
+$("#toggle-sidebar").addEventListener("click", () => document.body.classList.toggle("sidebar-open"));
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && app.panel && !document.querySelector("dialog[open]")) closePanel();
+});
+
+boot();

@@ -1,0 +1,260 @@
+// The conversation: messages, streaming answers and tool cards (history and live events).
+
+import { api } from "./api.js";
+import { $, bytes, h, lightbox, num, setHtml, toast } from "./dom.js";
+
+const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
+const IMAGE_FORMATS = new Set(["png", "jpg", "jpeg", "gif", "webp"]);
+
+function prettyArgs(name, raw) {
+  let args = null;
+  try {
+    args = JSON.parse(raw || "{}");
+  } catch {
+    return { label: "arguments (not valid JSON)", text: raw || "" };
+  }
+  if (args && typeof args.sql === "string") return { label: "SQL", text: args.sql, lang: "sql" };
+  if (args && typeof args.query === "string") return { label: "query", text: args.query, lang: "sql" };
+  if (args && typeof args.code === "string") return { label: "code", text: args.code, lang: "python" };
+  return { label: "arguments", text: JSON.stringify(args, null, 2) };
+}
+
+export class Conversation {
+  constructor(root, app) {
+    this.root = root;
+    this.app = app;
+    this.cards = new Map(); // call id -> card
+    this.artifacts = new Map(); // artifact id -> artifact (thread's list)
+    this.bubble = null; // the assistant message streaming now
+  }
+
+  clear() {
+    this.root.replaceChildren();
+    this.cards.clear();
+    this.bubble = null;
+  }
+
+  empty(text) {
+    this.root.replaceChildren(h("p", { class: "empty" }, text));
+  }
+
+  scroll() {
+    this.root.scrollTop = this.root.scrollHeight;
+  }
+
+  // ---- history ---------------------------------------------------------------
+  render(records, artifacts) {
+    this.clear();
+    this.artifacts = new Map(artifacts.map((a) => [a.id, a]));
+    if (!records.length) this.empty("Ask a question about your data to start.");
+    for (const rec of records) this.renderRecord(rec);
+    this.bubble = null;
+    this.scroll();
+  }
+
+  renderRecord(rec) {
+    if (rec.role === "user") {
+      if (rec.meta && rec.meta.kind === "upload") this.userUpload(rec.meta.filename, rec.meta.artifact);
+      else this.userMessage(rec.content);
+    } else if (rec.role === "assistant") {
+      if (rec.content) {
+        const b = this.newBubble();
+        setHtml(b, rec.html || "");
+        if (rec.status === "error") b.append(h("p", { class: "error" }, (rec.meta && rec.meta.error) || "the model failed"));
+      } else if (rec.status === "error" && rec.meta && rec.meta.error) {
+        this.notice(rec.meta.error, "error");
+      }
+      for (const call of rec.tool_calls || []) this.card(call.id, call.name, call.arguments);
+      this.bubble = null;
+    } else if (rec.role === "tool") {
+      const card = this.card(rec.tool_call_id, rec.name, null);
+      this.finishCard(card, {
+        ok: rec.status === "ok", status: rec.status, html: rec.html, meta: rec.meta || {},
+        duration_ms: rec.meta && rec.meta.duration_ms,
+      });
+    }
+  }
+
+  userMessage(text) {
+    const el = h("div", { class: "msg user" }, text);
+    if (this.root.querySelector(".empty")) this.root.replaceChildren();
+    this.root.append(el);
+    this.scroll();
+    return el;
+  }
+
+  userUpload(filename, aid) {
+    const el = h("div", { class: "msg user upload" }, "Uploaded ", h("strong", {}, filename || "a file"),
+      aid ? h("span", { class: "muted" }, ` (artifact ${aid})`) : null);
+    if (this.root.querySelector(".empty")) this.root.replaceChildren();
+    this.root.append(el);
+    this.scroll();
+  }
+
+  notice(text, kind = "info") {
+    this.root.append(h("div", { class: `notice ${kind}`, role: kind === "error" ? "alert" : "status" }, text));
+    this.scroll();
+  }
+
+  newBubble() {
+    const el = h("div", { class: "msg assistant markdown" });
+    this.root.append(el);
+    this.bubble = { el, text: "", html: "" };
+    return el;
+  }
+
+  // ---- live events -------------------------------------------------------------
+  onEvent(type, data) {
+    if (type === "message.delta") {
+      if (!this.bubble) this.newBubble();
+      const b = this.bubble;
+      b.text += data.text || "";
+      if (data.html !== undefined) {
+        b.html = data.html;
+        b.rendered = b.text.length;
+        setHtml(b.el, b.html);
+      } else {
+        // not rendered yet: show the new text as plain text after the last rendering
+        setHtml(b.el, b.html);
+        b.el.append(h("span", { class: "pending" }, b.text.slice(b.rendered || 0)));
+      }
+    } else if (type === "message.completed") {
+      if (!this.bubble) this.newBubble();
+      setHtml(this.bubble.el, data.html || "");
+      this.bubble = null;
+    } else if (type === "tool.started") {
+      this.bubble = null;
+      const card = this.card(data.call_id, data.name, data.arguments);
+      card.el.classList.add("running");
+      card.status.textContent = "running…";
+    } else if (type === "artifact.created") {
+      const card = this.cards.get(data.call_id);
+      if (card && data.artifact) card.pending.push(data.artifact);
+    } else if (type === "tool.finished") {
+      const card = this.card(data.call_id, data.name, null);
+      this.finishCard(card, { ok: data.ok, status: data.ok ? "ok" : "error", html: data.html, meta: data.meta || {},
+        duration_ms: data.duration_ms });
+    } else if (type === "error") {
+      this.bubble = null;
+      this.notice(data.message || "the turn failed", data.kind === "cancelled" ? "info" : "error");
+    }
+    this.scroll();
+  }
+
+  // ---- tool cards --------------------------------------------------------------
+  card(callId, name, rawArgs) {
+    let card = this.cards.get(callId);
+    if (!card) {
+      const status = h("span", { class: "tool-status" });
+      const summary = h("summary", {}, h("span", { class: "tool-name" }, name || "tool"), status);
+      const body = h("div", { class: "tool-body" });
+      const el = h("details", { class: "tool-card", dataset: { call: callId, tool: name || "" } }, summary, body);
+      const extras = h("div", { class: "tool-extras" });
+      const wrap = h("div", { class: "tool-wrap" }, el, extras);
+      this.root.append(wrap);
+      card = { el, body, status, extras, name, pending: [] };
+      this.cards.set(callId, card);
+    }
+    if (rawArgs !== null && rawArgs !== undefined && !card.argsShown) {
+      const a = prettyArgs(name, rawArgs);
+      card.body.prepend(h("div", { class: "tool-section" }, h("div", { class: "label" }, a.label),
+        h("pre", { class: `code ${a.lang || ""}` }, a.text)));
+      card.argsShown = true;
+    }
+    return card;
+  }
+
+  finishCard(card, { ok, status, html, meta, duration_ms }) {
+    card.el.classList.remove("running");
+    card.el.classList.add(ok ? "ok" : "failed");
+    const parts = [];
+    if (status === "cancelled") parts.push("cancelled");
+    else parts.push(ok ? "done" : "error");
+    if (meta.rows !== undefined && meta.rows !== null) parts.push(`${num(meta.rows)} rows`);
+    else if (meta.artifact && meta.artifact.rows !== undefined && meta.artifact.rows !== null) parts.push(`${num(meta.artifact.rows)} rows`);
+    if (duration_ms) parts.push(`${(duration_ms / 1000).toFixed(2)} s`);
+    card.status.textContent = parts.join(" · ");
+
+    const art = meta.artifact;
+    if (art) {
+      card.body.append(this.offloadNotice(art));
+    } else if (meta.truncated) {
+      card.body.append(h("div", { class: "notice warn tool-notice" },
+        `Truncated: the ${meta.rows !== undefined ? `${num(meta.rows)}-row ` : ""}result was cut to a preview. ` +
+        "The full data was not saved (no code execution here), so only the rows shown reached the model."));
+    }
+    const result = h("div", { class: "tool-section" }, h("div", { class: "label" }, ok ? "result" : "error"));
+    const out = h("div", { class: `tool-result ${ok ? "" : "error"}` });
+    setHtml(out, html || "");
+    result.append(out);
+    card.body.append(result);
+
+    // charts inline (outside the collapsed card), files and reports as links
+    for (const id of meta.images || []) {
+      const src = `/api/artifacts/${encodeURIComponent(id)}/view`;
+      const img = h("img", { class: "chart", src, alt: `chart ${id}`, loading: "lazy", dataset: { artifact: id } });
+      img.addEventListener("click", () => lightbox(src, `chart ${id}`));
+      img.addEventListener("error", () => img.replaceWith(h("div", { class: "notice warn" }, `chart ${id} is no longer available`)));
+      card.extras.append(img);
+    }
+    for (const f of meta.artifacts || []) {
+      if ((meta.images || []).includes(f.id)) continue;
+      card.extras.append(this.fileLink(f));
+    }
+  }
+
+  offloadNotice(art) {
+    const known = this.artifacts.get(art.id) || art;
+    const expired = known.status === "expired";
+    const rows = art.rows !== null && art.rows !== undefined ? `${num(art.rows)} rows × ${art.columns} columns` : "the full result";
+    const box = h("div", { class: `notice tool-notice ${expired ? "warn" : "info"}`, dataset: { artifact: art.id } });
+    if (expired) {
+      box.append(`Expired: artifact ${art.id} (${rows}) was removed from the cache. `);
+      if (known.can_requery) {
+        box.append(h("button", { type: "button", class: "requery", onclick: (e) => this.app.requery(art.id, e.target) },
+          "Re-run query"));
+      } else {
+        box.append("It cannot be re-run automatically (the tool is not read-only): ask again.");
+      }
+      return box;
+    }
+    box.append(`Offloaded: ${rows} (${bytes(art.bytes)} ${art.format}) saved as artifact ${art.id}. ` +
+      "The model saw only this preview, not the full data. ");
+    const base = `/api/artifacts/${encodeURIComponent(art.id)}/download`;
+    box.append(h("a", { href: base, class: "download", download: "" }, art.format === "parquet" ? "Download Parquet" : "Download"));
+    if (art.format === "parquet") box.append(" · ", h("a", { href: `${base}?format=csv`, class: "download", download: "" }, "CSV"));
+    return box;
+  }
+
+  fileLink(f) {
+    const name = f.file || f.id;
+    const ext = (f.format || "").toLowerCase();
+    const id = encodeURIComponent(f.id);
+    if (REPORT_FORMATS.has(ext)) {
+      return h("div", { class: "file-link report" }, "Report: ",
+        h("a", { href: `/api/artifacts/${id}/view`, target: "_blank", rel: "noopener", class: "open-report" }, name),
+        ` (${bytes(f.bytes)}) · `, h("a", { href: `/api/artifacts/${id}/download`, download: "" }, "download"));
+    }
+    if (IMAGE_FORMATS.has(ext)) {
+      const src = `/api/artifacts/${id}/view`;
+      const img = h("img", { class: "chart", src, alt: name, loading: "lazy" });
+      img.addEventListener("click", () => lightbox(src, name));
+      return img;
+    }
+    return h("div", { class: "file-link" }, "File: ", h("a", { href: `/api/artifacts/${id}/download`, download: "" }, name),
+      ` (${bytes(f.bytes)})`);
+  }
+}
+
+export async function loadThread(conv, tid) {
+  const [detail, artifacts] = await Promise.all([
+    api("GET", `/api/threads/${encodeURIComponent(tid)}?limit=500`),
+    api("GET", `/api/threads/${encodeURIComponent(tid)}/artifacts`).catch((e) => {
+      toast(e.message);
+      return [];
+    }),
+  ]);
+  conv.render(detail.records, artifacts);
+  if (detail.has_more) $("#messages").prepend(h("p", { class: "muted" }, "Older messages are not shown."));
+  return detail.thread;
+}
