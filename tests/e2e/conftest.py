@@ -3,6 +3,7 @@ and Playwright driving Debian's Chromium. Screenshots go to tests/e2e/screenshot
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import re
@@ -50,28 +51,26 @@ class Server:
         return re.search(r"(ddt_\S+)", self.cli("users", "token", user)).group(1)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("web")
-    home = tmp / "var"
-    home.mkdir()
-    (home / "datadesk.toml").write_text(
-        '[sandbox]\nbackend = "local"\npool_size = 1\n'
-        '[llm]\nmodel = "fake-model"\n'
-    )
-    # the data dir as `serve` makes it, with memory switched on in the demo workspace
+@contextlib.contextmanager
+def run_server(tmp: Path, llm: FakeOpenAIServer | None) -> Iterator[Server]:
+    """`datadesk serve` on a fresh data dir (memory on in the demo workspace); with `llm` None
+    no model is configured, so the demo model answers."""
     from datadesk.cli import bootstrap
     from datadesk.settings import load_settings
     from datadesk.store.layout import Layout
 
+    home = tmp / "var"
+    home.mkdir()
+    (home / "datadesk.toml").write_text('[sandbox]\nbackend = "local"\npool_size = 1\n')
     bootstrap(load_settings({"DATADESK_HOME": str(home)}))
     ws_toml = Layout(home).workspace_config("demo")
     ws_toml.write_text("memory = true\n" + ws_toml.read_text())
-    llm = FakeOpenAIServer().start()
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DATADESK_"))}
-    env.update(PYTHONPATH=str(ROOT / "platform"), PYTHONUNBUFFERED="1", DATADESK_HOME=str(home),
-               DATADESK_LLM_BASE_URL=llm.base_url, DATADESK_LLM_API_KEY="sk-test", DATADESK_LLM_MODEL="fake-model")
+    env.update(PYTHONPATH=str(ROOT / "platform"), PYTHONUNBUFFERED="1", DATADESK_HOME=str(home))
+    if llm is not None:
+        env.update(DATADESK_LLM_BASE_URL=llm.base_url, DATADESK_LLM_API_KEY="sk-test",
+                   DATADESK_LLM_MODEL="fake-model")
     log = tmp / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "datadesk.cli", "serve", "--port", str(port)],
@@ -88,13 +87,22 @@ def server(tmp_path_factory) -> Iterator[Server]:
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        yield Server(base=base, home=home, env=env, llm=llm, log=log)
+        yield Server(base=base, home=home, env=env, llm=llm, log=log)  # type: ignore[arg-type]
     finally:
         proc.terminate()
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    llm = FakeOpenAIServer().start()
+    try:
+        with run_server(tmp_path_factory.mktemp("web"), llm) as srv:
+            yield srv
+    finally:
         llm.stop()
 
 

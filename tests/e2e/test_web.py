@@ -10,7 +10,7 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from tests.e2e.conftest import login, shot
+from tests.e2e.conftest import login, run_server, shot
 
 pytestmark = pytest.mark.browser
 
@@ -57,8 +57,11 @@ def wait_idle(page) -> None:
 
 
 def ask(page, text: str) -> None:
+    """Type a question, press Enter, wait until the turn has started and finished."""
+    before = page.locator(".msg.user").count()
     page.fill("#input", text)
     page.press("#input", "Enter")
+    until(page, f"document.querySelectorAll('.msg.user').length > {before}")
     wait_idle(page)
 
 
@@ -363,7 +366,8 @@ def test_narrow_screen_login_page_and_demo_banner(server, browser) -> None:
         until(page, "document.body.classList.contains('sidebar-open')")
         shot(page, "threads-390")
         page.click("#new-thread")
-        page.wait_for_selector("#thread-actions:not([hidden])")
+        until(page, "!document.body.classList.contains('sidebar-open') && document.querySelector('#thread-title').textContent === 'New chat'")
+        page.wait_for_timeout(300)  # the drawer's slide-out
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
         shot(page, "chat-390")
         # Shift+Enter adds a line, Enter sends
@@ -374,3 +378,29 @@ def test_narrow_screen_login_page_and_demo_banner(server, browser) -> None:
         assert page.input_value("#input") == "line one\nline two"
     finally:
         ctx.close()
+
+
+def test_demo_banner_and_no_code_execution_notice(tmp_path, browser) -> None:
+    with run_server(tmp_path, llm=None) as demo:
+        demo.cli("users", "add", "viewer", "--workspace", "demo")
+        ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = ctx.new_page()
+        try:
+            page.goto(demo.login_url("admin"))
+            page.wait_for_selector("#app-view:not([hidden])")
+            banner = page.locator("#banner-demo")
+            assert banner.is_visible() and "Demo model in use" in banner.inner_text()
+            assert page.locator("#banner-sandbox").is_hidden()  # admin may run code; the sandbox is up
+            ask(page, "What is in the demo data?")  # no thread yet: sending makes one
+            shot(page, "demo-banner")
+            assert page.locator(".msg.assistant").count() >= 1, page.inner_text("#messages")
+            page.click("#logout")
+            page.wait_for_selector("#login-view:not([hidden])")
+            page.goto(demo.login_url("viewer"))
+            page.wait_for_selector("#app-view:not([hidden])")
+            notice = page.locator("#banner-sandbox")
+            assert notice.is_visible() and "code-execution permission" in notice.inner_text()
+            assert "truncated" in notice.inner_text()
+            shot(page, "no-code-execution")
+        finally:
+            ctx.close()
