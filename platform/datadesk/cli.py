@@ -94,6 +94,12 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         settings.server.port = args.port
     if args.allow_unsafe_local_sandbox:
         settings.sandbox.allow_unsafe_local = True
+    if args.workers is not None:
+        settings.server.workers = args.workers
+    if settings.server.workers < 1:
+        print(f"error: --workers / server.workers must be at least 1, not {settings.server.workers}",
+              file=sys.stderr)
+        return 2
     created, token = bootstrap(settings)
     problem = local_sandbox_problem(settings)
     if problem:
@@ -122,11 +128,102 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         print(f"  open this one-time login URL:\n\n    {base}/login?code={code}\n", flush=True)
     if created and token:
         print(f"  API token of user '{FIRST_ADMIN}' (shown once): {token}\n", flush=True)
-    config = uvicorn.Config(create_app(rt), host=host, port=port, proxy_headers=False, log_level="info")
     for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
         logging.getLogger(name).addFilter(RedactSecrets())
+    if settings.server.workers > 1:
+        return _serve_workers(settings)
+    config = uvicorn.Config(create_app(rt), host=host, port=port, proxy_headers=False, log_level="info")
     uvicorn.Server(config).run()
     return 0
+
+
+WORKER_SETTINGS_ENV = "DATADESK_WORKER_SETTINGS"
+_SECRET_FIELD = ("api_key", "token", "secret", "password")
+
+
+def _secret_paths(struct: object, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Dotted paths of the settings fields that hold secrets (by name)."""
+    import msgspec
+
+    out: list[tuple[str, ...]] = []
+    for f in msgspec.structs.fields(type(struct)):
+        value = getattr(struct, f.name)
+        if isinstance(value, msgspec.Struct):
+            out += _secret_paths(value, (*prefix, f.name))
+        elif any(f.name.endswith(word) for word in _SECRET_FIELD):
+            out.append((*prefix, f.name))
+    return out
+
+
+def _serve_workers(settings: Settings) -> int:
+    """Several app processes on one socket (uvicorn's supervisor). Bootstrap, validation and the
+    login URL happened once, here; each worker builds its own Runtime from a snapshot of these
+    settings (a 0600 file named by an environment variable; secrets are left out of it and each
+    worker reads them again from the environment / config file, never from argv)."""
+    import os
+
+    import msgspec
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    snapshot = msgspec.to_builtins(settings, enc_hook=str)
+    snapshot["home"] = str(settings.home.resolve())
+    for path in _secret_paths(settings):
+        node = snapshot
+        for part in path[:-1]:
+            node = node[part]
+        node.pop(path[-1], None)  # the default until the worker reads it again
+    run = settings.home / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    file = run / f"serve-{os.getpid()}.json"
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(msgspec.json.encode(snapshot))
+    os.environ[WORKER_SETTINGS_ENV] = str(file.resolve())  # inherited by the spawned workers
+    print(f"  {settings.server.workers} workers share this data directory (file locks)", flush=True)
+    try:
+        config = uvicorn.Config("datadesk.cli:worker_app", factory=True, host=settings.server.host,
+                                port=settings.server.port, workers=settings.server.workers,
+                                proxy_headers=False, log_level="info")
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
+    finally:
+        file.unlink(missing_ok=True)
+    return 0
+
+
+def worker_settings() -> Settings:
+    """In a worker process: the parent's settings snapshot, with the secrets read again."""
+    import os
+    from pathlib import Path
+
+    import msgspec
+
+    path = os.environ.get(WORKER_SETTINGS_ENV)
+    if not path:
+        raise SettingsError(f"{WORKER_SETTINGS_ENV} is not set: start workers with `datadesk serve --workers N`")
+    settings = msgspec.json.decode(Path(path).read_bytes(), type=Settings, dec_hook=lambda t, o: Path(o))
+    fresh = load_settings()
+    for secret in _secret_paths(settings):
+        target, source = settings, fresh
+        for part in secret[:-1]:
+            target, source = getattr(target, part), getattr(source, part)
+        setattr(target, secret[-1], getattr(source, secret[-1]))
+    return settings
+
+
+def worker_app():
+    """The app factory each worker of `serve --workers N` imports (uvicorn `factory=True`)."""
+    from datadesk.api.app import create_app
+    from datadesk.api.auth import RedactSecrets
+    from datadesk.chat.runtime import Runtime
+    from datadesk.llm.tokens import count_tokens
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
+        logging.getLogger(name).addFilter(RedactSecrets())
+    settings = worker_settings()
+    count_tokens("warm up")
+    return create_app(Runtime(settings=settings, model=build_model(settings)))
 
 
 def cmd_users(args: argparse.Namespace, settings: Settings) -> int:
@@ -202,6 +299,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the web app (creates ./var and a demo workspace on first start)")
     s.add_argument("--host", help="listen address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="listen port (default 8000)")
+    s.add_argument("--workers", type=int, help="app processes sharing the data directory (default 1; "
+                                                "setting server.workers)")
     s.add_argument("--allow-unsafe-local-sandbox", action="store_true",
                    help="run the local (unisolated) sandbox even beyond localhost or with several coders")
     sb = sub.add_parser("sandbox", help="sandbox image")

@@ -125,11 +125,14 @@ class SandboxSettings(msgspec.Struct, forbid_unknown_fields=True):
     output_tail_chars: int = 2_000
     run_dir: str = ""  # short directory for kernel sockets; default <home>/run
     allow_unsafe_local: bool = False
+    heartbeat_s: float = 5.0  # how often a worker touches its heartbeat file (kernel ownership)
+    owner_stale_s: float = 60.0  # a worker whose heartbeat is older is gone: its kernels are orphans
 
 
 class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: int = 8000
+    workers: int = 1  # app processes (`datadesk serve --workers N`); they share state through file locks
     max_body_bytes: int = 1_048_576
     public_url: str | None = None
 

@@ -75,15 +75,25 @@ def build_kernel_registry(settings: Settings, layout: Layout) -> KernelRegistry:
 
         # RLIMIT_AS counts reserved address space: an idle kernel with pandas and pyarrow
         # already reserves ~1.1 GB, so the local limit is memory_mb on top of that.
-        factory = lambda placement: LocalKernel(placement, memory_bytes=(sb.memory_mb + 1536) << 20,  # noqa: E731
+        memory = (sb.memory_mb + 1536) << 20
+        factory = lambda placement: LocalKernel(placement, memory_bytes=memory,  # noqa: E731
                                                 ready_timeout_s=sb.start_timeout_s)
-        return KernelRegistry(sb, layout.home, factory, artifacts_for)
+
+        async def attach_local(rec, connect: bool):  # another worker's kernel (same host)
+            return await LocalKernel.attach(rec.placement, rec.pid, rec.pid_start, connect=connect,
+                                            memory_bytes=memory, ready_timeout_s=sb.start_timeout_s)
+
+        return KernelRegistry(sb, layout.home, factory, artifacts_for, attach=attach_local, backend_name="local")
     if sb.backend == "docker":
-        from datadesk.sandbox.docker import DockerSandbox
+        from datadesk.sandbox.docker import DockerKernel, DockerSandbox
 
         docker = DockerSandbox(sb, layout.home)
+
+        async def attach_docker(rec, connect: bool):  # another worker's container
+            return await DockerKernel.attach(rec.placement, docker, rec.container, rec.started_at, connect)
+
         return KernelRegistry(sb, layout.home, docker.kernel, artifacts_for, health_check=docker.health,
-                              on_start=docker.remove_orphans)
+                              attach=attach_docker, sweep_orphans=docker.remove_orphans, backend_name="docker")
     raise ValueError(f"sandbox.backend must be local, docker or none, not {sb.backend!r}")
 
 log = logging.getLogger(__name__)
@@ -102,7 +112,8 @@ class Runtime:
         self.layout = Layout(settings.home)
         self.users = UserStore(self.layout)
         self.threads = ThreadStore(self.layout)
-        self.turns = TurnRegistry(settings.chat.max_turns_per_user)
+        # one turn per thread, N per user, cancel: across every worker of the host (file locks)
+        self.turns = TurnRegistry(settings.chat.max_turns_per_user, lock_dir=self.layout.home / "locks" / "turns")
         self.tools = ToolRegistry()
         self._workspaces: dict[str, tuple[WorkspaceConfig, Warehouse]] = {}
         self._ws_lock = threading.Lock()

@@ -1,22 +1,54 @@
-"""Running turns: one at a time per thread, a few at a time per user, cancellable.
+"""Running turns: one at a time per thread, a few at a time per user, cancellable, across
+every app worker of the host.
 
 A turn runs as its own asyncio task and puts events on a queue; the HTTP
 layer drains the queue into an SSE stream. Cancelling (the cancel endpoint,
 or a client disconnect unless the turn finishes in the background) cancels
 the task; the turn records what completed and marks the stopped step as
 cancelled, so the log stays one the next turn can continue from.
+
+Across processes (`datadesk serve --workers N`), with `lock_dir` set:
+
+- `t-<thread>.lock`: held for the whole turn, taken with timeout 0: a second
+  turn on the thread, in any worker, is refused (TurnConflict, HTTP 409).
+- `u-<hash of user>-<i>.lock`, i < max_per_user: a turn holds one free slot; none
+  free in any worker means TooManyTurns (HTTP 429).
+- `t-<thread>.turn`: who runs the turn (turn id, pid), written while it runs,
+  so another worker can tell that it runs and cancel it.
+- `t-<thread>.cancel`: a cancel request naming the turn id. The worker running
+  that turn polls for it and cancels the task; a request for an older turn is
+  ignored, so it can never stop a later one.
+- `exclusive(thread)`: clear and delete cancel the running turn wherever it
+  runs, then hold the thread lock while they work, so no turn starts meanwhile.
+
+Locks held by a process are released by the OS when it dies; a marker left by
+a dead process is recognised by its pid.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import json
 import logging
+import os
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from filelock import FileLock, Timeout
 
 from datadesk.domain.events import TurnEvent
-from datadesk.domain.ids import new_id
+from datadesk.domain.ids import check_id, new_id
+from datadesk.sandbox.ownership import acquire_async, file_lock, pid_alive, proc_start
 
 log = logging.getLogger(__name__)
+
+CANCEL_POLL_S = 0.1  # how often a worker looks for cancel requests of its running turns
+CANCEL_WAIT_S = 10.0  # how long a cancel waits for the turn to record its state and end
+EXCLUSIVE_WAIT_S = 30.0  # how long clear/delete wait for the thread to be free
 
 
 class TurnConflict(Exception):
@@ -37,6 +69,7 @@ class RunningTurn:
     queue: asyncio.Queue[TurnEvent] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
     background: bool = False
+    locks: list[FileLock] = field(default_factory=list)  # thread lock, user slot (cross-process)
 
     def emit(self, type_: str, **data: object) -> None:
         self.queue.put_nowait(TurnEvent(type=type_, data=dict(data)))
@@ -46,13 +79,48 @@ class RunningTurn:
         return self.task is not None and self.task.done()
 
 
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 class TurnRegistry:
-    """Who is running what: enforces one turn per thread and N per user."""
+    """Who is running what: enforces one turn per thread and N per user (see the module docstring)."""
 
-    def __init__(self, max_per_user: int) -> None:
+    def __init__(self, max_per_user: int, lock_dir: Path | None = None) -> None:
         self.max_per_user = max_per_user
+        self.lock_dir = Path(lock_dir) if lock_dir is not None else None
         self._by_thread: dict[str, RunningTurn] = {}
+        self._watcher: asyncio.Task[None] | None = None
 
+    # -- files ---------------------------------------------------------------
+    def _path(self, thread_id: str, suffix: str) -> Path:
+        assert self.lock_dir is not None
+        return self.lock_dir / f"t-{check_id(thread_id, 'thread')}.{suffix}"
+
+    def _slot(self, user_id: str, i: int) -> Path:
+        assert self.lock_dir is not None
+        # named by a hash: a deleted user's name stays nowhere on disk
+        digest = hashlib.sha256(check_id(user_id, "user").encode()).hexdigest()[:20]
+        return self.lock_dir / f"u-{digest}-{i}.lock"
+
+    def _marker(self, thread_id: str) -> dict[str, Any] | None:
+        """The running turn of the thread in any worker of this host, or None."""
+        data = _read_json(self._path(thread_id, "turn"))
+        if data is None or not pid_alive(data.get("pid"), data.get("pid_start")):
+            return None
+        return data
+
+    # -- reserve / release ---------------------------------------------------
     def reserve(self, thread_id: str, user_id: str) -> RunningTurn:
         if thread_id in self._by_thread:
             raise TurnConflict(f"a turn is already running on thread {thread_id}; wait for it or cancel it")
@@ -62,28 +130,135 @@ class TurnRegistry:
                 f"you already have {mine} turns running (limit {self.max_per_user}); wait for one to finish"
             )
         turn = RunningTurn(turn_id=new_id("turn"), thread_id=thread_id, user_id=user_id)
+        if self.lock_dir is not None:
+            self._lock_across_workers(turn)
         self._by_thread[thread_id] = turn
+        if self.lock_dir is not None and (self._watcher is None or self._watcher.done()):
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_cancels(), name="turn-cancel-watch")
         return turn
+
+    def _lock_across_workers(self, turn: RunningTurn) -> None:
+        self.lock_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+        tlock = file_lock(self._path(turn.thread_id, "lock"))
+        try:
+            tlock.acquire(timeout=0)
+        except Timeout:
+            raise TurnConflict(f"a turn is already running on thread {turn.thread_id}; wait for it or "
+                               "cancel it") from None
+        slot = None
+        for i in range(max(1, self.max_per_user)):
+            candidate = file_lock(self._slot(turn.user_id, i))
+            try:
+                candidate.acquire(timeout=0)
+            except Timeout:
+                continue
+            slot = candidate
+            break
+        if slot is None:
+            tlock.release()
+            raise TooManyTurns(f"you already have {self.max_per_user} turns running (limit {self.max_per_user}); "
+                               "wait for one to finish")
+        turn.locks = [tlock, slot]
+        _write_json(self._path(turn.thread_id, "turn"), {
+            "turn_id": turn.turn_id, "pid": os.getpid(), "pid_start": proc_start(os.getpid()),
+            "started": time.time()})
 
     def release(self, turn: RunningTurn) -> None:
         if self._by_thread.get(turn.thread_id) is turn:
             del self._by_thread[turn.thread_id]
+        if not turn.locks:
+            return
+        for suffix in ("turn", "cancel"):
+            path = self._path(turn.thread_id, suffix)
+            data = _read_json(path)
+            if data is not None and data.get("turn_id") == turn.turn_id:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        locks, turn.locks = turn.locks, []
+        for lock in reversed(locks):
+            lock.release()
 
     def get(self, thread_id: str) -> RunningTurn | None:
         return self._by_thread.get(thread_id)
 
+    def running(self, thread_id: str) -> bool:
+        """Whether a turn runs on the thread in this worker or another one of the host."""
+        if thread_id in self._by_thread:
+            return True
+        return self.lock_dir is not None and self._marker(thread_id) is not None
+
+    # -- cancel ----------------------------------------------------------------
     async def cancel(self, thread_id: str) -> bool:
-        """Cancel the running turn of a thread; waits until it has recorded its state."""
+        """Cancel the running turn of a thread (in this worker or another); waits until it has
+        recorded its state."""
         turn = self._by_thread.get(thread_id)
-        if turn is None or turn.task is None or turn.task.done():
+        if turn is not None:
+            if turn.task is None or turn.task.done():
+                return False
+            turn.task.cancel()
+            try:
+                await asyncio.wait_for(asyncio.shield(turn.task), timeout=CANCEL_WAIT_S)
+            except (asyncio.CancelledError, asyncio.TimeoutError):
+                pass
+            return True
+        if self.lock_dir is None:
             return False
-        turn.task.cancel()
-        try:
-            await asyncio.wait_for(asyncio.shield(turn.task), timeout=10)
-        except (asyncio.CancelledError, asyncio.TimeoutError):
-            pass
+        marker = self._marker(thread_id)
+        if marker is None:
+            return False
+        turn_id = marker.get("turn_id")
+        _write_json(self._path(thread_id, "cancel"), {"turn_id": turn_id, "requested": time.time()})
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while time.monotonic() < deadline:
+            now = self._marker(thread_id)
+            if now is None or now.get("turn_id") != turn_id:
+                break
+            await asyncio.sleep(0.02)
         return True
+
+    async def _watch_cancels(self) -> None:
+        """Cancel local turns for which another worker left a cancel request."""
+        while self._by_thread:
+            await asyncio.sleep(CANCEL_POLL_S)
+            for turn in list(self._by_thread.values()):
+                if turn.task is None or turn.task.done() or not turn.locks:
+                    continue
+                path = self._path(turn.thread_id, "cancel")
+                if not path.exists():
+                    continue
+                data = _read_json(path)
+                if data is not None and data.get("turn_id") == turn.turn_id:
+                    log.info("turn %s cancelled from another worker", turn.turn_id)
+                    turn.task.cancel()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, thread_id: str, wait_s: float = EXCLUSIVE_WAIT_S,
+                        deleting: bool = False) -> AsyncIterator[None]:
+        """For clear and delete: cancel the thread's running turn wherever it runs, then hold the
+        thread so that no turn starts until the block ends (TurnConflict if it stays busy).
+        `deleting`: the thread is gone afterwards, so its lock file goes too."""
+        await self.cancel(thread_id)
+        if self.lock_dir is None:
+            yield
+            return
+        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        tlock = file_lock(self._path(thread_id, "lock"))
+        if not await acquire_async(tlock, wait_s, poll_s=0.02):
+            raise TurnConflict(f"a turn is still running on thread {thread_id}; try again in a moment")
+        try:
+            yield
+            if deleting:
+                for suffix in ("lock", "turn", "cancel"):
+                    with contextlib.suppress(FileNotFoundError):
+                        self._path(thread_id, suffix).unlink()
+        finally:
+            tlock.release()
 
     async def cancel_all(self) -> None:
         for tid in list(self._by_thread):
             await self.cancel(tid)
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher

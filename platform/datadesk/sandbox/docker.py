@@ -12,8 +12,13 @@ disk; after each execution its new regular files are read through the
 container's mount namespace (`/proc/<pid>/root/outputs`), never following a
 link, within the quota. (The engine's archive API cannot see tmpfs mounts.)
 
-Containers carry labels (`datadesk.home`, `datadesk.kernel`); at start the app
-removes orphans of an earlier run of the same data directory.
+Containers carry labels (`datadesk.home`, `datadesk.kernel`, and the owner:
+`datadesk.owner` = the worker id, `datadesk.owner_host`, `datadesk.owner_pid`).
+The orphan sweep (at start and in every host-wide reaper round) removes only
+containers of this data directory whose owner is gone: its heartbeat is stale
+or, on this host, its pid is dead (ownership.owner_alive). A live worker's
+kernels are never touched. Another worker reaches a running kernel with
+`DockerKernel.attach` (a second client on the bind-mounted ipc sockets).
 """
 
 from __future__ import annotations
@@ -23,13 +28,13 @@ import hashlib
 import logging
 import os
 import shutil
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from datadesk.sandbox.base import ExecutionResult, KernelBackend, KernelPlacement, SandboxError, SandboxUnavailable
 from datadesk.sandbox.messaging import CONNECTION_FILE, IPYKERNEL_ARGS, KernelChannel, write_connection_file
+from datadesk.sandbox.ownership import owner_alive, this_worker
 from datadesk.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
@@ -54,8 +59,8 @@ class DockerSandbox:
 
     def __init__(self, settings: SandboxSettings, home: Path) -> None:
         self.settings = settings
+        self.home = Path(home)
         self.home_label = hashlib.sha256(str(Path(home).resolve()).encode()).hexdigest()[:16]
-        self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self._client: Any = None
         self._health: tuple[float, tuple[bool, str]] = (0.0, (False, "not checked yet"))
 
@@ -90,25 +95,34 @@ class DockerSandbox:
         self._health = (time.monotonic(), result)
         return result
 
+    @property
+    def owner(self) -> str:
+        return this_worker().id
+
     def labels(self, kernel_id: str) -> dict[str, str]:
+        w = this_worker()
         return {"datadesk.sandbox": "1", "datadesk.home": self.home_label, "datadesk.kernel": kernel_id,
-                "datadesk.owner": self.owner}
+                "datadesk.owner": w.id, "datadesk.owner_host": w.host, "datadesk.owner_pid": str(w.pid)}
 
     def remove_orphans(self) -> int:
-        """Remove containers left by an earlier run of this data directory."""
+        """Remove this data directory's containers whose owner worker is gone (an earlier run, a
+        crashed worker); containers of live workers are left alone. Returns how many went."""
         try:
             found = self.client.containers.list(all=True, filters={"label": f"datadesk.home={self.home_label}"})
         except Exception as exc:
             log.warning("orphan sweep skipped: %s", exc)
             return 0
-        for c in found:
+        stale = self.settings.owner_stale_s
+        gone = [c for c in found if not owner_alive(self.home, (c.labels or {}).get("datadesk.owner"), stale)]
+        for c in gone:
             try:
                 c.remove(force=True)
             except Exception as exc:
-                log.warning("could not remove orphan container %s: %s", c.name, exc)
-        if found:
-            log.info("removed %d orphan sandbox container(s)", len(found))
-        return len(found)
+                if type(exc).__name__ != "NotFound":
+                    log.warning("could not remove orphan container %s: %s", c.name, exc)
+        if gone:
+            log.info("removed %d orphan sandbox container(s) whose worker is gone", len(gone))
+        return len(gone)
 
     def kernel(self, placement: KernelPlacement) -> "DockerKernel":
         return DockerKernel(placement, self)
@@ -125,6 +139,58 @@ class DockerKernel(KernelBackend):
         self._alive: tuple[float, bool] = (0.0, False)
         self._pid = 0
         self._pid_visible = False
+        self._attached = False
+
+    # -- ownership -----------------------------------------------------------------
+    @classmethod
+    async def attach(cls, placement: KernelPlacement, sandbox: DockerSandbox, container_id: str | None,
+                     started_at: float = 0.0, connect: bool = True) -> "DockerKernel":
+        """A client of a kernel container another worker started. With `connect=False` it can only
+        be stopped (orphan cleanup); raises SandboxError when the container cannot be reached."""
+        self = cls(placement, sandbox)
+        self._attached = True
+        self.started_at = started_at
+        if not container_id:
+            if connect:
+                raise SandboxError("the kernel has no container")
+            return self
+        try:
+            self._container = await asyncio.to_thread(sandbox.client.containers.get, container_id)
+            state = await asyncio.to_thread(self._state)
+        except Exception as exc:
+            self._container = None
+            if connect:
+                raise SandboxError(f"its container cannot be reached ({type(exc).__name__})") from None
+            return self
+        self._pid = int(state.get("Pid") or 0)
+        self._pid_visible = bool(self._pid) and os.path.exists(f"/proc/{self._pid}")
+        if not connect:
+            return self
+        if not state.get("Running"):
+            raise SandboxError("its container is not running")
+        self._alive = (time.monotonic(), True)
+        host_info = {**_read_json(placement.run_dir / CONNECTION_FILE), "ip": str(placement.run_dir / "k")}
+        self._channel = KernelChannel(host_info, placement.run_dir, self.is_alive)
+        try:
+            await self._channel.connect(min(self.settings.start_timeout_s, 10))
+        except BaseException:
+            await self.detach()
+            raise
+        return self
+
+    @property
+    def attached(self) -> bool:
+        return self._attached
+
+    def record_fields(self) -> dict[str, object]:
+        """What the kernel table keeps to find this kernel from another worker."""
+        return {"container": self._container.id if self._container is not None else None}
+
+    async def detach(self) -> None:
+        """Close this client's connection; the container keeps running."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
 
     # -- lifecycle ---------------------------------------------------------------
     def _run_container(self) -> Any:
@@ -170,6 +236,7 @@ class DockerKernel(KernelBackend):
 
     async def start(self) -> None:
         t0 = time.monotonic()
+        self._attached = False  # a container this worker starts is its own
         creating = asyncio.ensure_future(asyncio.to_thread(self._run_container))
         try:
             self._container = await asyncio.shield(creating)

@@ -10,11 +10,18 @@ trusted user unless told explicitly (see DESIGN.md section 7).
 `/data` and `/outputs` do not exist here; `rewrite_paths` maps those string
 literals in code to the placement's directories, as a convenience for code
 written for the docker layout. Also a convenience, not isolation.
+
+With several app workers, another worker reaches a running kernel with
+`LocalKernel.attach` (a second client on the same ipc sockets; liveness from
+/proc with the pid's start time, so a reused pid is never taken for the
+kernel). The kernel leads its own session, so it outlives a crashed worker:
+the registry's orphan rule then ends it by its process group.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -39,6 +46,7 @@ from datadesk.sandbox.messaging import (
     socket_prefix,
     write_connection_file,
 )
+from datadesk.sandbox.ownership import pid_alive, proc_start
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +88,52 @@ class LocalKernel(KernelBackend):
         self._proc: asyncio.subprocess.Process | None = None
         self._channel: KernelChannel | None = None
         self._shut_down = False
+        # attached to a kernel another worker started: its pid and start time, no process handle
+        self._pid: int | None = None
+        self._pid_start: int | None = None
+
+    @classmethod
+    async def attach(cls, placement: KernelPlacement, pid: int | None, pid_start: int | None, *,
+                     connect: bool = True, memory_bytes: int = 2 << 30,
+                     ready_timeout_s: float = 30) -> "LocalKernel":
+        """A client of a kernel started by another worker (its connection file and sockets in
+        `placement.run_dir`). With `connect=False` it can only be stopped (orphan cleanup)."""
+        self = cls(placement, memory_bytes=memory_bytes, ready_timeout_s=ready_timeout_s)
+        self._pid, self._pid_start = pid, pid_start
+        if connect:
+            if not await self.is_alive():
+                raise SandboxError("the kernel process is gone")
+            info = json.loads((placement.run_dir / CONNECTION_FILE).read_text())
+            self._channel = KernelChannel({**info, "ip": socket_prefix(placement.run_dir)}, placement.run_dir,
+                                          self.is_alive, interrupt_grace_s=self.interrupt_grace_s)
+            try:
+                await self._channel.connect(min(self.ready_timeout_s, 10))
+            except BaseException:
+                await self.detach()
+                raise
+        return self
+
+    @property
+    def attached(self) -> bool:
+        return self._proc is None and self._pid is not None
+
+    def record_fields(self) -> dict[str, object]:
+        """What the kernel table keeps to find this kernel from another worker."""
+        if self._proc is not None and self._pid_start is None:
+            self._pid_start = proc_start(self._proc.pid)
+        return {"pid": self.pid, "pid_start": self._pid_start}
+
+    async def detach(self) -> None:
+        """Close this client's connection; the kernel keeps running."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
 
     # ------------------------------------------------------------------ helpers
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        return self._proc.pid if self._proc is not None else self._pid
 
     def _env(self) -> dict[str, str]:
         run = self.placement.run_dir
@@ -124,6 +172,8 @@ class LocalKernel(KernelBackend):
         if self._proc is not None and self._proc.returncode is None:
             return
         await self._stop()  # a previous, dead kernel: close its channel, reap stragglers
+        self._proc = None
+        self._pid = self._pid_start = None
         self._shut_down = False
         await self._launch()
 
@@ -185,6 +235,7 @@ class LocalKernel(KernelBackend):
             await channel.close()
         proc = self._proc
         if proc is None:
+            await self._stop_attached()
             return
         pgid = proc.pid  # start_new_session: the kernel leads its own group
         if proc.returncode is None:
@@ -201,9 +252,23 @@ class LocalKernel(KernelBackend):
             except asyncio.TimeoutError:
                 log.error("local kernel pid %s did not exit after SIGKILL", proc.pid)
 
+    async def _stop_attached(self) -> None:
+        """End a kernel this worker did not start (no process handle): its whole group, TERM then
+        KILL, only while the pid is still that kernel."""
+        pid, start = self._pid, self._pid_start
+        if not pid_alive(pid, start):
+            return
+        _killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE_S
+        while pid_alive(pid, start) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if pid_alive(pid, start):
+            _killpg(pid, signal.SIGKILL)
+
     async def restart(self) -> None:
         await self._stop()
         self._proc = None
+        self._pid = self._pid_start = None  # the new kernel is this worker's own
         self._shut_down = False
         await self._launch()
 
@@ -232,11 +297,16 @@ class LocalKernel(KernelBackend):
         shutil.rmtree(run, ignore_errors=True)
 
     async def is_alive(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
+        if self._proc is None:
+            return self._pid is not None and pid_alive(self._pid, self._pid_start)
+        return self._proc.returncode is None
 
     async def death_reason(self) -> str:
         proc = self._proc
         if proc is None:
+            if self._pid is not None:  # another worker's kernel: no exit status to read
+                return "the kernel is running" if pid_alive(self._pid, self._pid_start) else \
+                    "the kernel process exited or was killed"
             return "the kernel is not running"
         rc = proc.returncode
         if rc is None:
@@ -254,8 +324,8 @@ class LocalKernel(KernelBackend):
     async def interrupt(self) -> None:
         if self._channel is not None:
             await self._channel.interrupt()
-        elif self._proc is not None and self._proc.returncode is None:
-            _killpg(self._proc.pid, signal.SIGINT)
+        elif await self.is_alive() and self.pid:
+            _killpg(self.pid, signal.SIGINT)
 
     async def execute(self, code: str, timeout_s: float) -> ExecutionResult:
         """Run `code` as given (callers apply `rewrite_paths` first)."""

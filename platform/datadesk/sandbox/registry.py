@@ -1,16 +1,39 @@
 """Kernel sessions: one warm kernel per (workspace, user, thread), a small pool,
-caps per user and in total, and the reaper (idle and lifetime limits).
+caps per user and in total, and the reaper (idle and lifetime limits), shared by
+every app worker of the host.
 
-Culling lives here, not in the backends. A session's kernel runs one
-execution at a time (a lock per session). After a reclaim or a crash the next
+Culling lives here, not in the backends. After a reclaim or a crash the next
 execution starts a fresh kernel and says so, so the model never assumes old
 variables still exist.
+
+Several workers (processes, `datadesk serve --workers N`) share the on-disk
+kernel table (kerneltable.py):
+
+- A kernel belongs to the worker that started it (`owner` in its record, the
+  owner label on its container). An execution holds the thread's lock file for
+  its whole length, so one thread's kernel runs one execution at a time across
+  workers, and "the lock is free" means "the kernel is idle".
+- A worker that needs a thread's kernel and finds a live one of another worker
+  attaches to it (the backend's `attach`: a second client on the kernel's ipc
+  sockets), uses it and updates `last_used`. The record is checked on every
+  execution, so a connection to a kernel that was since reclaimed or replaced
+  is let go, never used.
+- A kernel whose owner is gone (heartbeat stale, or its pid dead on this host:
+  ownership.owner_alive) is an orphan: it is ended, and the next execution
+  starts a fresh kernel with the notice.
+- Per-user and global caps count the records of every worker, under the
+  table's create lock; the least recently used idle kernel of any worker is
+  reclaimed to make room.
+- Every worker runs the reaper loop for its own pool and connections; the
+  host-wide part (idle and lifetime limits by the records' timestamps,
+  orphans, the backend's orphan sweep, dead heartbeats) runs in one worker per
+  round: the one that takes `sandbox/reaper.lock` with timeout 0.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import json
 import logging
 import os
@@ -18,18 +41,69 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import AsyncIterator, Awaitable, Callable
+
+import msgspec
 
 from datadesk.sandbox.base import (
-    ExecutionResult, KernelBackend, KernelLimitReached, KernelPlacement, SandboxUnavailable,
+    ExecutionResult, KernelBackend, KernelLimitReached, KernelPlacement, SandboxError, SandboxUnavailable,
 )
 from datadesk.sandbox.files import sync_data_links
+from datadesk.sandbox.kerneltable import KernelRecord, KernelTable, SessionKey
+from datadesk.sandbox.ownership import (
+    Heartbeat, acquire_async, owner_alive, pid_alive, remove_dead_heartbeats, this_worker, try_lock,
+)
 from datadesk.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
 
-SessionKey = tuple[str, str, str]  # (workspace, user, thread)
 BackendFactory = Callable[[KernelPlacement], KernelBackend]
+# (record, connect) -> a backend for a kernel another worker started; connect=False: only to stop it
+AttachFactory = Callable[[KernelRecord, bool], Awaitable[KernelBackend]]
+
+SEEN_FILE = "seen_outputs.json"
+REAPER_LOCK = "reaper.lock"
+ORPHAN_NOTICE = "the previous one stopped with the server worker that ran it"
+
+
+class SeenOutputs(dict):
+    """The /outputs files already collected (relpath -> (size, mtime_ns)), kept in the kernel's
+    slot so that a worker attaching later does not collect them a second time."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        super().__init__()
+        self.path = path
+        self._stamp: int | None = None
+        self.reload()
+
+    def reload(self) -> None:
+        """Take what another worker recorded since (cheap when nothing changed)."""
+        if self.path is None:
+            return
+        try:
+            stamp = self.path.stat().st_mtime_ns
+            if stamp == self._stamp:
+                return
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        super().clear()
+        for k, v in (data.items() if isinstance(data, dict) else ()):
+            if isinstance(k, str) and isinstance(v, list) and len(v) == 2:
+                super().__setitem__(k, (int(v[0]), int(v[1])))
+        self._stamp = stamp
+
+    def __setitem__(self, key: str, value: tuple[int, int]) -> None:
+        super().__setitem__(key, value)
+        if self.path is None:
+            return
+        tmp = self.path.with_name(f".{SEEN_FILE}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self))
+            os.replace(tmp, self.path)
+            self._stamp = self.path.stat().st_mtime_ns
+        except OSError:
+            pass  # the slot went away (clear, reclaim): nothing left to remember
 
 
 @dataclass
@@ -60,32 +134,51 @@ def fresh_kernel_notice(reason: str) -> str:
             "earlier are gone: reload what you need from /data.")
 
 
+def _fields(backend: KernelBackend) -> dict[str, object]:
+    """What the backend keeps in the table to find its kernel again (pid, container)."""
+    get = getattr(backend, "record_fields", None)
+    return dict(get()) if get is not None else {}
+
+
+def _attached(backend: KernelBackend) -> bool:
+    return bool(getattr(backend, "attached", False))
+
+
 class KernelRegistry:
-    """Owns every kernel of this process."""
+    """The kernels this worker started or reaches, over the host's kernel table."""
 
     def __init__(self, settings: SandboxSettings, home: Path, factory: BackendFactory,
                  artifacts_dir_for: Callable[[SessionKey], Path],
                  health_check: Callable[[], tuple[bool, str]] | None = None,
-                 on_start: Callable[[], object] | None = None) -> None:
+                 on_start: Callable[[], object] | None = None,
+                 attach: AttachFactory | None = None,
+                 sweep_orphans: Callable[[], object] | None = None,
+                 backend_name: str = "") -> None:
         self.settings = settings
         self.home = Path(home)
         self.factory = factory
         self.artifacts_dir_for = artifacts_dir_for
         self._health_check = health_check or (lambda: (True, ""))
-        self._on_start = on_start  # e.g. remove orphan containers of an earlier run
-        self.sessions: dict[SessionKey, KernelSession] = {}
-        self.pool: list[KernelSession] = []
-        self._notices: dict[SessionKey, str] = {}
-        self._had_kernel: set[SessionKey] = set()
+        self._on_start = on_start
+        self._attach = attach  # None: kernels of other workers cannot be reached (they are replaced)
+        self._sweep_orphans = sweep_orphans  # e.g. remove containers whose owner is gone
+        self.backend_name = backend_name
+        self.table = KernelTable(self.home)
+        self.worker = this_worker()
+        self.heartbeat = Heartbeat(self.home, settings.heartbeat_s, self.worker)
+        self.sessions: dict[SessionKey, KernelSession] = {}  # kernels this worker talks to
+        self.pool: list[KernelSession] = []  # this worker's pre-started kernels
+        self._key_locks: dict[SessionKey, asyncio.Lock] = {}
         self._starting = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._create_lock = asyncio.Lock()
         self._health: tuple[bool, str] = (True, "")
         self.slots_root = self.home / "sandbox" / "slots"
         self.run_root = self._run_root()
 
     def _run_root(self) -> Path:
         """A directory whose socket paths stay under the unix-socket limit (~107 bytes)."""
+        import hashlib
+
         root = Path(self.settings.run_dir) if self.settings.run_dir else self.home / "run"
         if len(str(root.resolve())) + len("/k0123456789/k-5") > 100:
             digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:10]
@@ -93,15 +186,25 @@ class KernelRegistry:
             log.info("kernel socket dir %s (the data dir path is too long for unix sockets)", root)
         return root
 
+    @property
+    def _busy_wait_s(self) -> float:
+        """How long an execution waits for the thread's kernel to be free."""
+        return self.settings.exec_timeout_s + self.settings.start_timeout_s + 30
+
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
+        self.heartbeat.start()  # before any container carries this worker's id
         if self._on_start is not None:
             await asyncio.to_thread(self._on_start)
+        with try_lock(self.home / "sandbox" / REAPER_LOCK) as got:
+            if got:  # orphans of an earlier run (or a crashed worker) go now
+                await self._reap_host(time.time())
         await asyncio.to_thread(self.refresh_health)
         self._tasks.append(asyncio.create_task(self._reaper(), name="kernel-reaper"))
         self._fill_pool()
 
     async def stop(self) -> None:
+        """End this worker's kernels (their records say so) and let go of attached ones."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -110,10 +213,20 @@ class KernelRegistry:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
-        for session in [*self.sessions.values(), *self.pool]:
+        for key, session in list(self.sessions.items()):
+            if _attached(session.backend):
+                await self._let_go(session)
+                continue
+            rec = self.table.load(key)
             await self._dispose(session)
+            if self._same_kernel(rec, session):
+                self._save_gone(rec, ORPHAN_NOTICE)
+        for session in self.pool:
+            await self._dispose(session)
+            self.table.remove_pool(session.placement.kernel_id)
         self.sessions.clear()
         self.pool.clear()
+        await self.heartbeat.stop()
 
     def refresh_health(self) -> tuple[bool, str]:
         try:
@@ -125,6 +238,73 @@ class KernelRegistry:
     def health(self) -> tuple[bool, str]:
         return self._health
 
+    # -- records -------------------------------------------------------------------
+    def _record(self, key: SessionKey, placement: KernelPlacement, backend: KernelBackend | None,
+                started_at: float, last_used: float) -> KernelRecord:
+        return KernelRecord(
+            workspace=key[0], user=key[1], thread=key[2], kernel_id=placement.kernel_id,
+            backend=self.backend_name, owner=self.worker.id, host=self.worker.host,
+            data_dir=str(placement.data_dir), outputs_dir=str(placement.outputs_dir), run_dir=str(placement.run_dir),
+            started_at=started_at, last_used=last_used, had_kernel=True,
+            **(_fields(backend) if backend is not None else {}))
+
+    def _pool_record(self, placement: KernelPlacement, backend: KernelBackend | None = None) -> KernelRecord:
+        now = time.time()
+        return KernelRecord(
+            kernel_id=placement.kernel_id, backend=self.backend_name, owner=self.worker.id, host=self.worker.host,
+            data_dir=str(placement.data_dir), outputs_dir=str(placement.outputs_dir), run_dir=str(placement.run_dir),
+            started_at=now, last_used=now, **(_fields(backend) if backend is not None else {}))
+
+    def _save_gone(self, rec: KernelRecord | None, reason: str, key: SessionKey | None = None) -> None:
+        """The thread has no kernel now; the next one is started with `reason` in its notice."""
+        key = key or (rec.key if rec is not None else None)
+        if key is None:
+            return
+        self.table.save(KernelRecord(workspace=key[0], user=key[1], thread=key[2], backend=self.backend_name,
+                                     notice=reason, had_kernel=True))
+
+    def _same_kernel(self, rec: KernelRecord | None, session: KernelSession) -> bool:
+        """Whether the record still names this session's kernel (same id, same process/container:
+        a kernel another worker restarted keeps its id but not its pid or container)."""
+        if rec is None or rec.kernel_id != session.placement.kernel_id:
+            return False
+        return all(getattr(rec, k) == v for k, v in _fields(session.backend).items()
+                   if k in ("pid", "container") and v is not None)
+
+    def _touch(self, key: SessionKey, session: KernelSession) -> None:
+        rec = self.table.load(key)
+        if rec is None or rec.kernel_id != session.placement.kernel_id:
+            return
+        changes: dict[str, object] = {"last_used": session.last_used}
+        if not _attached(session.backend):  # ours (or restarted by us after a hung interrupt)
+            changes.update(owner=self.worker.id, host=self.worker.host, **_fields(session.backend))
+        self.table.save(msgspec.structs.replace(rec, **changes))
+
+    def has_kernel(self, key: SessionKey) -> bool:
+        """Whether the thread has a kernel now (in any worker)."""
+        rec = self.table.load(key)
+        return rec is not None and bool(rec.kernel_id)
+
+    # -- locks -----------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _hold(self, key: SessionKey, wait_s: float) -> AsyncIterator[None]:
+        """The thread's kernel, exclusively: an in-process lock, then the key's lock file."""
+        local = self._key_locks.setdefault(key, asyncio.Lock())
+        try:
+            await asyncio.wait_for(local.acquire(), wait_s)
+        except asyncio.TimeoutError:
+            raise SandboxError("the Python kernel of this thread is busy with another request; try again") from None
+        try:
+            flock = self.table.key_lock(key)
+            if not await acquire_async(flock, wait_s):
+                raise SandboxError("the Python kernel of this thread is busy in another server worker; try again")
+            try:
+                yield
+            finally:
+                flock.release()
+        finally:
+            local.release()
+
     # -- kernels -------------------------------------------------------------------
     def _placement(self) -> KernelPlacement:
         kid = "k" + os.urandom(5).hex()
@@ -132,8 +312,8 @@ class KernelRegistry:
         return KernelPlacement(kernel_id=kid, data_dir=slot / "data", outputs_dir=slot / "outputs",
                                run_dir=self.run_root / kid)
 
-    async def _launch(self) -> KernelSession:
-        placement = self._placement()
+    async def _launch(self, placement: KernelPlacement | None = None) -> KernelSession:
+        placement = placement or self._placement()
         for d in (placement.data_dir, placement.outputs_dir, placement.run_dir):
             d.mkdir(parents=True, exist_ok=True)
         backend = self.factory(placement)
@@ -148,8 +328,6 @@ class KernelRegistry:
 
     def _fill_pool(self) -> None:
         want = self.settings.pool_size - len(self.pool) - self._starting
-        total = len(self.sessions) + len(self.pool) + self._starting
-        want = min(want, self.settings.max_kernels - total)
         if want <= 0 or not self._health[0]:
             return
         for _ in range(want):
@@ -159,14 +337,28 @@ class KernelRegistry:
 
     async def _pool_one(self) -> None:
         session = None
+        placement = None
         try:
-            session = await self._launch()
+            lock = self.table.create_lock()
+            if not await acquire_async(lock, self.settings.start_timeout_s):
+                return
+            try:
+                if len(self.table.kernels()) >= self.settings.max_kernels:
+                    return  # the host is at its cap: no spare kernel
+                placement = self._placement()
+                self.table.save_pool(self._pool_record(placement))  # counted from now on
+            finally:
+                lock.release()
+            session = await self._launch(placement)
             # the first cell of a fresh interpreter is slow: run it now, not on the user's time
             await session.backend.execute("None", self.settings.start_timeout_s)
+            self.table.save_pool(self._pool_record(placement, session.backend))
             self.pool.append(session)
         except BaseException as exc:
             if session is not None and session not in self.pool:
                 await self._dispose(session)  # cancelled mid warm-up (shutdown): never leak it
+            if placement is not None and (session is None or session not in self.pool):
+                self.table.remove_pool(placement.kernel_id)
             if not isinstance(exc, Exception):
                 raise
             log.warning("could not pre-start a pool kernel: %s", exc)
@@ -174,60 +366,174 @@ class KernelRegistry:
             self._starting -= 1
 
     async def _take(self, key: SessionKey) -> KernelSession:
-        """A kernel for `key`: from the pool when one is ready, else a new one."""
-        await self._make_room(key)
-        session = self.pool.pop(0) if self.pool else None
-        if session is None or not await session.backend.is_alive():
+        """A kernel for `key` (whose lock the caller holds): from the pool when one is ready, else
+        a new one. Room is made and the record reserved under the table's create lock."""
+        previous = self.table.load(key)
+        lock = self.table.create_lock()
+        if not await acquire_async(lock, self.settings.start_timeout_s):
+            raise SandboxError("timed out waiting for other kernels to start; try again")
+        session: KernelSession | None = None
+        placement: KernelPlacement | None = None
+        try:
+            await self._make_room(key)
+            while self.pool and session is None:
+                candidate = self.pool.pop(0)
+                self.table.remove_pool(candidate.placement.kernel_id)
+                if await candidate.backend.is_alive():
+                    session = candidate
+                else:
+                    await self._dispose(candidate)
+            now = time.time()
             if session is not None:
-                await self._dispose(session)
-            session = await self._launch()
+                self.table.save(self._record(key, session.placement, session.backend, session.started_at, now))
+            else:
+                placement = self._placement()
+                self.table.save(self._record(key, placement, None, now, now))  # reserved
+        finally:
+            lock.release()
+        if session is None:
+            assert placement is not None
+            try:
+                session = await self._launch(placement)
+            except BaseException:
+                if previous is not None:
+                    self.table.save(previous)  # its notice is still to be given
+                else:
+                    self.table.remove(key)
+                raise
         session.key = key
         session.last_used = time.time()
+        slot = session.placement.data_dir.parent
         # who this slot serves, on disk: a user deletion from the CLI can find and purge it
-        owner = session.placement.data_dir.parent / "owner.json"
-        owner.write_text(json.dumps({"workspace": key[0], "user": key[1], "thread": key[2]}))
+        (slot / "owner.json").write_text(json.dumps({"workspace": key[0], "user": key[1], "thread": key[2]}))
+        session.seen_outputs = SeenOutputs(slot / SEEN_FILE)
         self.sessions[key] = session
+        self.table.save(self._record(key, session.placement, session.backend, session.started_at, session.last_used))
         self._fill_pool()  # a used kernel never returns to the pool; start a replacement
         return session
 
     async def _make_room(self, key: SessionKey) -> None:
-        user = key[1]
-        mine = [s for k, s in self.sessions.items() if k[1] == user]
-        if len(mine) >= self.settings.max_kernels_per_user:
-            idle = sorted((s for s in mine if not s.lock.locked()), key=lambda s: s.last_used)
-            if not idle:
+        """Under the create lock: reclaim what the per-user and global caps need (every worker's
+        kernels count), or raise KernelLimitReached when nothing is idle."""
+        s = self.settings
+        records = self.table.kernels()
+        mine = [r for r in records if r.key is not None and r.user == key[1]]
+        if len(mine) >= s.max_kernels_per_user:
+            if not await self._reclaim_lru(mine, "your kernel limit was reached and it was the least recently used"):
                 raise KernelLimitReached(
                     f"you already have {len(mine)} Python kernels busy (limit "
-                    f"{self.settings.max_kernels_per_user}); wait for one to finish")
-            await self.reclaim(idle[0].key, "your kernel limit was reached and it was the least recently used")
-        total = len(self.sessions) + len(self.pool)
-        if total >= self.settings.max_kernels:
-            if self.pool:
-                await self._dispose(self.pool.pop())
-                return
-            idle = sorted((s for s in self.sessions.values() if not s.lock.locked()), key=lambda s: s.last_used)
-            if not idle:
-                raise KernelLimitReached(
-                    f"the server runs its maximum of {self.settings.max_kernels} Python kernels and all are "
-                    "busy; try again in a moment")
-            await self.reclaim(idle[0].key, "the server's kernel limit was reached")
+                    f"{s.max_kernels_per_user}); wait for one to finish")
+            records = self.table.kernels()
+        if len(records) < s.max_kernels:
+            return
+        if self.pool:
+            victim = self.pool.pop()
+            self.table.remove_pool(victim.placement.kernel_id)
+            await self._dispose(victim)
+            return
+        for rec in (r for r in records if r.key is None):  # another worker's spare kernel
+            self.table.remove_pool(rec.kernel_id or "")
+            await self._end_record(rec)
+            return
+        if not await self._reclaim_lru([r for r in records if r.key is not None],
+                                       "the server's kernel limit was reached"):
+            raise KernelLimitReached(
+                f"the server runs its maximum of {s.max_kernels} Python kernels and all are "
+                "busy; try again in a moment")
+
+    async def _reclaim_lru(self, candidates: list[KernelRecord], reason: str) -> bool:
+        """Reclaim the first idle one: orphans first, then the least recently used."""
+        stale = self.settings.owner_stale_s
+        order = sorted(candidates, key=lambda r: (owner_alive(self.home, r.owner, stale), r.last_used))
+        for rec in order:
+            if rec.key is not None and await self._reclaim_if_idle(rec.key, f"the previous one was reclaimed: {reason}"):
+                return True
+        return False
+
+    async def _reclaim_if_idle(self, key: SessionKey, notice: str, kernel_id: str | None = None) -> bool:
+        """End the thread's kernel unless an execution holds it (its lock, timeout 0). True when
+        it is gone (also when it was already)."""
+        local = self._key_locks.get(key)
+        if local is not None and local.locked():
+            return False
+        with try_lock(self.table.key_lock(key)) as got:
+            if not got:
+                return False
+            rec = self.table.load(key)
+            if rec is None or not rec.kernel_id or (kernel_id is not None and rec.kernel_id != kernel_id):
+                return True
+            log.info("reclaiming kernel %s of %s: %s", rec.kernel_id, key, notice)
+            session = self.sessions.pop(key, None)
+            if session is not None and self._same_kernel(rec, session):
+                await self._dispose(session)
+            else:
+                if session is not None:
+                    await self._let_go(session)
+                await self._end_record(rec)
+            self._save_gone(rec, notice)
+            return True
 
     async def reclaim(self, key: SessionKey | None, reason: str) -> None:
-        """Shut a thread's kernel down; its next execution gets a fresh one and is told why."""
-        session = self.sessions.pop(key, None) if key else None
-        if session is None:
-            return
-        self._notices[key] = f"the previous one was reclaimed: {reason}"
-        log.info("reclaiming kernel %s of %s: %s", session.placement.kernel_id, key, reason)
-        await self._dispose(session)
+        """Shut a thread's kernel down (unless it is running code); its next execution gets a fresh
+        one and is told why."""
+        if key is not None:
+            await self._reclaim_if_idle(key, f"the previous one was reclaimed: {reason}")
 
     async def shutdown_thread(self, key: SessionKey) -> None:
-        """The thread was cleared or deleted: stop its kernel, forget its notices."""
-        session = self.sessions.pop(key, None)
-        self._notices.pop(key, None)
-        self._had_kernel.discard(key)
-        if session is not None:
+        """The thread was cleared or deleted: stop its kernel (whichever worker runs it), forget
+        its notices."""
+        async with self._hold(key, self._busy_wait_s):
+            rec = self.table.load(key)
+            session = self.sessions.pop(key, None)
+            if session is not None and self._same_kernel(rec, session):
+                await self._dispose(session)
+            else:
+                if session is not None:
+                    await self._let_go(session)
+                if rec is not None and rec.kernel_id:
+                    await self._end_record(rec)
+            self.table.remove(key)
+
+    async def _end_record(self, rec: KernelRecord) -> None:
+        """Stop a kernel known only by its record (another worker's, or an orphan)."""
+        if self._attach is None:
+            log.warning("kernel %s of another worker cannot be reached by this backend; its owner ends it",
+                        rec.kernel_id)
+            return
+        try:
+            backend = await self._attach(rec, False)
+            await backend.shutdown()
+        except Exception as exc:
+            log.warning("could not stop kernel %s: %s", rec.kernel_id, exc)
+        # its slot and socket dir, only where this data directory keeps them
+        for d in (Path(rec.data_dir).parent if rec.data_dir else None, Path(rec.run_dir) if rec.run_dir else None):
+            if d is not None and (d.is_relative_to(self.slots_root) or d.is_relative_to(self.run_root)):
+                shutil.rmtree(d, ignore_errors=True)
+
+    async def _let_go(self, session: KernelSession) -> None:
+        """Drop a connection the table no longer backs: close it; end the kernel only when it is
+        ours and still runs (nobody else did)."""
+        backend = session.backend
+        if not _attached(backend) and await backend.is_alive():
             await self._dispose(session)
+            return
+        detach = getattr(backend, "detach", None)
+        try:
+            if detach is not None:
+                await detach()
+        except Exception as exc:
+            log.debug("closing a connection to kernel %s: %s", session.placement.kernel_id, exc)
+
+    async def _forget(self, key: SessionKey, session: KernelSession, notice: str) -> None:
+        """The session's kernel died or was restarted away: end it and note why."""
+        if self.sessions.get(key) is session:
+            del self.sessions[key]
+        rec = self.table.load(key)
+        if rec is not None and rec.kernel_id and not self._same_kernel(rec, session):
+            await self._let_go(session)  # the table already names another kernel
+            return
+        await self._dispose(session)
+        self._save_gone(rec, notice, key)
 
     async def _dispose(self, session: KernelSession) -> None:
         await self._dispose_backend(session.backend)
@@ -244,52 +550,90 @@ class KernelRegistry:
     # -- execution -----------------------------------------------------------------
     async def session_for(self, key: SessionKey) -> tuple[KernelSession, list[str]]:
         """The warm kernel of `key`, started (or restarted after a crash) when needed."""
+        async with self._hold(key, self._busy_wait_s):
+            return await self._session_for(key)
+
+    async def _session_for(self, key: SessionKey) -> tuple[KernelSession, list[str]]:
         ok, why = self._health
         if not ok:
             raise SandboxUnavailable(f"the Python sandbox is unavailable: {why}")
+        rec = self.table.load(key)
+        session = self.sessions.get(key)
+        if session is not None and not self._same_kernel(rec, session):
+            # reclaimed, replaced or cleared meanwhile (maybe by another worker): never use it
+            del self.sessions[key]
+            await self._let_go(session)
+            session = None
+        if session is None and rec is not None and rec.kernel_id:
+            session = await self._reach(key, rec)
+        if session is not None and not await session.backend.is_alive():
+            reason = await session.backend.death_reason()
+            await self._forget(key, session, f"the previous one stopped: {reason}")
+            session = None
         notices: list[str] = []
-        async with self._create_lock:
-            session = self.sessions.get(key)
-            if session is not None and not await session.backend.is_alive():
-                reason = await session.backend.death_reason()
-                self.sessions.pop(key, None)
-                await self._dispose(session)
-                self._notices[key] = f"the previous one stopped: {reason}"
-                session = None
-            if session is None:
-                session = await self._take(key)
-                if key in self._notices:
-                    notices.append(fresh_kernel_notice(self._notices.pop(key)))
-                elif key in self._had_kernel:
-                    notices.append(fresh_kernel_notice("the previous one is gone"))
-                self._had_kernel.add(key)
+        if session is None:
+            rec = self.table.load(key)
+            session = await self._take(key)
+            if rec is not None and rec.notice:
+                notices.append(fresh_kernel_notice(rec.notice))
+            elif rec is not None and rec.had_kernel:
+                notices.append(fresh_kernel_notice("the previous one is gone"))
         return session, notices
+
+    async def _reach(self, key: SessionKey, rec: KernelRecord) -> KernelSession | None:
+        """Attach to the thread's kernel that another worker started; None (and the reason saved
+        for the notice) when its owner is gone or it cannot be reached."""
+        if not owner_alive(self.home, rec.owner, self.settings.owner_stale_s):
+            log.info("kernel %s of %s is an orphan (worker %s is gone): ending it", rec.kernel_id, key, rec.owner)
+            await self._end_record(rec)
+            self._save_gone(rec, ORPHAN_NOTICE)
+            return None
+        if self._attach is None or (rec.backend and rec.backend != self.backend_name):
+            await self._end_record(rec)
+            self._save_gone(rec, "the previous one ran in another server worker, which this one cannot reach")
+            return None
+        try:
+            backend = await self._attach(rec, True)
+        except Exception as exc:
+            log.warning("cannot reach kernel %s of worker %s: %s", rec.kernel_id, rec.owner, exc)
+            await self._end_record(rec)
+            self._save_gone(rec, f"the previous one could not be reached from this server worker: {exc}")
+            return None
+        backend.started_at = rec.started_at
+        slot = Path(rec.data_dir).parent
+        session = KernelSession(backend=backend, started_at=rec.started_at, last_used=rec.last_used, key=key,
+                                seen_outputs=SeenOutputs(slot / SEEN_FILE))
+        self.sessions[key] = session
+        return session
 
     async def execute(self, key: SessionKey, code: str, timeout_s: float | None = None) -> Execution:
         timeout = self.settings.exec_timeout_s if timeout_s is None else timeout_s
-        session, notices = await self.session_for(key)
-        async with session.lock:
-            sync_data_links(self.artifacts_dir_for(key), session.placement.data_dir)
-            session.last_used = time.time()
-            code = session.backend.rewrite_paths(code)
-            try:
-                result = await session.backend.execute(code, timeout)
-            finally:
+        async with self._hold(key, self._busy_wait_s):
+            session, notices = await self._session_for(key)
+            async with session.lock:
+                if isinstance(session.seen_outputs, SeenOutputs):
+                    session.seen_outputs.reload()
+                sync_data_links(self.artifacts_dir_for(key), session.placement.data_dir)
                 session.last_used = time.time()
-            if result.status == "timeout" and result.note:
-                pass  # the backend already restarted a kernel that ignored the interrupt
-            elif result.status == "timeout":
-                result.note = await self._after_timeout(key, session)
-            elif result.status == "died" or not await session.backend.is_alive():
-                reason = await session.backend.death_reason()
-                result.status = "died"
-                result.note = (f"The Python kernel died ({reason}). Its variables are gone; the next "
-                               "python call starts a fresh kernel.")
-                self.sessions.pop(key, None)
-                self._notices[key] = f"the previous one stopped: {reason}"
-                await self._dispose(session)
-            else:
-                await session.backend.collect_outputs()
+                code = session.backend.rewrite_paths(code)
+                try:
+                    result = await session.backend.execute(code, timeout)
+                finally:
+                    session.last_used = time.time()
+                if result.status == "timeout" and result.note:
+                    pass  # the backend already restarted a kernel that ignored the interrupt
+                elif result.status == "timeout":
+                    result.note = await self._after_timeout(key, session)
+                elif result.status == "died" or not await session.backend.is_alive():
+                    reason = await session.backend.death_reason()
+                    result.status = "died"
+                    result.note = (f"The Python kernel died ({reason}). Its variables are gone; the next "
+                                   "python call starts a fresh kernel.")
+                    await self._forget(key, session, f"the previous one stopped: {reason}")
+                else:
+                    await session.backend.collect_outputs()
+                if self.sessions.get(key) is session:
+                    self._touch(key, session)
         return Execution(result=result, session=session, notices=notices)
 
     async def _after_timeout(self, key: SessionKey, session: KernelSession) -> str:
@@ -300,33 +644,68 @@ class KernelRegistry:
                 await session.backend.collect_outputs()
                 return ("The code was interrupted after the time limit; the kernel and its variables "
                         "are still there.")
-        self.sessions.pop(key, None)
-        self._notices[key] = "the previous one did not stop after an interrupt and was restarted"
-        await self._dispose(session)
+        await self._forget(key, session, "the previous one did not stop after an interrupt and was restarted")
         return ("The code did not stop after an interrupt, so the kernel was shut down; the next python "
                 "call starts a fresh kernel without the earlier variables.")
 
     # -- reaper ----------------------------------------------------------------------
     async def reap_once(self, now: float | None = None) -> list[tuple[SessionKey, str]]:
+        """One round: this worker's pool and connections, then (in one worker of the host per
+        round) idle and old kernels, orphans and dead heartbeats."""
         now = time.time() if now is None else now
+        for session in list(self.pool):
+            if now - session.started_at > self.settings.max_lifetime_s or not await session.backend.is_alive():
+                self.pool.remove(session)
+                self.table.remove_pool(session.placement.kernel_id)
+                await self._dispose(session)
+        await self._prune_sessions()
+        reclaimed: list[tuple[SessionKey, str]] = []
+        with try_lock(self.home / "sandbox" / REAPER_LOCK) as got:
+            if got:
+                reclaimed = await self._reap_host(now)
+        self._fill_pool()
+        return reclaimed
+
+    async def _prune_sessions(self) -> None:
+        """Let go of connections to kernels the table no longer gives this thread."""
+        for key, session in list(self.sessions.items()):
+            if self._same_kernel(self.table.load(key), session):
+                continue
+            with try_lock(self.table.key_lock(key)) as got:
+                if got and self.sessions.get(key) is session and not session.lock.locked():
+                    del self.sessions[key]
+                    await self._let_go(session)
+        for key in [k for k, lk in self._key_locks.items() if not lk.locked() and k not in self.sessions]:
+            del self._key_locks[key]
+
+    async def _reap_host(self, now: float) -> list[tuple[SessionKey, str]]:
         s = self.settings
         reclaimed: list[tuple[SessionKey, str]] = []
-        for key, session in list(self.sessions.items()):
-            if session.lock.locked():
-                continue  # never pull a kernel from under a running execution
-            if now - session.last_used > s.idle_timeout_s:
+        for rec in list(self.table.sessions()):
+            key = rec.key
+            if not rec.kernel_id or key is None:
+                continue
+            if not owner_alive(self.home, rec.owner, s.owner_stale_s):
+                reason, notice = "its worker is gone", ORPHAN_NOTICE
+            elif rec.pid and rec.owner == self.worker.id and not pid_alive(rec.pid, rec.pid_start):
+                reason, notice = "it had stopped", "the previous one stopped"
+            elif now - rec.last_used > s.idle_timeout_s:
                 reason = f"idle for more than {s.idle_timeout_s / 60:g} min"
-            elif now - session.started_at > s.max_lifetime_s:
+                notice = f"the previous one was reclaimed: {reason}"
+            elif now - rec.started_at > s.max_lifetime_s:
                 reason = f"it reached the {s.max_lifetime_s / 3600:g} h lifetime"
+                notice = f"the previous one was reclaimed: {reason}"
             else:
                 continue
-            await self.reclaim(key, reason)
-            reclaimed.append((key, reason))
-        for session in list(self.pool):
-            if now - session.started_at > s.max_lifetime_s or not await session.backend.is_alive():
-                self.pool.remove(session)
-                await self._dispose(session)
-        self._fill_pool()
+            if await self._reclaim_if_idle(key, notice, rec.kernel_id):
+                reclaimed.append((key, reason))
+        for rec in list(self.table.pooled()):
+            if rec.owner != self.worker.id and not owner_alive(self.home, rec.owner, s.owner_stale_s):
+                self.table.remove_pool(rec.kernel_id or "")
+                await self._end_record(rec)
+        if self._sweep_orphans is not None:
+            await asyncio.to_thread(self._sweep_orphans)
+        await asyncio.to_thread(remove_dead_heartbeats, self.home, s.owner_stale_s)
         return reclaimed
 
     async def _reaper(self) -> None:
@@ -340,8 +719,9 @@ class KernelRegistry:
 
 
 def purge_user_slots(home: Path, user: str) -> list[str]:
-    """Remove the kernel slots (data links, outputs) serving `user`; returns their kernel ids.
-    Used when a user is deleted while a server may still hold their kernels."""
+    """Remove the kernel slots (data links, outputs) serving `user` and their kernel records;
+    returns their kernel ids. Used when a user is deleted while a server may still hold their
+    kernels (the owning worker lets them go on its next reaper round: the record is gone)."""
     root = Path(home) / "sandbox" / "slots"
     gone: list[str] = []
     for slot in (root.iterdir() if root.is_dir() else ()):
@@ -352,4 +732,8 @@ def purge_user_slots(home: Path, user: str) -> list[str]:
         if owner.get("user") == user:
             shutil.rmtree(slot, ignore_errors=True)
             gone.append(slot.name)
+    table = KernelTable(Path(home))
+    for rec in list(table.sessions()):
+        if rec.user == user and rec.key is not None:
+            table.remove(rec.key)
     return gone

@@ -1,0 +1,151 @@
+"""The on-disk kernel table: which kernel serves which thread, owned by which worker.
+
+One small JSON file per (workspace, user, thread) session and one per pooled
+kernel, under `<home>/sandbox/kernels/`, each replaced atomically (temp file +
+rename) and changed only under its own lock file:
+
+- `s-<hash>.json` / `s-<hash>.lock`: the session of a key. `kernel_id` is None
+  when the thread has no kernel now; `notice` then says why the previous one
+  went (shown to the model with the next fresh kernel) and `had_kernel` that
+  there was one. The key's lock is held for the whole of an execution, so
+  "can I take the lock with timeout 0" means "the kernel is idle".
+- `p-<kernel id>.json`: a pre-started pool kernel of one worker.
+- `.create.lock`: held while counting kernels against the caps and reserving a
+  record for a new one, so two workers never both pass a cap.
+
+Every worker reads the same table, so per-user and global caps, the reaper and
+the orphan sweep see all kernels of the host, not one worker's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Iterator
+
+import msgspec
+from filelock import FileLock
+
+from datadesk.sandbox.base import KernelPlacement
+from datadesk.sandbox.ownership import file_lock
+
+log = logging.getLogger(__name__)
+
+SessionKey = tuple[str, str, str]  # (workspace, user, thread)
+
+
+class KernelRecord(msgspec.Struct, omit_defaults=True):
+    """One row of the kernel table (see the module docstring)."""
+
+    workspace: str | None = None
+    user: str | None = None
+    thread: str | None = None
+    kernel_id: str | None = None
+    backend: str = ""
+    owner: str = ""  # worker id (ownership.Worker.id)
+    host: str = ""
+    data_dir: str = ""
+    outputs_dir: str = ""
+    run_dir: str = ""
+    container: str | None = None  # docker: the container id
+    pid: int | None = None  # local: the kernel's pid (= its process group)
+    pid_start: int | None = None  # local: the pid's start time, so a reused pid is not taken for it
+    started_at: float = 0.0
+    last_used: float = 0.0
+    notice: str | None = None
+    had_kernel: bool = False
+
+    @property
+    def key(self) -> SessionKey | None:
+        if self.workspace and self.user and self.thread:
+            return (self.workspace, self.user, self.thread)
+        return None
+
+    @property
+    def placement(self) -> KernelPlacement:
+        return KernelPlacement(kernel_id=self.kernel_id or "", data_dir=Path(self.data_dir),
+                               outputs_dir=Path(self.outputs_dir), run_dir=Path(self.run_dir))
+
+
+_decoder = msgspec.json.Decoder(KernelRecord)
+_encoder = msgspec.json.Encoder()
+
+
+def key_hash(key: SessionKey) -> str:
+    return hashlib.sha256("\0".join(key).encode()).hexdigest()[:32]
+
+
+class KernelTable:
+    """Reads and writes the records of one data directory."""
+
+    def __init__(self, home: Path) -> None:
+        self.dir = Path(home) / "sandbox" / "kernels"
+
+    # -- paths and locks -------------------------------------------------------
+    def session_path(self, key: SessionKey) -> Path:
+        return self.dir / f"s-{key_hash(key)}.json"
+
+    def pool_path(self, kernel_id: str) -> Path:
+        return self.dir / f"p-{kernel_id}.json"
+
+    def key_lock(self, key: SessionKey) -> FileLock:
+        return file_lock(self.dir / f"s-{key_hash(key)}.lock")
+
+    def create_lock(self) -> FileLock:
+        return file_lock(self.dir / ".create.lock")
+
+    # -- records ----------------------------------------------------------------
+    def _read(self, path: Path) -> KernelRecord | None:
+        try:
+            return _decoder.decode(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("ignoring an unreadable kernel record %s: %s", path.name, exc)
+            return None
+
+    def _write(self, path: Path, rec: KernelRecord) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(_encoder.encode(rec))
+        os.replace(tmp, path)
+
+    def load(self, key: SessionKey) -> KernelRecord | None:
+        rec = self._read(self.session_path(key))
+        return rec if rec is not None and rec.key == key else None
+
+    def save(self, rec: KernelRecord) -> None:
+        key = rec.key
+        if key is None:
+            raise ValueError("a session record needs workspace, user and thread")
+        self._write(self.session_path(key), rec)
+
+    def remove(self, key: SessionKey) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.session_path(key).unlink()
+
+    def save_pool(self, rec: KernelRecord) -> None:
+        self._write(self.pool_path(rec.kernel_id or ""), rec)
+
+    def remove_pool(self, kernel_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.pool_path(kernel_id).unlink()
+
+    def sessions(self) -> Iterator[KernelRecord]:
+        for path in sorted(self.dir.glob("s-*.json")) if self.dir.is_dir() else ():
+            rec = self._read(path)
+            if rec is not None and rec.key is not None:
+                yield rec
+
+    def pooled(self) -> Iterator[KernelRecord]:
+        for path in sorted(self.dir.glob("p-*.json")) if self.dir.is_dir() else ():
+            rec = self._read(path)
+            if rec is not None and rec.kernel_id:
+                yield rec
+
+    def kernels(self) -> list[KernelRecord]:
+        """Every record that stands for a kernel (sessions with one, and pool kernels)."""
+        return [r for r in self.sessions() if r.kernel_id] + list(self.pooled())
