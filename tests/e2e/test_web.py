@@ -51,6 +51,15 @@ def until(page, expression: str, timeout_s: float = 30.0) -> None:
         page.wait_for_timeout(100)
 
 
+def new_chat(page) -> None:
+    """Start a new chat and wait until it is the one shown (empty)."""
+    old = page.evaluate("() => location.hash")
+    page.click("#new-thread")
+    until(page, f"location.hash.startsWith('#t=') && location.hash !== {old!r} && "
+                "document.querySelector('#messages .empty') && "
+                "document.querySelector('#thread-title').textContent === 'New chat'")
+
+
 def wait_idle(page) -> None:
     """The turn finished: the Send button is back."""
     page.wait_for_selector("#send:not([hidden])", timeout=120_000)
@@ -82,8 +91,7 @@ def test_analysis_flow_tool_cards_chart_download_report_and_xss(server, page, ot
                  "[click me](javascript:window.__pwned='link')\n\n| building | kWh |\n|---|---|\n| B01 | 12 |\n")
     login(page, server)
     # a thread whose title tries to inject markup
-    page.click("#new-thread")
-    page.wait_for_selector("#thread-actions:not([hidden])")
+    new_chat(page)
     page.click("#rename-thread")
     page.fill("#prompt-input", "<img src=x onerror=\"window.__pwned='title'\">Energy")
     page.click("#prompt-ok")
@@ -204,8 +212,7 @@ def test_expired_artifact_rerun_from_the_card(server, page) -> None:
     llm.add_tool_calls([{"id": "call_big", "name": "sql_query", "arguments": {"sql": "SELECT * FROM readings"}}])
     llm.add_text("Saved the readings.")
     login(page, server)
-    page.click("#new-thread")
-    page.wait_for_selector("#thread-actions:not([hidden])")
+    new_chat(page)
     ask(page, "Load all readings.")
     aid = page.locator(".tool-notice").first.get_attribute("data-artifact")
     # the cache drops the file (as the TTL sweeper would); the card now offers a re-run
@@ -246,8 +253,7 @@ def test_clear_chat_keeps_memory_and_delete_a_fact(server, page) -> None:
                                        "user_asked": True}}])
     llm.add_text("Noted: I will report energy in MWh.")
     login(page, server)
-    page.click("#new-thread")
-    page.wait_for_selector("#thread-actions:not([hidden])")
+    new_chat(page)
     ask(page, "Please remember: report energy in MWh, not kWh.")
     assert "MWh" in page.locator(".msg.assistant").last.inner_text()
     # clear: the confirmation says what goes and that memory stays
@@ -281,8 +287,7 @@ def test_context_inspector_shows_the_numbers_of_the_last_request(server, page) -
     llm.add_text("First answer.", prompt_tokens=1_234, cached_tokens=0)
     llm.add_text("Second answer.", prompt_tokens=1_300, cached_tokens=1_024)
     login(page, server)
-    page.click("#new-thread")
-    page.wait_for_selector("#thread-actions:not([hidden])")
+    new_chat(page)
     ask(page, "hello")
     ask(page, "and again")
     page.click("#open-context")
@@ -306,8 +311,7 @@ def test_context_inspector_shows_the_numbers_of_the_last_request(server, page) -
 
 def test_svg_upload_is_inert_and_csrf_is_enforced(server, page, other_host, tmp_path) -> None:
     login(page, server)
-    page.click("#new-thread")
-    page.wait_for_selector("#thread-actions:not([hidden])")
+    new_chat(page)
     svg = tmp_path / "evil.svg"
     svg.write_text('<svg xmlns="http://www.w3.org/2000/svg"><script>window.__pwned="svg"</script>'
                    '<rect width="10" height="10" onload="window.__pwned=\'svg2\'"/></svg>')
@@ -404,3 +408,80 @@ def test_demo_banner_and_no_code_execution_notice(tmp_path, browser) -> None:
             shot(page, "no-code-execution")
         finally:
             ctx.close()
+
+
+def test_stop_button_cancels_a_streaming_turn(server, page) -> None:
+    llm = server.llm
+    llm.clear()
+    llm.add_text(" ".join(f"word{i}" for i in range(40)), chunks=40, delay_s=0.25)
+    login(page, server)
+    new_chat(page)
+    page.fill("#input", "Write a long answer")
+    page.press("#input", "Enter")
+    page.wait_for_selector("#stop:not([hidden])")
+    until(page, "document.querySelector('.msg.assistant') && document.querySelector('.msg.assistant').textContent.includes('word2')")
+    page.click("#stop")
+    wait_idle(page)
+    assert "cancelled" in page.inner_text(".notice.info")
+    partial = page.inner_text(".msg.assistant")
+    assert "word0" in partial and "word39" not in partial
+    page.reload()  # what completed is kept
+    page.wait_for_selector(".msg.assistant")
+    assert "word0" in page.inner_text(".msg.assistant")
+
+
+def test_drag_and_drop_upload_with_progress_and_refusal(server, page) -> None:
+    login(page, server)
+    new_chat(page)
+    drop = """([name, text]) => {
+        const dt = new DataTransfer();
+        dt.items.add(new File([text], name, {type: 'text/csv'}));
+        const chat = document.querySelector('#chat');
+        chat.dispatchEvent(new DragEvent('dragenter', {dataTransfer: dt, bubbles: true}));
+        chat.dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true}));
+    }"""
+    page.evaluate(drop, ["sales.csv", "region,amount\nnorth,10\nsouth,20\neast,30\n"])
+    until(page, "document.querySelector('#upload-text').textContent.includes('uploaded')")
+    assert page.inner_text("#upload-text") == "sales.csv uploaded: 3 rows.", page.inner_text("#messages")
+    page.locator(".msg.user.upload", has_text="sales.csv").wait_for()
+    page.evaluate(drop, ["empty.csv", ""])
+    until(page, "document.querySelector('#upload-text').textContent.includes('not uploaded')")
+    assert "empty" in page.inner_text("#upload-text")
+    shot(page, "upload")
+    page.click("#open-artifacts")
+    page.locator("#panel-body .artifact", has_text="sales.csv").wait_for()
+
+
+def test_memory_panel_confirm_edit_switch_and_delete_all(server, page) -> None:
+    llm = server.llm
+    llm.clear()
+    llm.add_tool_calls([{"id": "call_look", "name": "sql_query", "arguments": {"sql": "SELECT count(*) FROM holidays"}}])
+    # saved after tool output: a candidate the user confirms
+    llm.add_tool_calls([{"id": "call_rule", "name": "remember",
+                         "arguments": {"text": "Always exclude holidays from averages", "kind": "instruction"}}])
+    llm.add_text("I noted that as a suggestion for your memory.")
+    login(page, server)
+    new_chat(page)
+    ask(page, "Averages should skip holidays.")
+    page.click("#open-memory")
+    candidate = page.locator("section.facts.candidate .fact", has_text="exclude holidays")
+    candidate.wait_for()
+    candidate.locator("button.confirm").click()
+    active = page.locator("section.facts.active .fact", has_text="exclude holidays")
+    active.wait_for()
+    active.locator("button.edit").click()
+    page.fill("#prompt-input", "Always exclude public holidays from averages")
+    page.click("#prompt-ok")
+    page.locator("section.facts.active .fact", has_text="public holidays").wait_for()
+    page.uncheck("#memory-switch")
+    page.locator("#panel-body", has_text="Memory is off for you").wait_for()
+    with api(server, server.token()) as c:
+        assert c.get("/api/memory").json()["enabled"] is False
+    page.check("#memory-switch")
+    page.locator("#panel-body", has_text="Stable preferences").wait_for()
+    page.click("#memory-delete-all")
+    page.click("#confirm-ok")
+    page.wait_for_selector("#memory-empty")
+    with api(server, server.token()) as c:
+        body = c.get("/api/memory").json()
+        assert body["enabled"] is True and not any(body["facts"].values())
