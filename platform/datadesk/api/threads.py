@@ -213,6 +213,7 @@ async def _stream(turn: RunningTurn) -> AsyncIterator[ServerSentEventMessage]:
     done = False
     text: list[str] = []
     rendered_at = 0.0
+    stale = False  # text arrived since the last rendering
     try:
         while True:
             ev = await turn.queue.get()
@@ -220,9 +221,17 @@ async def _stream(turn: RunningTurn) -> AsyncIterator[ServerSentEventMessage]:
             if ev.type == "message.delta":  # the answer so far, as sanitized Markdown, a few times a second
                 text.append(str(data.get("text", "")))
                 now = time.monotonic()
-                if now - rendered_at >= HTML_EVERY_S or turn.queue.empty():
-                    rendered_at = now
+                if now - rendered_at >= HTML_EVERY_S:
+                    rendered_at, stale = now, False
                     data = {**data, "html": markdown_html("".join(text))}
+                else:
+                    stale = True
+            elif ev.type in ("tool.started", "error", "done") and text:
+                if stale:  # the text before a tool call (or an error) gets its final rendering
+                    final = {"text": "", "html": markdown_html("".join(text))}
+                    yield ServerSentEventMessage(data=msgspec.json.encode(final).decode(), event="message.delta")
+                text.clear()
+                stale = False
             elif ev.type == "message.completed":
                 text.clear()
                 data = {**data, "html": markdown_html(str(data.get("content") or ""))}
