@@ -68,8 +68,9 @@ export class Conversation {
       this.bubble = null;
     } else if (rec.role === "tool") {
       const card = this.card(rec.tool_call_id, rec.name, null);
+      const status = rec.status || "ok"; // records omit the default status
       this.finishCard(card, {
-        ok: rec.status === "ok", status: rec.status, html: rec.html, meta: rec.meta || {},
+        ok: status === "ok", status, html: rec.html, meta: rec.meta || {},
         duration_ms: rec.meta && rec.meta.duration_ms,
       });
     }

@@ -33,7 +33,8 @@ export async function artifactsPanel(body, app) {
 }
 
 function artifactItem(a, app) {
-  const name = a.origin.filename || (a.origin.tool ? `${a.origin.tool} result` : a.kind);
+  const name = a.origin.filename || (a.origin.tool ? `${a.origin.tool} result`
+    : a.origin.source === "python" && a.format === "png" ? "chart" : a.origin.source === "upload" ? "upload" : a.kind);
   const facts = [a.format, bytes(a.bytes)];
   if (a.rows !== null && a.rows !== undefined) facts.push(`${num(a.rows)} rows`);
   if (a.status === "partial") facts.push("partial");
