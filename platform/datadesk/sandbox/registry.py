@@ -600,6 +600,7 @@ class KernelRegistry:
             self._save_gone(rec, f"the previous one could not be reached from this server worker: {exc}")
             return None
         backend.started_at = rec.started_at
+        log.info("worker %s attached to kernel %s of worker %s", self.worker.id, rec.kernel_id, rec.owner)
         slot = Path(rec.data_dir).parent
         session = KernelSession(backend=backend, started_at=rec.started_at, last_used=rec.last_used, key=key,
                                 seen_outputs=SeenOutputs(slot / SEEN_FILE))
