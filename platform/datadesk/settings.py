@@ -106,7 +106,7 @@ class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SandboxSettings(msgspec.Struct, forbid_unknown_fields=True):
-    backend: str = "local"  # local | docker | none
+    backend: str = "local"  # local | docker | gateway | none
     image: str = "datadesk-sandbox:latest"
     pool_size: int = 1
     max_kernels_per_user: int = 3
@@ -127,6 +127,13 @@ class SandboxSettings(msgspec.Struct, forbid_unknown_fields=True):
     allow_unsafe_local: bool = False
     heartbeat_s: float = 5.0  # how often a worker touches its heartbeat file (kernel ownership)
     owner_stale_s: float = 60.0  # a worker whose heartbeat is older is gone: its kernels are orphans
+    # backend "gateway": kernels on a Jupyter Kernel Gateway / Enterprise Gateway (sandbox/gateway.py)
+    gateway_url: str = ""
+    gateway_token: str = ""  # also DATADESK_GATEWAY_TOKEN; sent as `Authorization: token ...` only
+    gateway_kernel_name: str = "python3"
+    gateway_shared_dir: str = ""  # app side of the volume kernels share; default <home>
+    gateway_kernel_shared_dir: str = ""  # where kernels see that volume; default: the same path
+    gateway_kernel_env: dict[str, str] = msgspec.field(default_factory=dict)  # extra KERNEL_* variables
 
 
 class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -173,6 +180,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "DATADESK_LLM_MODEL": ("llm", "model"),
     "DATADESK_HOST": ("server", "host"),
     "DATADESK_PORT": ("server", "port"),
+    "DATADESK_GATEWAY_TOKEN": ("sandbox", "gateway_token"),
 }
 # Standard OpenAI variables, used only when the DATADESK_ one is unset.
 FALLBACK_ENV_VARS: dict[str, tuple[str, str]] = {

@@ -63,7 +63,7 @@ def validate_mcp_config(path: Path, cfg: WorkspaceConfig) -> dict[str, Any]:
 
 
 def build_kernel_registry(settings: Settings, layout: Layout) -> KernelRegistry:
-    """The kernel registry for the configured backend (`local` or `docker`)."""
+    """The kernel registry for the configured backend (`local`, `docker` or `gateway`)."""
     sb = settings.sandbox
 
     def artifacts_for(key: tuple[str, str, str]):
@@ -94,7 +94,17 @@ def build_kernel_registry(settings: Settings, layout: Layout) -> KernelRegistry:
 
         return KernelRegistry(sb, layout.home, docker.kernel, artifacts_for, health_check=docker.health,
                               attach=attach_docker, sweep_orphans=docker.remove_orphans, backend_name="docker")
-    raise ValueError(f"sandbox.backend must be local, docker or none, not {sb.backend!r}")
+    if sb.backend == "gateway":
+        from datadesk.sandbox.gateway import GatewayKernel, GatewaySandbox
+
+        gateway = GatewaySandbox(sb, layout.home)  # checks the gateway_* settings (SettingsError)
+
+        async def attach_gateway(rec, connect: bool):  # another worker's kernel on the gateway
+            return await GatewayKernel.attach(rec.placement, gateway, connect, rec.started_at)
+
+        return KernelRegistry(sb, layout.home, gateway.kernel, artifacts_for, health_check=gateway.health,
+                              attach=attach_gateway, sweep_orphans=gateway.remove_orphans, backend_name="gateway")
+    raise ValueError(f"sandbox.backend must be local, docker, gateway or none, not {sb.backend!r}")
 
 log = logging.getLogger(__name__)
 
