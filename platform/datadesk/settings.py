@@ -124,6 +124,7 @@ class SandboxSettings(msgspec.Struct, forbid_unknown_fields=True):
     output_head_chars: int = 6_000
     output_tail_chars: int = 2_000
     run_dir: str = ""  # short directory for kernel sockets; default <home>/run
+    shared_dir: str = ""  # app in a container: the dir the engine sees at the same path (docker backend)
     allow_unsafe_local: bool = False
     heartbeat_s: float = 5.0  # how often a worker touches its heartbeat file (kernel ownership)
     owner_stale_s: float = 60.0  # a worker whose heartbeat is older is gone: its kernels are orphans
@@ -180,6 +181,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "DATADESK_LLM_MODEL": ("llm", "model"),
     "DATADESK_HOST": ("server", "host"),
     "DATADESK_PORT": ("server", "port"),
+    "DATADESK_PUBLIC_URL": ("server", "public_url"),
+    "DATADESK_SANDBOX_BACKEND": ("sandbox", "backend"),
+    "DATADESK_SANDBOX_SHARED_DIR": ("sandbox", "shared_dir"),
     "DATADESK_GATEWAY_TOKEN": ("sandbox", "gateway_token"),
 }
 # Standard OpenAI variables, used only when the DATADESK_ one is unset.

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from datadesk.sandbox.files import OutputFile, read_new_outputs
+
 ExecStatus = Literal["ok", "error", "timeout", "died"]
 
 
@@ -120,6 +122,15 @@ class KernelBackend(abc.ABC):
     def outputs_root(self) -> str | None:
         """A host path where this kernel's /outputs can be read (untrusted content), or None."""
         return str(self.placement.outputs_dir)
+
+    async def read_outputs(self, seen: dict[str, tuple[int, int]],
+                           max_bytes: int) -> tuple[list[OutputFile], list[str]] | None:
+        """New or changed regular files under /outputs and problems in words (`files.read_new_outputs`
+        rules: untrusted, within `max_bytes`; `seen` is updated); None when they cannot be collected."""
+        root = self.outputs_root()
+        if root is None:
+            return None
+        return read_new_outputs(root, seen, max_bytes)
 
     def rewrite_paths(self, code: str) -> str:
         """Map `/data` and `/outputs` in code to what this backend mounts (identity by default)."""

@@ -11,6 +11,15 @@ mount at /data (a slot directory of hard links, see files.py).
 disk; after each execution its new regular files are read through the
 container's mount namespace (`/proc/<pid>/root/outputs`), never following a
 link, within the quota. (The engine's archive API cannot see tmpfs mounts.)
+When the app cannot see that process (it runs in a container itself, as with
+docker compose), a listing and a tar stream of /outputs are made inside the
+kernel container by `docker exec` as the sandbox user and read in memory with
+the same rules (files.plan_outputs, files.read_outputs_tar).
+
+Paths handed to the engine (the /data slot, the socket dir) are resolved on
+the engine's host. An app in a container sees the host's files only under the
+data directory bind-mounted at the same path: `sandbox.shared_dir` names it,
+and a kernel whose directories lie outside it is refused with the reason.
 
 Containers carry labels (`datadesk.home`, `datadesk.kernel`, and the owner:
 `datadesk.owner` = the worker id, `datadesk.owner_host`, `datadesk.owner_pid`).
@@ -33,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from datadesk.sandbox.base import ExecutionResult, KernelBackend, KernelPlacement, SandboxError, SandboxUnavailable
+from datadesk.sandbox.files import LISTING_FORMAT, OutputFile, plan_outputs, read_outputs_tar
 from datadesk.sandbox.messaging import CONNECTION_FILE, IPYKERNEL_ARGS, KernelChannel, write_connection_file
 from datadesk.sandbox.ownership import owner_alive, this_worker
 from datadesk.settings import SandboxSettings
@@ -42,6 +52,9 @@ log = logging.getLogger(__name__)
 SANDBOX_UID = 1000
 KERNEL_DIR = "/run/kernel"
 ALIVE_CACHE_S = 1.0
+MAX_DEPTH = 8  # of /outputs, as files.read_new_outputs
+LISTING_MAX_BYTES = 8 << 20  # of one /outputs listing (~250k entries)
+EXEC_TIMEOUT_S = 60  # of the listing or the tar inside the kernel container
 ENV = {
     "HOME": "/home/sandbox",
     "MPLBACKEND": "module://matplotlib_inline.backend_inline",
@@ -140,6 +153,7 @@ class DockerKernel(KernelBackend):
         self._pid = 0
         self._pid_visible = False
         self._attached = False
+        self._outputs_lock = asyncio.Lock()
 
     # -- ownership -----------------------------------------------------------------
     @classmethod
@@ -163,7 +177,7 @@ class DockerKernel(KernelBackend):
                 raise SandboxError(f"its container cannot be reached ({type(exc).__name__})") from None
             return self
         self._pid = int(state.get("Pid") or 0)
-        self._pid_visible = bool(self._pid) and os.path.exists(f"/proc/{self._pid}")
+        self._pid_visible = _is_container_process(self._pid, self._container.id)
         if not connect:
             return self
         if not state.get("Running"):
@@ -193,8 +207,23 @@ class DockerKernel(KernelBackend):
             await channel.close()
 
     # -- lifecycle ---------------------------------------------------------------
+    def _check_shared(self) -> None:
+        """With `sandbox.shared_dir` set (the app runs in a container), the directories handed
+        to the engine must lie under it: the engine resolves them on its own host."""
+        shared = self.settings.shared_dir
+        if not shared:
+            return
+        root = Path(shared).resolve()
+        for what, path in (("data slot", self.placement.data_dir), ("socket directory", self.placement.run_dir)):
+            if not path.resolve().is_relative_to(root):
+                raise SandboxUnavailable(
+                    f"the kernel's {what} {path} is outside sandbox.shared_dir {root}, the directory the "
+                    "Docker engine sees at the same path; set sandbox.run_dir to a directory under it "
+                    "(socket paths must stay under ~100 characters, so keep the data directory path short)")
+
     def _run_container(self) -> Any:
         s, p = self.settings, self.placement
+        self._check_shared()
         p.run_dir.mkdir(parents=True, exist_ok=True)
         p.data_dir.mkdir(parents=True, exist_ok=True)
         write_connection_file(p.run_dir, f"{KERNEL_DIR}/k")
@@ -259,7 +288,7 @@ class DockerKernel(KernelBackend):
             self._pid = int((await asyncio.to_thread(self._state)).get("Pid") or 0)
         except Exception:
             self._pid = 0
-        self._pid_visible = bool(self._pid) and os.path.exists(f"/proc/{self._pid}")
+        self._pid_visible = _is_container_process(self._pid, self._container.id)
         self._channel = KernelChannel(host_info, self.placement.run_dir, self.is_alive)
         try:
             await self._channel.connect(self.settings.start_timeout_s)
@@ -362,7 +391,77 @@ class DockerKernel(KernelBackend):
         if not pid:
             return None
         root = f"/proc/{pid}/root/outputs"
-        return root if os.access(root, os.R_OK | os.X_OK) else None
+        return root if self._pid_visible and os.access(root, os.R_OK | os.X_OK) else None
+
+    async def read_outputs(self, seen: dict[str, tuple[int, int]],
+                           max_bytes: int) -> tuple[list[OutputFile], list[str]] | None:
+        root = self.outputs_root()
+        if root is not None:
+            return await super().read_outputs(seen, max_bytes)
+        if self._container is None:
+            return None
+        async with self._outputs_lock:  # parallel calls of one turn share `seen`
+            return await asyncio.to_thread(self._read_outputs_exec, seen, max_bytes)
+
+    def _read_outputs_exec(self, seen: dict[str, tuple[int, int]],
+                           max_bytes: int) -> tuple[list[OutputFile], list[str]]:
+        """/outputs through `docker exec` in the kernel container, as the sandbox user: a `find`
+        listing, then a tar of only the new or changed regular files; both are untrusted."""
+        listing, cut = self._exec_bytes(["find", "/outputs", "-mindepth", "1", "-maxdepth", str(MAX_DEPTH + 1),
+                                         "-printf", LISTING_FORMAT], LISTING_MAX_BYTES)
+        if cut:  # drop the entry the cap split
+            listing = listing.rpartition(b"\0")[0]
+        wanted, problems = plan_outputs(listing, seen, max_bytes, max_depth=MAX_DEPTH)
+        if cut:
+            problems.append(f"/outputs holds too many entries: only the first {LISTING_MAX_BYTES >> 20} MB "
+                            "of its listing were looked at")
+        if not wanted:
+            return [], problems
+        names = ["./" + w.relpath for w in wanted]
+        chunks = self._exec_stream(["tar", "-C", "/outputs", "--no-recursion", "--hard-dereference",
+                                    "-b", "128", "-cf", "-", "--", *names])
+        found, more = read_outputs_tar(chunks, wanted, seen, max_bytes)
+        return found, problems + more
+
+    def _exec_stream(self, cmd: list[str]):
+        """stdout of `cmd` run in the kernel container as the sandbox user, in chunks (stderr is
+        logged at debug level); bounded in time by coreutils' `timeout`."""
+        api = self.sandbox.client.api
+        exec_id = api.exec_create(self._container.id, ["timeout", str(EXEC_TIMEOUT_S), *cmd],
+                                  user=f"{SANDBOX_UID}:{SANDBOX_UID}", stdout=True, stderr=True)["Id"]
+        stream = api.exec_start(exec_id, stream=True, demux=True)
+        err = b""
+        try:
+            for out, errchunk in stream:
+                if errchunk and len(err) < 4096:
+                    err += errchunk
+                if out:
+                    yield out
+        finally:
+            stream.close()
+            if err:
+                log.debug("kernel %s: %s: %s", self.placement.kernel_id, cmd[0], err[:4096].decode("utf-8", "replace"))
+
+    def _exec_bytes(self, cmd: list[str], limit: int) -> tuple[bytes, bool]:
+        """At most `limit` bytes of the stdout of `cmd`; True when there was more."""
+        buf = bytearray()
+        for chunk in self._exec_stream(cmd):
+            buf += chunk
+            if len(buf) > limit:
+                return bytes(buf[:limit]), True
+        return bytes(buf), False
+
+
+def _is_container_process(pid: int, container_id: str) -> bool:
+    """Whether `pid` (the engine's view) is that container's process in our own view too. An
+    app in a container has its own pid namespace, where the number may be another process."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as f:
+            return container_id.encode() in f.read(65536)
+    except OSError:
+        return False
 
 
 def _read_json(path: Path) -> dict[str, Any]:

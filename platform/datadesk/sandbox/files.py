@@ -9,14 +9,22 @@
 - `/outputs` is untrusted: only regular files are taken, walking with
   directory fds and O_NOFOLLOW at every level (nothing is ever followed, even
   if swapped in mid-walk), never FIFOs, devices or symlinks, within a quota.
+- When `/outputs` cannot be walked from here (the app itself runs in a
+  container and cannot see the kernel's mount namespace), the same rules
+  apply to a listing and a tar stream made inside the kernel container
+  (`plan_outputs`, `read_outputs_tar`): names validated, only regular-file
+  members that were asked for, sizes within the same quota, nothing written
+  to disk.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 # data files of artifacts (their `<aid>.json` metadata stays outside the sandbox)
 DATA_SUFFIXES = (".parquet", ".txt", ".csv", ".png", ".jpg", ".gif", ".webp")
@@ -93,13 +101,13 @@ def read_new_outputs(root: str, seen: dict[str, tuple[int, int]], max_bytes: int
                 continue
             if not stat.S_ISREG(st.st_mode):
                 if stat.S_ISLNK(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
-                    problems.append(f"/outputs/{rel} is not a regular file (link, pipe or device): ignored")
+                    problems.append(_not_regular(rel))
                 continue
             stamp = (st.st_size, st.st_mtime_ns)
             if seen.get(rel) == stamp:
                 continue
             if st.st_size > budget:
-                problems.append(f"/outputs/{rel} ({st.st_size:,} bytes) exceeds the outputs quota: not saved")
+                problems.append(_over_quota(rel, st.st_size))
                 seen[rel] = stamp
                 continue
             try:
@@ -114,7 +122,7 @@ def read_new_outputs(root: str, seen: dict[str, tuple[int, int]], max_bytes: int
             finally:
                 os.close(fd)
             if len(data) > budget:
-                problems.append(f"/outputs/{rel} grew past the outputs quota while being read: not saved")
+                problems.append(_grew(rel))
                 continue
             budget -= len(data)
             seen[rel] = stamp
@@ -124,6 +132,164 @@ def read_new_outputs(root: str, seen: dict[str, tuple[int, int]], max_bytes: int
         walk(top, "", 0)
     finally:
         os.close(top)
+    return found, problems
+
+
+def _not_regular(rel: str) -> str:
+    return f"/outputs/{rel} is not a regular file (link, pipe or device): ignored"
+
+
+def _over_quota(rel: str, size: int) -> str:
+    return f"/outputs/{rel} ({size:,} bytes) exceeds the outputs quota: not saved"
+
+
+def _grew(rel: str) -> str:
+    return f"/outputs/{rel} grew past the outputs quota while being read: not saved"
+
+
+# -- /outputs read from inside the kernel container --------------------------------------
+
+# `find /outputs -mindepth 1 -maxdepth N -printf LISTING_FORMAT` (GNU find): type, size,
+# mtime (seconds with a fraction), path relative to /outputs; NUL-terminated, so any name
+# (newlines included) survives; a name is last, so it may hold spaces.
+LISTING_FORMAT = "%y %s %T@ %P\\0"
+TAR_SLACK_BYTES = 64 << 10  # tar headers and padding allowed on top of the files' bytes
+
+
+@dataclass(frozen=True)
+class PlannedOutput:
+    """A new or changed regular file under /outputs, to be fetched."""
+
+    relpath: str
+    size: int
+    mtime_ns: int
+
+
+def valid_relpath(rel: str, max_depth: int = 8) -> bool:
+    """A plain relative path: no empty, `.` or `..` part, no NUL, at most `max_depth` + 1 parts."""
+    parts = rel.split("/")
+    return (bool(rel) and "\0" not in rel and len(parts) <= max_depth + 1
+            and all(p not in ("", ".", "..") for p in parts))
+
+
+def _mtime_ns(text: str) -> int:
+    whole, _, frac = text.partition(".")
+    if not whole.isdigit() or (frac and not frac.isdigit()):
+        raise ValueError(text)
+    return int(whole) * 1_000_000_000 + int((frac[:9] or "0").ljust(9, "0"))
+
+
+def plan_outputs(listing: bytes, seen: dict[str, tuple[int, int]], max_bytes: int, max_files: int = 200,
+                 max_depth: int = 8) -> tuple[list[PlannedOutput], list[str]]:
+    """What to fetch from a `LISTING_FORMAT` listing of /outputs (untrusted), and problems in words.
+
+    Same rules and order as `read_new_outputs`: unchanged files (by `seen`) are skipped,
+    links/pipes/sockets reported, a file larger than what is left of `max_bytes` is
+    reported and marked seen; at most `max_files` files. Malformed entries are dropped.
+    """
+    entries: list[tuple[list[str], str, str, int, int]] = []
+    problems: list[str] = []
+    for raw in listing.split(b"\0"):
+        kind, size, mtime, name = (raw.split(b" ", 3) + [b"", b"", b""])[:4]
+        if not raw or not name:
+            continue
+        try:
+            rel = name.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append(f"/outputs/{name.decode('utf-8', 'replace')} has a name that is not UTF-8: ignored")
+            continue
+        if not valid_relpath(rel, max_depth) or not size.isdigit():
+            continue
+        try:
+            stamp_ns = _mtime_ns(mtime.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            continue
+        entries.append((rel.split("/"), rel, kind.decode("ascii", "replace"), int(size), stamp_ns))
+    entries.sort(key=lambda e: e[0])  # the order of the directory walk: by name, depth first
+    wanted: list[PlannedOutput] = []
+    budget = max_bytes
+    for _, rel, kind, size, mtime_ns in entries:
+        if kind in ("l", "p", "s"):
+            problems.append(_not_regular(rel))
+            continue
+        if kind != "f" or len(wanted) >= max_files:
+            continue
+        stamp = (size, mtime_ns)
+        if seen.get(rel) == stamp:
+            continue
+        if size > budget:
+            problems.append(_over_quota(rel, size))
+            seen[rel] = stamp
+            continue
+        budget -= size
+        wanted.append(PlannedOutput(rel, size, mtime_ns))
+    return wanted, problems
+
+
+class _CappedStream:
+    """A read-only file over byte chunks that fails once more than `limit` bytes come."""
+
+    def __init__(self, chunks: Iterable[bytes], limit: int) -> None:
+        self._chunks: Iterator[bytes] = iter(chunks)
+        self._buf = bytearray()
+        self._left = limit
+        self.cut = False
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self._buf) < n:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            if len(chunk) > self._left:
+                self.cut = True
+                raise OSError("the outputs archive is larger than the quota allows")
+            self._left -= len(chunk)
+            self._buf += chunk
+        n = len(self._buf) if n < 0 else min(n, len(self._buf))
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+
+def read_outputs_tar(chunks: Iterable[bytes], wanted: list[PlannedOutput], seen: dict[str, tuple[int, int]],
+                     max_bytes: int) -> tuple[list[OutputFile], list[str]]:
+    """Read the `wanted` files out of a tar stream (untrusted) of /outputs, in memory.
+
+    Only regular-file members whose name is one that was asked for are taken
+    (links, devices, directories, sparse or repeated members are skipped), each
+    within what is left of `max_bytes`; the stream as a whole may not exceed the
+    files' bytes plus header slack. Nothing is written to disk. `seen` is updated
+    with the listing's stamps of the files read.
+    """
+    planned = {w.relpath: w for w in wanted}
+    found: list[OutputFile] = []
+    problems: list[str] = []
+    budget = max_bytes
+    stream = _CappedStream(chunks, sum(w.size for w in wanted) + TAR_SLACK_BYTES * (1 + len(wanted)))
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as archive:  # type: ignore[call-overload]
+            for member in archive:
+                rel = member.name[2:] if member.name.startswith("./") else member.name
+                plan = planned.pop(rel, None)
+                if plan is None:
+                    continue  # not asked for, or a second member of the same name
+                if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+                    if member.issym() or member.islnk() or member.isfifo() or member.isdev():
+                        problems.append(_not_regular(rel))
+                    continue
+                if member.size > budget:
+                    problems.append(_grew(rel))
+                    continue
+                fileobj = archive.extractfile(member)
+                data = fileobj.read(member.size) if fileobj is not None else b""
+                if len(data) != member.size:
+                    break  # the stream ended inside the file
+                budget -= len(data)
+                seen[rel] = (plan.size, plan.mtime_ns)
+                found.append(OutputFile(rel, len(data), plan.mtime_ns, data))
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        problems.append("files under /outputs grew past the outputs quota while being read: some were not saved"
+                        if stream.cut else f"files under /outputs could not be read: {exc}")
     return found, problems
 
 

@@ -20,7 +20,7 @@ from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
 from datadesk.offload.requery import RequeryService
 from datadesk.offload.store import ArtifactStore
 from datadesk.sandbox.base import ExecutionResult, SandboxError
-from datadesk.sandbox.files import read_new_outputs, read_regular
+from datadesk.sandbox.files import read_regular
 from datadesk.sandbox.messaging import strip_ansi, trim_traceback
 from datadesk.sandbox.registry import Execution, KernelRegistry
 from datadesk.settings import Settings
@@ -81,7 +81,7 @@ class PythonTool:
         lines: list[str] = [*problems, *ex.notices]
         lines += self._body(ex.result, ctx, produced)
         if ex.result.status not in ("died",):
-            lines += self._outputs(ex, ctx, produced)
+            lines += await self._outputs(ex, ctx, produced)
         meta: dict[str, Any] = {"status": ex.result.status, "duration_ms": round(ex.result.duration_ms, 1)}
         if produced:
             meta["artifacts"] = [{"id": a.id, "kind": a.kind, "format": a.format, "file": a.origin.filename,
@@ -139,12 +139,12 @@ class PythonTool:
             out.append(f"image: artifact {art.id} ({len(png):,} bytes PNG), shown to the user in the chat")
         return out
 
-    def _outputs(self, ex: Execution, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
+    async def _outputs(self, ex: Execution, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
         """Register new or changed regular files under /outputs as downloadable artifacts."""
-        root = ex.session.backend.outputs_root()
-        if root is None:
+        got = await ex.session.backend.read_outputs(ex.session.seen_outputs, self.settings.sandbox.outputs_mb << 20)
+        if got is None:
             return ["(files under /outputs cannot be collected from this sandbox)"]
-        files, lines = read_new_outputs(root, ex.session.seen_outputs, self.settings.sandbox.outputs_mb << 20)
+        files, lines = got
         for f in files:
             name = f.relpath
             ext = Path(name).suffix.lstrip(".").lower()

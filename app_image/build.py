@@ -1,0 +1,260 @@
+"""Build the DataDesk app image offline (the `app` service of docker-compose.yml).
+
+    app_image/build.sh [--force] [--base IMAGE] [--print-tag]
+
+1. its tag is ``datadesk-app:<12 hex>``, a hash of this directory's Dockerfile,
+   lock files and .dockerignore, of the app's sources (pyproject.toml and
+   platform/datadesk, without byte-code) and of the base image's id; when that
+   tag exists the build is skipped (about a second);
+2. the dependency wheels (CPython 3.11 / manylinux x86_64) are fetched on the
+   host with ``pip download`` into ``wheels/``: the pins of requirements.txt
+   plus the dependencies pyproject.toml declares (written to
+   ``wheels/app-requirements.txt``; one the lock does not pin yet is resolved
+   against it, with a warning), and the build backend (build-requirements.txt)
+   into ``build-wheels/``; both are kept (gitignored), so later builds need no
+   network;
+3. the app's own wheel is built from a copy of the sources with
+   ``pip wheel --no-deps`` (build backend from build-wheels/, no index) into
+   ``dist/``;
+4. the base is ``--base``, else ``datadesk-base:bookworm`` (made with
+   debootstrap + docker import when missing, as for the kernel image), else
+   ``python:3.11-slim`` when present; nothing is pulled;
+5. ``docker build`` (classic builder, through the Docker API) tags the result
+   and ``datadesk-app:latest``.
+
+Standard library, the ``docker`` SDK and datadesk.sandbox.image's helpers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "platform"))
+
+from datadesk.sandbox.image import (  # noqa: E402 - the checkout's platform/ is on the path now
+    DEFAULT_BASE,
+    FALLBACK_BASE,
+    PYTHON_VERSION,
+    WHEEL_ABIS,
+    WHEEL_PLATFORMS,
+    BuildError,
+    _docker_client,
+    _image_exists,
+    _python_version_of,
+    make_debian_base,
+)
+
+IMAGE_NAME = "datadesk-app"
+LATEST_TAG = f"{IMAGE_NAME}:latest"
+LABEL_PREFIX = "org.datadesk.app"
+LAYOUT_VERSION = 1  # bump when the build logic changes the image
+HASHED_FILES = ("Dockerfile", "requirements.txt", "build-requirements.txt", ".dockerignore")
+SOURCES = ("pyproject.toml", "README.md", "platform/datadesk")  # what the wheel is built from
+UNHASHED_SOURCES = ("README.md",)  # in the wheel's metadata only: no rebuild for a README edit
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _source_files() -> list[Path]:
+    files: list[Path] = []
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_file():
+            files.append(path)
+            continue
+        for sub in sorted(path.rglob("*")):
+            if sub.is_file() and "__pycache__" not in sub.parts and sub.suffix not in (".pyc", ".pyo"):
+                files.append(sub)
+    return files
+
+
+def image_tag(base_id: str) -> str:
+    """The tag these inputs build to on the base image with id `base_id`."""
+    h = hashlib.sha256()
+    for name in HASHED_FILES:
+        path = HERE / name
+        h.update(name.encode() + b"\0")
+        if path.exists():
+            h.update(path.read_bytes())
+        h.update(b"\0")
+    for path in _source_files():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in UNHASHED_SOURCES:
+            continue
+        h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(repr((base_id, PYTHON_VERSION, WHEEL_PLATFORMS, WHEEL_ABIS, LAYOUT_VERSION)).encode())
+    return f"{IMAGE_NAME}:{h.hexdigest()[:12]}"
+
+
+def _pip(args: list[str], what: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise BuildError(f"{what} failed:\n{tail}")
+
+
+def _project_name(text: str) -> str:
+    name = re.split(r"[\s\[<>=!~;(]", text.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def write_app_requirements(wheels: Path) -> Path:
+    """wheels/app-requirements.txt: what pyproject.toml declares, installed next to the lock."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pinned = {_project_name(line) for line in (HERE / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.lstrip().startswith("#")}
+    loose = [d for d in declared if _project_name(d) not in pinned]
+    if loose:
+        log(f"[app] warning: app_image/requirements.txt does not pin {', '.join(loose)}: resolved "
+            "against the lock for this build; pin them for reproducible images")
+    wheels.mkdir(exist_ok=True)
+    path = wheels / "app-requirements.txt"
+    text = "# generated by app_image/build.py from pyproject.toml\n" + "\n".join(declared) + "\n"
+    if not path.exists() or path.read_text() != text:  # unchanged bytes keep docker's layer cache
+        path.write_text(text)
+    return path
+
+
+def fetch_wheels(reqs: list[Path], dest: Path, target: bool) -> None:
+    """`pip download` what `reqs` name into `dest`; offline when it is all there already."""
+    dest.mkdir(exist_ok=True)
+    platform = [
+        "--only-binary=:all:", "--python-version", PYTHON_VERSION, "--implementation", "cp",
+        *[a for abi in WHEEL_ABIS for a in ("--abi", abi)],
+        *[a for plat in WHEEL_PLATFORMS for a in ("--platform", plat)],
+    ] if target else ["--only-binary=:all:"]
+    common = ["download", "-q", *platform, "-d", str(dest), *[a for r in reqs for a in ("-r", str(r))]]
+    try:
+        _pip([*common[:1], "--no-index", "--find-links", str(dest), *common[1:]], "offline pip download")
+        log(f"[app] wheels: all present in {dest.relative_to(ROOT)}")
+        return
+    except BuildError:
+        pass
+    log(f"[app] wheels: pip download into {dest.relative_to(ROOT)}")
+    _pip(common, "pip download (is PyPI reachable from this host?)")
+
+
+def build_app_wheel() -> Path:
+    """The app's wheel, built from a copy of the sources (no stale build/ dir, no index)."""
+    dist = HERE / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    dist.mkdir()
+    with tempfile.TemporaryDirectory(prefix="datadesk-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        for name in SOURCES:
+            path = ROOT / name
+            if path.is_file():
+                (src / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, src / name)
+            else:
+                shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        _pip(["wheel", "-q", "--no-deps", "--no-index", "--find-links", str(HERE / "build-wheels"),
+              "-w", str(dist), str(src)], "pip wheel of the app")
+    wheels = sorted(dist.glob("datadesk-*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"expected one datadesk wheel in {dist}, found {[w.name for w in wheels]}")
+    log(f"[app] app wheel: {wheels[0].name}")
+    return wheels[0]
+
+
+def choose_base(client, base: str | None) -> str:
+    if base:
+        if _image_exists(client, base) is None:
+            raise BuildError(f"base image {base!r} is not present (nothing is pulled)")
+        chosen = base
+    elif _image_exists(client, FALLBACK_BASE) is not None:
+        chosen = FALLBACK_BASE
+    elif _image_exists(client, DEFAULT_BASE) is not None:
+        chosen = DEFAULT_BASE
+    else:
+        chosen = make_debian_base(HERE, client, log)
+    version = _python_version_of(client, chosen)
+    if version != PYTHON_VERSION:
+        raise BuildError(f"base image {chosen} has python {version}, the wheels are for {PYTHON_VERSION}")
+    return chosen
+
+
+def build(force: bool = False, base: str | None = None) -> str:
+    t0 = time.monotonic()
+    client = _docker_client()
+    chosen = choose_base(client, base)
+    base_id = client.images.get(chosen).id
+    tag = image_tag(base_id)
+    existing = _image_exists(client, tag)
+    if existing is not None and not force:
+        latest = _image_exists(client, LATEST_TAG)
+        if latest is None or latest.id != existing.id:
+            existing.tag(IMAGE_NAME, "latest")
+        log(f"[app] {tag} is up to date")
+        return tag
+    log(f"[app] building {tag} from {HERE} on {chosen}")
+    app_reqs = write_app_requirements(HERE / "wheels")
+    fetch_wheels([HERE / "requirements.txt", app_reqs], HERE / "wheels", target=True)
+    fetch_wheels([HERE / "build-requirements.txt"], HERE / "build-wheels", target=False)
+    build_app_wheel()
+    labels = {LABEL_PREFIX: "1", f"{LABEL_PREFIX}.base": chosen, f"{LABEL_PREFIX}.tag": tag}
+    try:
+        stream = client.api.build(path=str(HERE), tag=tag, buildargs={"BASE_IMAGE": chosen}, labels=labels,
+                                  rm=True, forcerm=True, nocache=force, pull=False, decode=True, timeout=3600,
+                                  use_config_proxy=False)
+        for chunk in stream:
+            if "error" in chunk:
+                raise BuildError(f"docker build failed: {chunk['error'].strip()}")
+            for line in (chunk.get("stream") or "").rstrip().splitlines():
+                if line.strip():
+                    log(f"  {line.rstrip()}")
+    except BuildError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - API errors, tar errors ...
+        raise BuildError(f"docker build failed: {type(exc).__name__}: {exc}") from exc
+    image = _image_exists(client, tag)
+    if image is None:
+        raise BuildError(f"docker build finished but {tag} is missing")
+    image.tag(IMAGE_NAME, "latest")
+    size_mb = (image.attrs.get("Size") or 0) / 1e6
+    log(f"[app] built {tag} (+ {LATEST_TAG}), {size_mb:.0f} MB, in {time.monotonic() - t0:.0f} s")
+    return tag
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="app_image/build.sh",
+                                     description="Build the DataDesk app image (datadesk-app:<hash>) offline.")
+    parser.add_argument("--force", action="store_true", help="rebuild even if the tag exists (no layer cache)")
+    parser.add_argument("--base", metavar="IMAGE",
+                        help=f"base image with python {PYTHON_VERSION} (default: {FALLBACK_BASE}, made if missing)")
+    parser.add_argument("--print-tag", action="store_true", help="print the tag the sources build to, and exit")
+    args = parser.parse_args(argv)
+    try:
+        if args.print_tag:
+            client = _docker_client()
+            print(image_tag(client.images.get(choose_base(client, args.base)).id))
+            return 0
+        tag = build(force=args.force, base=args.base)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    print(tag)
+    return 0
+
+
+if __name__ == "__main__":
+    os.umask(0o022)
+    sys.exit(main())
