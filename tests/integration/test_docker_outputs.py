@@ -83,3 +83,20 @@ def test_exec_path_and_proc_path_agree(home: Path) -> None:
     assert [(f.relpath, f.data) for f in proc_files] == [(f.relpath, f.data) for f in exec_files]
     assert [f.relpath for f in exec_files] == ["x/r.txt"]
     assert proc_problems == exec_problems == ["/outputs/l is not a regular file (link, pipe or device): ignored"]
+
+
+def test_kernels_outside_the_shared_dir_are_refused(home: Path) -> None:
+    """An app in a container shares only the data dir with the engine: a socket dir elsewhere
+    (e.g. the /tmp fallback for long data dir paths) would be another directory on the host."""
+    rt = make_rt(home, "docker", shared_dir=str(home))  # make_rt puts run_dir under /tmp
+    c = ctx(rt)
+
+    async def body():
+        return await py(rt, c, "1 + 1")
+
+    out = run_with(rt, body)
+    assert out.is_error
+    assert "is outside sandbox.shared_dir" in out.content and "socket directory" in out.content
+    rt2 = make_rt(home, "docker", shared_dir=str(home), run_dir=str(home / "run"))
+    ok = run_with(rt2, lambda: py(rt2, ctx(rt2, tid="t2"), "6 * 7"))
+    assert not ok.is_error and "42" in ok.content
