@@ -57,8 +57,10 @@ def test_fresh_serve_prints_login_url_and_runs_the_demo(server) -> None:
     with httpx.Client(base_url=base, timeout=30) as c:
         r = c.get(url.replace(url.split("/login")[0], base), follow_redirects=False)
         assert r.status_code in (302, 303, 307)
-        assert c.get("/api/me").json()["id"] == "admin"
+        me = c.get("/api/me").json()
+        assert me["id"] == "admin"
         assert c.get("/api/health").json()["model"]["demo"] is True
+        c.headers["X-CSRF-Token"] = me["csrf"]  # a cookie session: state changes carry the token
         tid = c.post("/api/threads", json={}).json()["id"]
         events = parse_sse(c.post(f"/api/threads/{tid}/messages",
                                   json={"content": "Which buildings use the most energy?"}).text)
