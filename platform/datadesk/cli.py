@@ -162,24 +162,11 @@ def _serve_workers(settings: Settings) -> int:
     worker reads them again from the environment / config file, never from argv)."""
     import os
 
-    import msgspec
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    snapshot = msgspec.to_builtins(settings, enc_hook=str)
-    snapshot["home"] = str(settings.home.resolve())
-    for path in _secret_paths(settings):
-        node = snapshot
-        for part in path[:-1]:
-            node = node[part]
-        node.pop(path[-1], None)  # the default until the worker reads it again
-    run = settings.home / "run"
-    run.mkdir(parents=True, exist_ok=True)
-    file = run / f"serve-{os.getpid()}.json"
-    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(msgspec.json.encode(snapshot))
-    os.environ[WORKER_SETTINGS_ENV] = str(file.resolve())  # inherited by the spawned workers
+    file = write_worker_settings(settings)
+    os.environ[WORKER_SETTINGS_ENV] = str(file)  # inherited by the spawned workers
     print(f"  {settings.server.workers} workers share this data directory (file locks)", flush=True)
     try:
         config = uvicorn.Config("datadesk.cli:worker_app", factory=True, host=settings.server.host,
@@ -191,18 +178,46 @@ def _serve_workers(settings: Settings) -> int:
     return 0
 
 
-def worker_settings() -> Settings:
-    """In a worker process: the parent's settings snapshot, with the secrets read again."""
+def write_worker_settings(settings: Settings):
+    """The settings snapshot for the workers: `<home>/run/serve-<pid>.json`, mode 600, without the
+    secret fields (each worker reads those again). Returns its absolute path."""
+    import os
+
+    import msgspec
+
+    snapshot = msgspec.to_builtins(settings, enc_hook=str)
+    snapshot["home"] = str(settings.home.resolve())
+    for path in _secret_paths(settings):
+        node = snapshot
+        for part in path[:-1]:
+            node = node[part]
+        node.pop(path[-1], None)  # the default until the worker reads it again
+    run = settings.home / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    file = (run / f"serve-{os.getpid()}.json").resolve()
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(msgspec.json.encode(snapshot))
+    return file
+
+
+def worker_settings(env=None) -> Settings:
+    """In a worker process: the parent's settings snapshot, with the secrets read again from the
+    environment / config file (`env`: default os.environ)."""
     import os
     from pathlib import Path
 
     import msgspec
 
-    path = os.environ.get(WORKER_SETTINGS_ENV)
+    env = os.environ if env is None else env
+    path = env.get(WORKER_SETTINGS_ENV)
     if not path:
         raise SettingsError(f"{WORKER_SETTINGS_ENV} is not set: start workers with `datadesk serve --workers N`")
-    settings = msgspec.json.decode(Path(path).read_bytes(), type=Settings, dec_hook=lambda t, o: Path(o))
-    fresh = load_settings()
+    try:
+        settings = msgspec.json.decode(Path(path).read_bytes(), type=Settings, dec_hook=lambda t, o: Path(o))
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SettingsError(f"{WORKER_SETTINGS_ENV}={path}: unreadable settings snapshot: {exc}") from None
+    fresh = load_settings(env)
     for secret in _secret_paths(settings):
         target, source = settings, fresh
         for part in secret[:-1]:
