@@ -688,7 +688,7 @@ class KernelRegistry:
                 continue
             if not owner_alive(self.home, rec.owner, s.owner_stale_s):
                 reason, notice = "its worker is gone", ORPHAN_NOTICE
-            elif rec.pid and rec.owner == self.worker.id and not pid_alive(rec.pid, rec.pid_start):
+            elif rec.pid and rec.host == self.worker.host and not pid_alive(rec.pid, rec.pid_start):
                 reason, notice = "it had stopped", "the previous one stopped"
             elif now - rec.last_used > s.idle_timeout_s:
                 reason = f"idle for more than {s.idle_timeout_s / 60:g} min"
