@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -110,3 +111,16 @@ def test_deliverables_are_never_evicted_but_have_their_own_quota(tmp_path: Path)
     w.quota.check_deliverable("alice", 1_000)
     with pytest.raises(QuotaExceeded, match="Delete old charts"):
         w.quota.check_deliverable("alice", 3_000)
+
+
+def test_periodic_sweep_runs_once_per_interval_whichever_worker_asks(tmp_path: Path) -> None:
+    w = World(tmp_path, ttl_s=60)
+    stale = w.add("alice", "t1", 10, used=time.time() - 3600, enforce=False)
+    other_worker = ArtifactQuota(w.settings, ArtifactStore(w.layout))  # another process's view
+    assert [e.artifact for e in w.quota.sweep_round(300)] == [stale.id]
+    later = w.add("alice", "t1", 10, used=time.time() - 3600, enforce=False)
+    assert other_worker.sweep_round(300) is None  # swept less than an interval ago: skipped
+    assert w.status("alice", "t1")[later.id] == "ready"
+    marker = tmp_path / ".artifact-sweep.last"
+    os.utime(marker, (time.time() - 400, time.time() - 400))
+    assert [e.artifact for e in other_worker.sweep_round(300)] == [later.id]

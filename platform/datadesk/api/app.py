@@ -87,7 +87,7 @@ def create_app(rt: Runtime) -> Litestar:
         while True:
             await asyncio.sleep(rt.settings.offload.sweep_interval_s)
             try:
-                await asyncio.to_thread(rt.quota.enforce)
+                await asyncio.to_thread(rt.quota.sweep_round, rt.settings.offload.sweep_interval_s)
             except Exception:
                 log.exception("artifact sweep failed")
 

@@ -65,6 +65,23 @@ class ArtifactQuota:
         except Timeout:
             return []  # another worker is sweeping right now
 
+    def sweep_round(self, interval_s: float) -> list[Eviction] | None:
+        """The periodic sweep, once per interval per host: with several workers, a worker skips the
+        round (None) when another is sweeping or swept less than an interval ago."""
+        marker = Path(self._lock.lock_file).with_name(".artifact-sweep.last")
+        try:
+            with self._lock.acquire(timeout=0):
+                try:
+                    if time.time() - marker.stat().st_mtime < interval_s * 0.9:
+                        return None
+                except FileNotFoundError:
+                    pass
+                evicted = self._enforce(None, set())
+                marker.touch()
+                return evicted
+        except Timeout:
+            return None
+
     def _enforce(self, trigger_user: str | None, protect: set[str]) -> list[Eviction]:
         s = self.settings
         now = time.time()

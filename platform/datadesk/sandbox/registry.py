@@ -181,6 +181,10 @@ class KernelRegistry:
 
         root = Path(self.settings.run_dir) if self.settings.run_dir else self.home / "run"
         if len(str(root.resolve())) + len("/k0123456789/k-5") > 100:
+            if self.settings.shared_dir:  # /tmp is not seen by the engine: never fall back there
+                raise ValueError(f"the kernel socket dir {root} is too long for unix sockets (limit ~100 "
+                                 "characters with the kernel's file names): set sandbox.run_dir to a short "
+                                 "directory inside sandbox.shared_dir")
             digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:10]
             root = Path("/tmp") / f"dd-{digest}"
             log.info("kernel socket dir %s (the data dir path is too long for unix sockets)", root)
