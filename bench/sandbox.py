@@ -160,7 +160,6 @@ class Probe:
 
     def install(self, backend: str) -> None:
         import datadesk.sandbox.registry as registry_mod
-        import datadesk.tools.python as python_mod
         from datadesk.offload.requery import RequeryService
         from datadesk.sandbox.messaging import KernelChannel
         from datadesk.sandbox.registry import KernelRegistry
@@ -185,7 +184,7 @@ class Probe:
         self.wrap_async(KernelRegistry, "_take", "take from pool / start (_take)")
         self.wrap_async(RequeryService, "ensure_available", "re-query check")
         self.wrap_sync(registry_mod, "sync_data_links", "sync_data_links")
-        self.wrap_sync(python_mod, "read_new_outputs", "collect /outputs")
+        self.wrap_async(kernel_cls, "read_outputs", "collect /outputs")
 
     def uninstall(self) -> None:
         while self._undo:
