@@ -82,6 +82,17 @@ def _find(rt: Runtime, user: User, aid: str) -> tuple[ThreadHandle, Artifact]:
     return rt.threads.get(tdir.name, user.id, user.workspaces), art
 
 
+def _data_file(rt: Runtime, user: User, aid: str) -> tuple[ThreadHandle, Artifact, Path]:
+    """An artifact whose data file can be read (410 naming why when it cannot)."""
+    handle, art = _find(rt, user, aid)
+    if not art.available:
+        raise HTTPException(status_code=410, detail=expired_message(art))
+    path = rt.artifacts.data_path(handle.dir, art)
+    if not regular_file(path):
+        raise HTTPException(status_code=410, detail=f"the data file of artifact {aid} is missing")
+    return handle, art, path
+
+
 def _csv_chunks(path: str) -> Iterator[bytes]:
     pf = pq.ParquetFile(path)
     first = True
@@ -159,12 +170,7 @@ class ArtifactController(Controller):
     @get("/artifacts/{aid:str}/download")
     async def download(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep,
                        format: FromQuery[str | None] = None) -> Stream:
-        handle, art = _find(rt, user, aid)
-        if not art.available:
-            raise HTTPException(status_code=410, detail=expired_message(art))
-        path = rt.artifacts.data_path(handle.dir, art)
-        if not regular_file(path):
-            raise HTTPException(status_code=410, detail=f"the data file of artifact {aid} is missing")
+        handle, art, path = _data_file(rt, user, aid)
         rt.artifacts.touch(handle.dir, [aid])
         if format not in (None, "csv", "parquet", "original"):
             raise ClientException(f"unknown format {format!r}: use csv or parquet (default: as stored)")
@@ -185,12 +191,7 @@ class ArtifactController(Controller):
     async def view(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> Response[bytes]:
         """Show an artifact in the browser: raster images inline (charts), Markdown and HTML reports
         as a sanitized, printable page with their charts embedded; anything else is a download."""
-        handle, art = _find(rt, user, aid)
-        if not art.available:
-            raise HTTPException(status_code=410, detail=expired_message(art))
-        path = rt.artifacts.data_path(handle.dir, art)
-        if not regular_file(path):
-            raise HTTPException(status_code=410, detail=f"the data file of artifact {aid} is missing")
+        handle, art, path = _data_file(rt, user, aid)
         headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
         if art.format in INLINE_IMAGES:
             data = await asyncio.to_thread(read_regular, path, MAX_VIEW_BYTES)
