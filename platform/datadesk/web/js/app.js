@@ -31,7 +31,7 @@ async function boot() {
   $("#app-view").hidden = false;
   $("#user-name").textContent = app.me.name || app.me.id;
   const model = app.me.model || {};
-  $("#model-label").textContent = model.label ? `${model.name} (${model.label})` : model.name || "";
+  $("#model-label").textContent = model.demo ? "demo model" : model.name || "";
   $("#banner-demo").hidden = !model.demo;
   const sb = app.me.sandbox || {};
   const banner = $("#banner-sandbox");
