@@ -3,8 +3,9 @@
 `GatewayChannel` is the gateway backend's counterpart of
 `messaging.KernelChannel` (ZMQ): connect (kernel_info), run one execute
 request with the same `ExecutionCollector` (output caps, images, trimmed
-tracebacks), timeout with interrupt, death detection; the gateway's own status
-news (the kernel restarted because it died) is watched by a reader task.
+tracebacks) and `Execution` (timeout with interrupt, death detection); the
+gateway's own status news (the kernel restarted because it died) is watched
+by a reader task.
 The websocket client's debug log prints handshake headers (the token): it
 gets a logger that never logs at DEBUG.
 """
@@ -21,16 +22,18 @@ from typing import Any
 
 from datadesk.sandbox.base import ErrorInfo, ExecutionResult, SandboxError, SandboxUnavailable
 from datadesk.sandbox.messaging import (
+    END,
     FILE_CAP_BYTES,
     HEAD_CHARS,
-    IDLE_AFTER_REPLY_S,
     INTERRUPT_GRACE_S,
-    LIVENESS_EVERY_S,
-    POLL_S,
+    NEWS,
+    QUIET,
+    SKIP,
     TAIL_CHARS,
-    ExecutionCollector,
+    ExecutionChannel,
     IsAlive,
     OnTimeout,
+    Received,
 )
 
 log = logging.getLogger(__name__)
@@ -41,29 +44,24 @@ MAX_MESSAGE_BYTES = 64 << 20  # one Jupyter message (a big image or print) on th
 MAX_QUEUED = 100_000  # messages kept while nobody reads (a kernel printing from a thread)
 
 
-class GatewayChannel:
+class GatewayChannel(ExecutionChannel):
     """The websocket of one kernel (bound to the event loop that opened it).
 
     A reader task queues incoming messages and watches the gateway's own news:
     a `restarting` or `dead` status that we did not ask for means the kernel
     process died (the gateway may have started a new one: its variables are
-    gone), recorded in `lost`. `run` mirrors `messaging.KernelChannel.run`
-    and builds its result with the same `ExecutionCollector`.
+    gone), recorded in `lost`. `run` is `messaging.KernelChannel.run` over
+    the websocket: the same `Execution` wait and `ExecutionCollector`.
     """
 
     def __init__(self, url: str, headers: dict[str, str], run_dir: Path, is_alive: IsAlive, *,
                  head_chars: int = HEAD_CHARS, tail_chars: int = TAIL_CHARS,
                  file_cap_bytes: int = FILE_CAP_BYTES, interrupt_grace_s: float = INTERRUPT_GRACE_S):
+        super().__init__(run_dir, is_alive, head_chars=head_chars, tail_chars=tail_chars,
+                         file_cap_bytes=file_cap_bytes, interrupt_grace_s=interrupt_grace_s)
         self.url = url
         self.headers = headers
-        self.run_dir = run_dir
-        self.is_alive = is_alive
-        self.head_chars = head_chars
-        self.tail_chars = tail_chars
-        self.file_cap_bytes = file_cap_bytes
-        self.interrupt_grace_s = interrupt_grace_s
         self.session = uuid.uuid4().hex
-        self.settled = True
         self.lost = ""  # why the kernel's state is gone ("" while it is fine)
         self.closed_reason = ""  # why the websocket closed ("" while open)
         self.expect_restart = False  # a restart we asked for: its status messages are no news
@@ -203,83 +201,51 @@ class GatewayChannel:
         interrupted, the kernel kept).
         """
         self._discard_queued()
-        self.settled = False
-        collected = ExecutionCollector(self.run_dir, self.head_chars, self.tail_chars, self.file_cap_bytes)
+        run = self._execution(timeout_s)
         request = self._message("execute_request", {
             "code": code, "silent": silent, "store_history": not silent, "user_expressions": {},
             "allow_stdin": False, "stop_on_error": False})
         msg_id = request["header"]["msg_id"]
         await self._send(request)
-        reply: dict | None = None
-        reply_at = 0.0
-        timed_out = died = False
-        note = ""
-        deadline = collected.started + timeout_s
-        last_msg = time.monotonic()
-        last_liveness = 0.0
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                if timed_out:
-                    note = "the kernel did not stop after the interrupt"
-                    break
-                timed_out = True
-                try:
-                    await on_timeout()
-                except Exception as exc:
-                    log.warning("interrupting the gateway kernel failed: %s", exc)
-                deadline = time.monotonic() + self.interrupt_grace_s
-                continue
-            msg = await self._next(min(POLL_S, deadline - now))
+
+        async def receive(timeout_s: float) -> Received:
+            msg = await self._next(timeout_s)
             if msg is None:  # the websocket closed under us
                 if self.lost or not await self.is_alive():
-                    died = True
+                    run.died = True
                 else:
                     try:
                         await on_timeout()  # nobody can follow that code any more: stop it
                     except Exception as exc:
                         log.warning("interrupting the gateway kernel failed: %s", exc)
-                    collected.error = ErrorInfo(
+                    run.collected.error = ErrorInfo(
                         ename="ConnectionLost",
                         evalue=f"the connection to the kernel was lost during the execution ({self.closed_reason}); "
                                "the code was interrupted and its remaining output is missing", traceback=[])
-                    self.settled = True
-                break
-            if msg is False:
-                if self.lost:
-                    died = True
-                    break
-                quiet = time.monotonic() - last_msg
-                if reply is not None and time.monotonic() - reply_at > IDLE_AFTER_REPLY_S and quiet > IDLE_AFTER_REPLY_S:
-                    self.settled = True  # the idle status was lost; the reply is final
-                    break
-                if quiet >= POLL_S and time.monotonic() - last_liveness >= LIVENESS_EVERY_S:
-                    last_liveness = time.monotonic()
-                    if not await self.is_alive():
-                        died = True
-                        break
-                continue
+                    run.settled = True
+                return END
             if self.lost:
-                died = True
-                break
+                run.died = True
+                return END
+            if msg is False:
+                return QUIET
             if _parent_id(msg) != msg_id:
-                continue
-            last_msg = time.monotonic()
-            channel = msg.get("channel")
-            if channel == "shell":
-                reply, reply_at = msg, time.monotonic()
-            elif channel == "iopub" and collected.on_iopub(msg):
-                self.settled = True
-                break
-        if self.settled and reply is None and not died:
+                return SKIP
+            if msg.get("channel") == "shell":
+                run.got_reply(msg)
+            return msg if msg.get("channel") == "iopub" else NEWS
+
+        await run.wait(receive, self.is_alive, on_timeout, "the gateway kernel")
+        self.settled = run.settled
+        if self.settled and run.reply is None and not run.died:
             end = time.monotonic() + 1.0  # the reply is sent before idle: normally already queued
-            while reply is None and (left := end - time.monotonic()) > 0:
+            while run.reply is None and (left := end - time.monotonic()) > 0:
                 msg = await self._next(left)
                 if not msg:
                     break
                 if msg.get("channel") == "shell" and _parent_id(msg) == msg_id:
-                    reply = msg
-        return collected.finish(reply, timed_out=timed_out, died=died, note=note)
+                    run.reply = msg
+        return run.finish()
 
 
 def _msg_type(msg: dict) -> str:

@@ -11,7 +11,8 @@ it through a `KernelChannel`.
 - `KernelChannel`: connect, run one execute request (output caps, timeout with
   interrupt, death detection), interrupt, close.
 - `ExecutionCollector`: turns one request's iopub messages and shell reply into
-  an `ExecutionResult`; shared with the gateway backend's websocket channel.
+  an `ExecutionResult`; `Execution`: the wait for it (deadline, interrupt,
+  grace, death). Both shared with the gateway backend's websocket channel.
 - `strip_ansi`, `trim_traceback`: make error output fit for the model.
 """
 
@@ -426,8 +427,103 @@ def _error_info(content: dict) -> ErrorInfo:
 IsAlive = Callable[[], Awaitable[bool]]
 OnTimeout = Callable[[], Awaitable[None]]
 
+# What a transport's `receive` answers besides an iopub message of the execution.
+QUIET = "quiet"  # nothing came within the poll
+NEWS = "news"  # a message of the execution that is no output (its shell reply: see `Execution.got_reply`)
+SKIP = "skip"  # a message of something else
+END = "end"  # the transport ended the wait itself (it set `died`, `settled` or the collector's error)
+Received = dict | str
 
-class KernelChannel:
+
+class Execution:
+    """The wait for one execute request, whatever carries its messages (ZMQ or a websocket).
+
+    `wait` drives the deadline: on timeout it awaits `on_timeout()` (an
+    interrupt), then waits `grace_s` more for idle (status "timeout"; `note`
+    says when even that passed). While nothing comes it treats a shell reply
+    followed by silence as the end (the idle status was lost) and asks
+    `is_alive()` now and then ("died"). `receive(timeout_s)` is the transport:
+    an iopub message of this execution, or one of QUIET, NEWS, SKIP, END.
+    After `wait`, `settled` says whether the kernel went idle.
+    """
+
+    def __init__(self, collected: ExecutionCollector, timeout_s: float, grace_s: float):
+        self.collected = collected
+        self.grace_s = grace_s
+        self.deadline = collected.started + timeout_s
+        self.reply: dict | None = None
+        self.reply_at = 0.0
+        self.last_msg = time.monotonic()
+        self.timed_out = self.died = self.settled = False
+        self.note = ""
+
+    def got_reply(self, msg: dict) -> None:
+        self.reply, self.reply_at = msg, time.monotonic()
+
+    async def wait(self, receive: Callable[[float], Awaitable[Received]], is_alive: IsAlive,
+                   on_timeout: OnTimeout, kernel: str = "the kernel") -> None:
+        last_liveness = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= self.deadline:
+                if self.timed_out:
+                    self.note = "the kernel did not stop after the interrupt"
+                    return
+                self.timed_out = True
+                try:
+                    await on_timeout()
+                except Exception as e:
+                    log.warning("interrupting %s failed: %s", kernel, e)
+                self.deadline = time.monotonic() + self.grace_s
+                continue
+            msg = await receive(min(POLL_S, max(0.0, self.deadline - now)))
+            if msg == END:
+                return
+            if msg == QUIET:
+                quiet = time.monotonic() - self.last_msg
+                if (self.reply is not None and time.monotonic() - self.reply_at > IDLE_AFTER_REPLY_S
+                        and quiet > IDLE_AFTER_REPLY_S):
+                    self.settled = True  # the idle status was lost (iopub high-water mark); the reply is final
+                    return
+                if quiet >= POLL_S and time.monotonic() - last_liveness >= LIVENESS_EVERY_S:
+                    last_liveness = time.monotonic()
+                    if not await is_alive():
+                        self.died = True
+                        return
+                continue
+            if msg == SKIP:
+                continue
+            self.last_msg = time.monotonic()  # NEWS or an iopub message
+            if isinstance(msg, dict) and self.collected.on_iopub(msg):
+                self.settled = True
+                return
+
+    def finish(self) -> ExecutionResult:
+        return self.collected.finish(self.reply, timed_out=self.timed_out, died=self.died, note=self.note)
+
+
+class ExecutionChannel:
+    """What a channel to one kernel (ZMQ or websocket) keeps to run code: where cut output goes,
+    the caps, the liveness check, the interrupt grace; `settled` as `Execution.settled` of the last run."""
+
+    def __init__(self, run_dir: Path, is_alive: IsAlive, *, head_chars: int = HEAD_CHARS,
+                 tail_chars: int = TAIL_CHARS, file_cap_bytes: int = FILE_CAP_BYTES,
+                 interrupt_grace_s: float = INTERRUPT_GRACE_S):
+        self.run_dir = run_dir
+        self.is_alive = is_alive
+        self.head_chars = head_chars
+        self.tail_chars = tail_chars
+        self.file_cap_bytes = file_cap_bytes
+        self.interrupt_grace_s = interrupt_grace_s
+        self.settled = True
+
+    def _execution(self, timeout_s: float) -> Execution:
+        self.settled = False
+        collected = ExecutionCollector(self.run_dir, self.head_chars, self.tail_chars, self.file_cap_bytes)
+        return Execution(collected, timeout_s, self.interrupt_grace_s)
+
+
+class KernelChannel(ExecutionChannel):
     """One client connection to one kernel (bound to the event loop it was used on).
 
     After `run` returns, `settled` says whether the kernel finished the request
@@ -448,13 +544,8 @@ class KernelChannel:
     ):
         from jupyter_client.asynchronous import AsyncKernelClient
 
-        self.run_dir = run_dir
-        self.is_alive = is_alive
-        self.head_chars = head_chars
-        self.tail_chars = tail_chars
-        self.file_cap_bytes = file_cap_bytes
-        self.interrupt_grace_s = interrupt_grace_s
-        self.settled = True
+        super().__init__(run_dir, is_alive, head_chars=head_chars, tail_chars=tail_chars,
+                         file_cap_bytes=file_cap_bytes, interrupt_grace_s=interrupt_grace_s)
         self.kernel_info: dict = {}
         self._client = AsyncKernelClient()
         self._client.load_connection_info(host_info)
@@ -543,82 +634,42 @@ class KernelChannel:
         if self._closed:
             raise SandboxError("the kernel connection is closed")
         client = self._client
-        self.settled = False
-        collected = ExecutionCollector(self.run_dir, self.head_chars, self.tail_chars, self.file_cap_bytes)
-        reply: dict | None = None
-        reply_at = 0.0
-        timed_out = False
-        died = False
-        note = ""
-
+        run = self._execution(timeout_s)
         msg_id = client.execute(
             code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False
         )
-        deadline = collected.started + timeout_s
-        last_iopub = time.monotonic()
-        last_liveness = 0.0
 
         async def poll_shell() -> None:
-            nonlocal reply, reply_at
-            while reply is None:
+            while run.reply is None:
                 try:
                     msg = await client.get_shell_msg(timeout=0)
                 except Empty:
                     return
                 if msg.get("parent_header", {}).get("msg_id") == msg_id:
-                    reply = msg
-                    reply_at = time.monotonic()
+                    run.got_reply(msg)
 
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                if timed_out:
-                    note = "the kernel did not stop after the interrupt"
-                    break
-                timed_out = True
-                try:
-                    await on_timeout()
-                except Exception as e:
-                    log.warning("interrupting the kernel failed: %s", e)
-                deadline = time.monotonic() + self.interrupt_grace_s
-                continue
+        async def receive(timeout_s: float) -> Received:
             try:
-                msg = await client.get_iopub_msg(timeout=min(POLL_S, max(0.0, deadline - now)))
+                msg = await client.get_iopub_msg(timeout=timeout_s)
             except Empty:
                 await poll_shell()
-                quiet = time.monotonic() - last_iopub
-                if (
-                    reply is not None
-                    and time.monotonic() - reply_at > IDLE_AFTER_REPLY_S
-                    and quiet > IDLE_AFTER_REPLY_S
-                ):
-                    self.settled = True  # idle was lost (iopub high-water mark); reply is final
-                    break
-                if quiet >= POLL_S and time.monotonic() - last_liveness >= LIVENESS_EVERY_S:
-                    last_liveness = time.monotonic()
-                    if not await self.is_alive():
-                        died = True
-                        break
-                continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            last_iopub = time.monotonic()
-            if collected.on_iopub(msg):
-                self.settled = True
-                break
+                return QUIET
+            return msg if msg.get("parent_header", {}).get("msg_id") == msg_id else SKIP
 
+        await run.wait(receive, self.is_alive, on_timeout)
+        self.settled = run.settled
         if self.settled:
             # The reply is sent before idle; it is normally already queued.
-            if reply is None:
+            if run.reply is None:
                 try:
                     end = time.monotonic() + 1.0
-                    while reply is None and (left := end - time.monotonic()) > 0:
+                    while run.reply is None and (left := end - time.monotonic()) > 0:
                         msg = await client.get_shell_msg(timeout=left)
                         if msg.get("parent_header", {}).get("msg_id") == msg_id:
-                            reply = msg
+                            run.reply = msg
                 except Empty:
                     pass
         else:
             await poll_shell()
 
-        return collected.finish(reply, timed_out=timed_out, died=died, note=note)
+        return run.finish()
