@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Awaitable, Literal
 
 from datadesk.sandbox.files import OutputFile, read_new_outputs
 
@@ -88,6 +88,7 @@ class KernelBackend(abc.ABC):
 
     placement: KernelPlacement
     started_at: float
+    _attached = False  # set by a backend's `attach`: a client of a kernel another worker started
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -131,6 +132,22 @@ class KernelBackend(abc.ABC):
         if root is None:
             return None
         return read_new_outputs(root, seen, max_bytes)
+
+    @property
+    def attached(self) -> bool:
+        """A client of another worker's kernel (`attach`): the registry lets it go instead of stopping it."""
+        return self._attached
+
+    async def detach(self) -> None:
+        """Close this client's connection; the kernel keeps running."""
+
+    async def _connect_or_detach(self, connecting: Awaitable[None]) -> None:
+        """Await an attached client's connection; on any failure (cancellation too) detach, then re-raise."""
+        try:
+            await connecting
+        except BaseException:
+            await self.detach()
+            raise
 
     def rewrite_paths(self, code: str) -> str:
         """Map `/data` and `/outputs` in code to what this backend mounts (identity by default)."""

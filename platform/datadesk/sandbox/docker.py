@@ -185,16 +185,8 @@ class DockerKernel(KernelBackend):
         self._alive = (time.monotonic(), True)
         host_info = {**_read_json(placement.run_dir / CONNECTION_FILE), "ip": str(placement.run_dir / "k")}
         self._channel = KernelChannel(host_info, placement.run_dir, self.is_alive)
-        try:
-            await self._channel.connect(min(self.settings.start_timeout_s, 10))
-        except BaseException:
-            await self.detach()
-            raise
+        await self._connect_or_detach(self._channel.connect(min(self.settings.start_timeout_s, 10)))
         return self
-
-    @property
-    def attached(self) -> bool:
-        return self._attached
 
     def record_fields(self) -> dict[str, object]:
         """What the kernel table keeps to find this kernel from another worker."""

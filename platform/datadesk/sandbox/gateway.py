@@ -357,16 +357,8 @@ class GatewayKernel(KernelBackend):
         self.kernel_data = self.config.kernel_path(placement.data_dir)
         self.kernel_outputs = self.config.kernel_path(placement.outputs_dir)
         if connect:
-            try:
-                await self._open_channel()
-            except BaseException:
-                await self.detach()
-                raise
+            await self._connect_or_detach(self._open_channel())
         return self
-
-    @property
-    def attached(self) -> bool:
-        return self._attached
 
     async def detach(self) -> None:
         """Close this client's connection; the kernel keeps running on the gateway."""

@@ -106,11 +106,7 @@ class LocalKernel(KernelBackend):
             info = json.loads((placement.run_dir / CONNECTION_FILE).read_text())
             self._channel = KernelChannel({**info, "ip": socket_prefix(placement.run_dir)}, placement.run_dir,
                                           self.is_alive, interrupt_grace_s=self.interrupt_grace_s)
-            try:
-                await self._channel.connect(min(self.ready_timeout_s, 10))
-            except BaseException:
-                await self.detach()
-                raise
+            await self._connect_or_detach(self._channel.connect(min(self.ready_timeout_s, 10)))
         return self
 
     @property
