@@ -467,13 +467,7 @@ class KernelRegistry:
             if rec is None or not rec.kernel_id or (kernel_id is not None and rec.kernel_id != kernel_id):
                 return True
             log.info("reclaiming kernel %s of %s: %s", rec.kernel_id, key, notice)
-            session = self.sessions.pop(key, None)
-            if session is not None and self._same_kernel(rec, session):
-                await self._dispose(session)
-            else:
-                if session is not None:
-                    await self._let_go(session)
-                await self._end_record(rec)
+            await self._end_kernel(key, rec)
             self._save_gone(rec, notice)
             return True
 
@@ -487,16 +481,20 @@ class KernelRegistry:
         """The thread was cleared or deleted: stop its kernel (whichever worker runs it), forget
         its notices."""
         async with self._hold(key, self._busy_wait_s):
-            rec = self.table.load(key)
-            session = self.sessions.pop(key, None)
-            if session is not None and self._same_kernel(rec, session):
-                await self._dispose(session)
-            else:
-                if session is not None:
-                    await self._let_go(session)
-                if rec is not None and rec.kernel_id:
-                    await self._end_record(rec)
+            await self._end_kernel(key, self.table.load(key))
             self.table.remove(key)
+
+    async def _end_kernel(self, key: SessionKey, rec: KernelRecord | None) -> None:
+        """End the thread's kernel (caller holds its key lock): through this worker's session when
+        the record names it, else through the record (after letting a stale session go)."""
+        session = self.sessions.pop(key, None)
+        if session is not None and self._same_kernel(rec, session):
+            await self._dispose(session)
+            return
+        if session is not None:
+            await self._let_go(session)
+        if rec is not None and rec.kernel_id:
+            await self._end_record(rec)
 
     async def _end_record(self, rec: KernelRecord) -> None:
         """Stop a kernel known only by its record (another worker's, or an orphan)."""
