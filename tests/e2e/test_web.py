@@ -292,7 +292,9 @@ def test_context_inspector_shows_the_numbers_of_the_last_request(server, page) -
     login(page, server)
     new_chat(page)
     ask(page, "hello")
+    assert page.inner_text("#thread-title") == "hello"  # the first question names a new chat
     ask(page, "and again")
+    assert page.inner_text("#thread-title") == "hello"
     page.click("#open-context")
     page.wait_for_selector("#ctx-cached")
     with api(server, server.token()) as c:

@@ -184,6 +184,15 @@ async function send() {
     }
   }
   input.value = "";
+  if (app.thread.title === "New chat" && !document.querySelector("#messages .msg")) {
+    // the first question names the chat (rename changes it)
+    try {
+      app.thread = await api("PATCH", `/api/threads/${enc(app.thread.id)}`, { title: text.replace(/\s+/g, " ").slice(0, 60) });
+      $("#thread-title").textContent = app.thread.title;
+    } catch {
+      // keep "New chat": the question matters more than the title
+    }
+  }
   app.conv.userMessage(text);
   const ctrl = new AbortController();
   setRunning(ctrl);
