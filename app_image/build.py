@@ -53,7 +53,9 @@ from datadesk.sandbox.image import (  # noqa: E402 - the checkout's platform/ is
     _docker_client,
     _image_exists,
     _python_version_of,
+    docker_build,
     make_debian_base,
+    run_build_cli,
 )
 
 IMAGE_NAME = "datadesk-app"
@@ -207,27 +209,7 @@ def build(force: bool = False, base: str | None = None) -> str:
     fetch_wheels([HERE / "requirements.txt", app_reqs], HERE / "wheels", target=True)
     fetch_wheels([HERE / "build-requirements.txt"], HERE / "build-wheels", target=False)
     build_app_wheel()
-    labels = {LABEL_PREFIX: "1", f"{LABEL_PREFIX}.base": chosen, f"{LABEL_PREFIX}.tag": tag}
-    try:
-        stream = client.api.build(path=str(HERE), tag=tag, buildargs={"BASE_IMAGE": chosen}, labels=labels,
-                                  rm=True, forcerm=True, nocache=force, pull=False, decode=True, timeout=3600,
-                                  use_config_proxy=False)
-        for chunk in stream:
-            if "error" in chunk:
-                raise BuildError(f"docker build failed: {chunk['error'].strip()}")
-            for line in (chunk.get("stream") or "").rstrip().splitlines():
-                if line.strip():
-                    log(f"  {line.rstrip()}")
-    except BuildError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - API errors, tar errors ...
-        raise BuildError(f"docker build failed: {type(exc).__name__}: {exc}") from exc
-    image = _image_exists(client, tag)
-    if image is None:
-        raise BuildError(f"docker build finished but {tag} is missing")
-    image.tag(IMAGE_NAME, "latest")
-    size_mb = (image.attrs.get("Size") or 0) / 1e6
-    log(f"[app] built {tag} (+ {LATEST_TAG}), {size_mb:.0f} MB, in {time.monotonic() - t0:.0f} s")
+    docker_build(client, HERE, tag, chosen, LABEL_PREFIX, force, log, "[app]", t0)
     return tag
 
 
@@ -239,20 +221,13 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"base image with python {PYTHON_VERSION} (default: {FALLBACK_BASE}, made if missing)")
     parser.add_argument("--print-tag", action="store_true", help="print the tag the sources build to, and exit")
     args = parser.parse_args(argv)
-    try:
-        if args.print_tag:
+    if args.print_tag:
+        def tag_of_sources() -> str:
             client = _docker_client()
-            print(image_tag(client.images.get(choose_base(client, args.base)).id))
-            return 0
-        tag = build(force=args.force, base=args.base)
-    except BuildError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    print(tag)
-    return 0
+            return image_tag(client.images.get(choose_base(client, args.base)).id)
+
+        return run_build_cli(tag_of_sources)
+    return run_build_cli(lambda: build(force=args.force, base=args.base))
 
 
 if __name__ == "__main__":

@@ -375,34 +375,26 @@ def build_image(
     chosen = choose_base(context_dir, client, base, log)
 
     log(f"[image] docker build --build-arg BASE_IMAGE={chosen} -t {tag} {context_dir}")
-    labels = {
-        f"{LABEL_PREFIX}": "1",
-        f"{LABEL_PREFIX}.base": chosen,
-        f"{LABEL_PREFIX}.tag": tag,
-    }
+    docker_build(client, context_dir, tag, chosen, LABEL_PREFIX, force, log, "[image]", t0)
+    return tag
+
+
+def docker_build(client, context_dir: Path, tag: str, base: str, label_prefix: str, nocache: bool,
+                 log: Log, prefix: str, t0: float) -> None:
+    """`docker build --build-arg BASE_IMAGE=<base> -t <tag>` through the API (classic builder, no
+    pull), its output streamed to `log`; then `<name>:latest` too. Raises BuildError naming why."""
+    labels = {label_prefix: "1", f"{label_prefix}.base": base, f"{label_prefix}.tag": tag}
     image_id = None
     try:
-        stream = client.api.build(
-            path=str(context_dir),
-            tag=tag,
-            buildargs={"BASE_IMAGE": chosen},
-            labels=labels,
-            rm=True,
-            forcerm=True,
-            nocache=force,
-            pull=False,
-            decode=True,
-            timeout=3600,
-            use_config_proxy=False,
-        )
+        stream = client.api.build(path=str(context_dir), tag=tag, buildargs={"BASE_IMAGE": base}, labels=labels,
+                                  rm=True, forcerm=True, nocache=nocache, pull=False, decode=True, timeout=3600,
+                                  use_config_proxy=False)
         for chunk in stream:
             if "error" in chunk:
                 raise BuildError(f"docker build failed: {chunk['error'].strip()}")
-            text = chunk.get("stream")
-            if text:
-                for line in text.rstrip().splitlines():
-                    if line.strip():
-                        log(f"  {line.rstrip()}")
+            for line in (chunk.get("stream") or "").rstrip().splitlines():
+                if line.strip():
+                    log(f"  {line.rstrip()}")
             aux = chunk.get("aux")
             if isinstance(aux, dict) and "ID" in aux:
                 image_id = aux["ID"]
@@ -413,13 +405,24 @@ def build_image(
     image = _image_exists(client, tag)
     if image is None:
         raise BuildError(f"docker build finished but {tag} is missing (id {image_id})")
-    image.tag(IMAGE_NAME, "latest")
+    name = tag.rsplit(":", 1)[0]
+    image.tag(name, "latest")
     size_mb = (image.attrs.get("Size") or 0) / 1e6
-    log(
-        f"[image] built {tag} (+ {LATEST_TAG}), {size_mb:.0f} MB, "
-        f"in {time.monotonic() - t0:.0f} s"
-    )
-    return tag
+    log(f"{prefix} built {tag} (+ {name}:latest), {size_mb:.0f} MB, in {time.monotonic() - t0:.0f} s")
+
+
+def run_build_cli(build: Callable[[], str]) -> int:
+    """Run a build for a command line: print the tag, or the error; exit 0, 1 or 130."""
+    try:
+        tag = build()
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    print(tag)
+    return 0
 
 
 # ------------------------------------------------------------------------ cli
@@ -445,19 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    try:
-        if args.print_tag:
-            print(image_tag(args.context))
-            return 0
-        tag = build_image(args.context, force=args.force, base=args.base, log=log)
-    except BuildError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    print(tag)
-    return 0
+    if args.print_tag:
+        return run_build_cli(lambda: image_tag(args.context))
+    return run_build_cli(lambda: build_image(args.context, force=args.force, base=args.base, log=log))
 
 
 if __name__ == "__main__":
