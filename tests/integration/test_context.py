@@ -11,14 +11,13 @@ import pytest
 
 from datadesk.context.builder import ContextBuilder
 from datadesk.context.calibration import Calibration
-from datadesk.context.manifest import append_manifest
 from datadesk.domain.records import Record, ToolCall
 from datadesk.llm.client import OpenAIChatModel
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from datadesk.llm.tokens import count_tokens
 from datadesk.settings import ContextSettings, LLMSettings, ModelProfileSettings
 from datadesk.store.threadlog import ThreadLog
-from datadesk.tools.registry import ToolResult, ToolSpec
+from tests.scenarios import SEED, chart_specs, register_chart_spec
 from tests.conftest import parse_sse, serve_app
 from tests.fakes.openai_server import FakeOpenAIServer
 
@@ -64,11 +63,10 @@ def test_stable_prefix_and_calibration_converges(harness_factory) -> None:
     assert len((tdir / "context.jsonl").read_text().splitlines()) == 8
 
 
-SEED = "analyse last month's office energy use, exclude holidays"
 
 
 def test_seed_scenario_compacts_pages_back_and_trims_in_chunks(harness_factory) -> None:
-    big = {i: (f"chart spec {i}: " + "colour=#%06x; " % (i * 4999) * 1500) for i in range(16)}
+    big = chart_specs(1500)
     steps: list = [tool_step("sql_query", {"sql": "SELECT date_trunc('day', ts) d, sum(kwh) FROM readings "
                                                   "WHERE ts >= '2025-01-01' GROUP BY 1"}, call_id="call_q"),
                    "Energy last month, holidays excluded: ..."]
@@ -79,11 +77,7 @@ def test_seed_scenario_compacts_pages_back_and_trims_in_chunks(harness_factory) 
     model = ScriptedModel(steps)
     h = harness_factory(model, context={"history_budget_tokens": 7_000})
 
-    async def chart_spec(args, ctx):
-        return ToolResult(big[args["variant"]])
-
-    h.rt.tools.register(ToolSpec(name="chart_spec", description="chart", parameters={"type": "object"},
-                                 offloadable=False), chart_spec)
+    register_chart_spec(h.rt, big)
     with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=60) as c:
         tid = c.post("/api/threads", json={}).json()["id"]
         c.post(f"/api/threads/{tid}/messages", json={"content": SEED})

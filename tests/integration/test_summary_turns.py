@@ -9,16 +9,15 @@ import threading
 
 import httpx
 
-from datadesk.llm.scripted import ScriptedModel, ScriptStep, tool_step
-from datadesk.tools.registry import ToolResult, ToolSpec
-from tests.conftest import parse_sse, serve_app, wait_until
+from datadesk.llm.scripted import ScriptedModel, tool_step
+from tests.scenarios import SEED, chart_specs, register_chart_spec
+from tests.conftest import serve_app, wait_until
 from tests.unit.test_summary import faithful
 
-SEED = "analyse last month's office energy use, exclude holidays"
 
 
 def seed_run(harness_factory, summaries: bool, budget: int = 6_000):
-    big = {i: (f"chart spec {i}: " + "colour=#%06x; " % (i * 4999) * 900) for i in range(16)}
+    big = chart_specs(900)
     steps: list = [tool_step("sql_query", {"sql": "SELECT 1"}, call_id="call_q"), "Last month, holidays excluded."]
     for i in range(1, 16):
         steps += [tool_step("chart_spec", {"variant": i}, call_id=f"call_c{i}"), f"Colours updated ({i})."]
@@ -28,11 +27,7 @@ def seed_run(harness_factory, summaries: bool, budget: int = 6_000):
     h = harness_factory(model, summary_model=summarizer, context={"history_budget_tokens": budget},
                         summary={"enabled": summaries})
 
-    async def chart_spec(args, ctx):
-        return ToolResult(big[args["variant"]])
-
-    h.rt.tools.register(ToolSpec(name="chart_spec", description="chart", parameters={"type": "object"},
-                                 offloadable=False), chart_spec)
+    register_chart_spec(h.rt, big)
     with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=60) as c:
         tid = c.post("/api/threads", json={}).json()["id"]
         c.post(f"/api/threads/{tid}/messages", json={"content": SEED})
