@@ -290,7 +290,7 @@ def cmd_users(args: argparse.Namespace, settings: Settings) -> int:
 def _remove_user_containers(settings: Settings, uid: str) -> int:
     """The user's kernel slots go too (their /data holds hard links to the user's files), and
     with the docker backend their containers; a running server's local kernels are reaped."""
-    from datadesk.sandbox.registry import purge_user_slots
+    from datadesk.sandbox.sessions import purge_user_slots
 
     kernels = purge_user_slots(settings.home, uid)
     if settings.sandbox.backend != "docker" or not kernels:

@@ -1,9 +1,10 @@
-"""Kernel sessions: one warm kernel per (workspace, user, thread), a small pool,
-caps per user and in total, and the reaper (idle and lifetime limits), shared by
-every app worker of the host.
+"""The kernel registry: one warm kernel per (workspace, user, thread), a small pool,
+caps per user and in total, shared by every app worker of the host. The session
+and execution records are in sessions.py; culling (the reaper: idle and lifetime
+limits, orphans) is the `KernelReaper` mixin in reaper.py.
 
-Culling lives here, not in the backends. After a reclaim or a crash the next
-execution starts a fresh kernel and says so, so the model never assumes old
+Culling lives at this level, not in the backends. After a reclaim or a crash the
+next execution starts a fresh kernel and says so, so the model never assumes old
 variables still exist.
 
 Several workers (processes, `datadesk serve --workers N`) share the on-disk
@@ -39,112 +40,28 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Callable
 
 import msgspec
 
 from datadesk.sandbox.base import (
-    ExecutionResult, KernelBackend, KernelLimitReached, KernelPlacement, SandboxError, SandboxUnavailable,
+    KernelBackend, KernelLimitReached, KernelPlacement, SandboxError, SandboxUnavailable,
 )
 from datadesk.sandbox.files import sync_data_links
 from datadesk.sandbox.kerneltable import KernelRecord, KernelTable, SessionKey
-from datadesk.sandbox.ownership import (
-    Heartbeat, acquire_async, owner_alive, pid_alive, remove_dead_heartbeats, this_worker, try_lock,
+from datadesk.sandbox.ownership import Heartbeat, acquire_async, owner_alive, this_worker, try_lock
+from datadesk.sandbox.reaper import REAPER_LOCK, KernelReaper
+from datadesk.sandbox.sessions import (  # Execution, SeenOutputs: also imported from here
+    ORPHAN_NOTICE, SEEN_FILE, AttachFactory, BackendFactory, Execution, KernelSession, SeenOutputs,
+    _attached, _fields, fresh_kernel_notice,
 )
 from datadesk.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
 
-BackendFactory = Callable[[KernelPlacement], KernelBackend]
-# (record, connect) -> a backend for a kernel another worker started; connect=False: only to stop it
-AttachFactory = Callable[[KernelRecord, bool], Awaitable[KernelBackend]]
 
-SEEN_FILE = "seen_outputs.json"
-REAPER_LOCK = "reaper.lock"
-ORPHAN_NOTICE = "the previous one stopped with the server worker that ran it"
-
-
-class SeenOutputs(dict):
-    """The /outputs files already collected (relpath -> (size, mtime_ns)), kept in the kernel's
-    slot so that a worker attaching later does not collect them a second time."""
-
-    def __init__(self, path: Path | None = None) -> None:
-        super().__init__()
-        self.path = path
-        self._stamp: int | None = None
-        self.reload()
-
-    def reload(self) -> None:
-        """Take what another worker recorded since (cheap when nothing changed)."""
-        if self.path is None:
-            return
-        try:
-            stamp = self.path.stat().st_mtime_ns
-            if stamp == self._stamp:
-                return
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return
-        super().clear()
-        for k, v in (data.items() if isinstance(data, dict) else ()):
-            if isinstance(k, str) and isinstance(v, list) and len(v) == 2:
-                super().__setitem__(k, (int(v[0]), int(v[1])))
-        self._stamp = stamp
-
-    def __setitem__(self, key: str, value: tuple[int, int]) -> None:
-        super().__setitem__(key, value)
-        if self.path is None:
-            return
-        tmp = self.path.with_name(f".{SEEN_FILE}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(self))
-            os.replace(tmp, self.path)
-            self._stamp = self.path.stat().st_mtime_ns
-        except OSError:
-            pass  # the slot went away (clear, reclaim): nothing left to remember
-
-
-@dataclass
-class KernelSession:
-    backend: KernelBackend
-    started_at: float
-    last_used: float
-    key: SessionKey | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    seen_outputs: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-    @property
-    def placement(self) -> KernelPlacement:
-        return self.backend.placement
-
-
-@dataclass
-class Execution:
-    """An execution as the python tool sees it: the result plus what to tell the model."""
-
-    result: ExecutionResult
-    session: KernelSession
-    notices: list[str]
-
-
-def fresh_kernel_notice(reason: str) -> str:
-    return (f"NOTE: a new Python kernel was started ({reason}). Variables, imports and data loaded "
-            "earlier are gone: reload what you need from /data.")
-
-
-def _fields(backend: KernelBackend) -> dict[str, object]:
-    """What the backend keeps in the table to find its kernel again (pid, container)."""
-    get = getattr(backend, "record_fields", None)
-    return dict(get()) if get is not None else {}
-
-
-def _attached(backend: KernelBackend) -> bool:
-    return bool(getattr(backend, "attached", False))
-
-
-class KernelRegistry:
+class KernelRegistry(KernelReaper):
     """The kernels this worker started or reaches, over the host's kernel table."""
 
     def __init__(self, settings: SandboxSettings, home: Path, factory: BackendFactory,
@@ -650,93 +567,3 @@ class KernelRegistry:
         await self._forget(key, session, "the previous one did not stop after an interrupt and was restarted")
         return ("The code did not stop after an interrupt, so the kernel was shut down; the next python "
                 "call starts a fresh kernel without the earlier variables.")
-
-    # -- reaper ----------------------------------------------------------------------
-    async def reap_once(self, now: float | None = None) -> list[tuple[SessionKey, str]]:
-        """One round: this worker's pool and connections, then (in one worker of the host per
-        round) idle and old kernels, orphans and dead heartbeats."""
-        now = time.time() if now is None else now
-        for session in list(self.pool):
-            if now - session.started_at > self.settings.max_lifetime_s or not await session.backend.is_alive():
-                self.pool.remove(session)
-                self.table.remove_pool(session.placement.kernel_id)
-                await self._dispose(session)
-        await self._prune_sessions()
-        reclaimed: list[tuple[SessionKey, str]] = []
-        with try_lock(self.home / "sandbox" / REAPER_LOCK) as got:
-            if got:
-                reclaimed = await self._reap_host(now)
-        self._fill_pool()
-        return reclaimed
-
-    async def _prune_sessions(self) -> None:
-        """Let go of connections to kernels the table no longer gives this thread."""
-        for key, session in list(self.sessions.items()):
-            if self._same_kernel(self.table.load(key), session):
-                continue
-            with try_lock(self.table.key_lock(key)) as got:
-                if got and self.sessions.get(key) is session and not session.lock.locked():
-                    del self.sessions[key]
-                    await self._let_go(session)
-        for key in [k for k, lk in self._key_locks.items() if not lk.locked() and k not in self.sessions]:
-            del self._key_locks[key]
-
-    async def _reap_host(self, now: float) -> list[tuple[SessionKey, str]]:
-        s = self.settings
-        reclaimed: list[tuple[SessionKey, str]] = []
-        for rec in list(self.table.sessions()):
-            key = rec.key
-            if not rec.kernel_id or key is None:
-                continue
-            if not owner_alive(self.home, rec.owner, s.owner_stale_s):
-                reason, notice = "its worker is gone", ORPHAN_NOTICE
-            elif rec.pid and rec.host == self.worker.host and not pid_alive(rec.pid, rec.pid_start):
-                reason, notice = "it had stopped", "the previous one stopped"
-            elif now - rec.last_used > s.idle_timeout_s:
-                reason = f"idle for more than {s.idle_timeout_s / 60:g} min"
-                notice = f"the previous one was reclaimed: {reason}"
-            elif now - rec.started_at > s.max_lifetime_s:
-                reason = f"it reached the {s.max_lifetime_s / 3600:g} h lifetime"
-                notice = f"the previous one was reclaimed: {reason}"
-            else:
-                continue
-            if await self._reclaim_if_idle(key, notice, rec.kernel_id):
-                reclaimed.append((key, reason))
-        for rec in list(self.table.pooled()):
-            if rec.owner != self.worker.id and not owner_alive(self.home, rec.owner, s.owner_stale_s):
-                self.table.remove_pool(rec.kernel_id or "")
-                await self._end_record(rec)
-        if self._sweep_orphans is not None:
-            await asyncio.to_thread(self._sweep_orphans)
-        await asyncio.to_thread(remove_dead_heartbeats, self.home, s.owner_stale_s)
-        return reclaimed
-
-    async def _reaper(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.reap_interval_s)
-            try:
-                await asyncio.to_thread(self.refresh_health)
-                await self.reap_once()
-            except Exception:
-                log.exception("kernel reaper pass failed")
-
-
-def purge_user_slots(home: Path, user: str) -> list[str]:
-    """Remove the kernel slots (data links, outputs) serving `user` and their kernel records;
-    returns their kernel ids. Used when a user is deleted while a server may still hold their
-    kernels (the owning worker lets them go on its next reaper round: the record is gone)."""
-    root = Path(home) / "sandbox" / "slots"
-    gone: list[str] = []
-    for slot in (root.iterdir() if root.is_dir() else ()):
-        try:
-            owner = json.loads((slot / "owner.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if owner.get("user") == user:
-            shutil.rmtree(slot, ignore_errors=True)
-            gone.append(slot.name)
-    table = KernelTable(Path(home))
-    for rec in list(table.sessions()):
-        if rec.user == user and rec.key is not None:
-            table.remove(rec.key)
-    return gone
