@@ -20,15 +20,15 @@ from typing import Any, Coroutine, Iterator
 import pytest
 
 from datadesk.sandbox.base import KernelPlacement, SandboxError
-from datadesk.sandbox.local import LocalKernel
-from datadesk.sandbox.messaging import (
+from datadesk.sandbox.execution import (
     HEAD_CHARS,
     TAIL_CHARS,
     _OutputCapper,
     strip_ansi,
     trim_traceback,
-    write_connection_file,
 )
+from datadesk.sandbox.local import LocalKernel
+from datadesk.sandbox.messaging import write_connection_file
 
 SECRETS = {"DATADESK_LLM_API_KEY": "sk-secret", "OPENAI_API_KEY": "sk-openai-secret"}
 

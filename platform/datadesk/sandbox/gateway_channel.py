@@ -2,8 +2,9 @@
 
 `GatewayChannel` is the gateway backend's counterpart of
 `messaging.KernelChannel` (ZMQ): connect (kernel_info), run one execute
-request with the same `ExecutionCollector` (output caps, images, trimmed
-tracebacks) and `Execution` (timeout with interrupt, death detection); the
+request with the same `execution.ExecutionCollector` (output caps, images,
+trimmed tracebacks) and `execution.Execution` (timeout with interrupt, death
+detection); the
 gateway's own status news (the kernel restarted because it died) is watched
 by a reader task.
 The websocket client's debug log prints handshake headers (the token): it
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from datadesk.sandbox.base import ErrorInfo, ExecutionResult, SandboxError, SandboxUnavailable
-from datadesk.sandbox.messaging import (
+from datadesk.sandbox.execution import (
     END,
     FILE_CAP_BYTES,
     HEAD_CHARS,

@@ -38,9 +38,9 @@ from datadesk.sandbox.base import (
     KernelPlacement,
     SandboxError,
 )
+from datadesk.sandbox.execution import INTERRUPT_GRACE_S
 from datadesk.sandbox.messaging import (
     CONNECTION_FILE,
-    INTERRUPT_GRACE_S,
     IPYKERNEL_ARGS,
     KernelChannel,
     socket_prefix,

@@ -20,8 +20,8 @@ from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
 from datadesk.offload.requery import RequeryService
 from datadesk.offload.store import ArtifactStore
 from datadesk.sandbox.base import ExecutionResult, SandboxError
+from datadesk.sandbox.execution import strip_ansi, trim_traceback
 from datadesk.sandbox.files import read_regular
-from datadesk.sandbox.messaging import strip_ansi, trim_traceback
 from datadesk.sandbox.registry import Execution, KernelRegistry
 from datadesk.settings import Settings
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
