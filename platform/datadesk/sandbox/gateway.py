@@ -8,17 +8,12 @@ Jupyter messages as JSON with a `channel` field. Every request carries
 environment, in a URL or in a log line (the websocket client's debug log,
 which prints handshake headers, is kept off).
 
-Files: the kernel's slot (`/data` links and `/outputs`, under the app's
-home, see `KernelRegistry._placement`) must sit on a volume the kernels
-mount too (e.g. a ReadWriteMany volume in every kernel pod). The app sees it
-at `sandbox.gateway_shared_dir`, kernels at `sandbox.gateway_kernel_shared_dir`;
-a slot path maps by swapping that prefix. Code is rewritten so `/data/...`
-and `/outputs/...` literals name the kernel-side paths, and the kernel's
-working directory is its outputs dir. Each start proves the mapping: the app
-writes a random probe file into the slot and the kernel must read it back
-and be able to write its outputs dir, else the start fails saying which
-setting to fix. Outputs are read app-side from the slot, never following a
-link (files.py).
+Files: the kernel's slot sits on a volume the app and the kernels both
+mount; the settings, the path mapping between the two sides and the probe
+that proves it at each start are in `gateway_config.py`. Code is rewritten
+so `/data/...` and `/outputs/...` literals name the kernel-side paths
+(`rewrite_paths`), and the kernel's working directory is its outputs dir.
+Outputs are read app-side from the slot, never following a link (files.py).
 
 The registry above is unchanged: caps, the reaper (15 min idle, 4 h total),
 fresh-kernel notices. A kernel the gateway restarted on its own (it died) is
@@ -37,13 +32,10 @@ import json
 import logging
 import os
 import re
-import secrets
 import socket
 import time
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -54,9 +46,10 @@ from datadesk.sandbox.base import (
     SandboxError,
     SandboxUnavailable,
 )
+from datadesk.sandbox.execution import INTERRUPT_GRACE_S
 from datadesk.sandbox.gateway_channel import GatewayChannel
-from datadesk.sandbox.messaging import INTERRUPT_GRACE_S
-from datadesk.settings import SandboxSettings, SettingsError
+from datadesk.sandbox.gateway_config import GatewayConfig, http_problem, prove_mapping, status_problem
+from datadesk.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
 
@@ -65,123 +58,10 @@ HEALTH_TIMEOUT_S = 5.0
 HEALTH_CACHE_S = 10.0
 ALIVE_CACHE_S = 1.0
 DELETE_RETRIES_S = (0.25, 0.5, 1.0, 2.0, 2.0, 2.0, 2.0)  # waits after a DELETE answered 5xx
-PROBE_FILE = ".datadesk-probe"
 RECORDS = ("sandbox", "gateway-kernels")  # under home: which gateway kernel each slot started
 
 _KERNEL_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_KERNEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_ENV_NAME_RE = re.compile(r"KERNEL_[A-Z0-9_]{1,64}")
-# kernel-side paths go into Python string literals and pod templates: keep them plain
-_SAFE_PATH_RE = re.compile(r"/[A-Za-z0-9._/@+-]*")
-_RESERVED_ENV = ("KERNEL_DATADESK_", "KERNEL_WORKING_DIR")
 _PATH_LITERAL_RE = re.compile(r"""(["'])(/data|/outputs)(?=[/"'])""")
-
-
-# --------------------------------------------------------------------------- configuration
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    """The `sandbox.gateway_*` settings, checked (`from_settings` names the bad one)."""
-
-    url: str  # http(s)://host[:port][/base], no trailing slash
-    token: str
-    kernel_name: str
-    shared_dir: Path  # app side, resolved
-    kernel_shared_dir: PurePosixPath  # kernel side
-    kernel_env: dict[str, str]
-
-    @classmethod
-    def from_settings(cls, sb: SandboxSettings, home: Path) -> "GatewayConfig":
-        url = sb.gateway_url.strip().rstrip("/")
-        if not url:
-            raise SettingsError('sandbox.gateway_url is required with sandbox.backend = "gateway" '
-                                "(e.g. http://enterprise-gateway.jupyter:8888)")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SettingsError(f"sandbox.gateway_url must be an http:// or https:// URL with a host, not {url!r}")
-        if parts.username or parts.password or parts.query or parts.fragment:
-            raise SettingsError("sandbox.gateway_url must not carry credentials, a query or a fragment: "
-                                "put the token in sandbox.gateway_token or DATADESK_GATEWAY_TOKEN")
-        token = sb.gateway_token.strip()
-        if any(c in token for c in "\r\n\0"):
-            raise SettingsError("sandbox.gateway_token contains a line break or NUL character")
-        if not _KERNEL_NAME_RE.fullmatch(sb.gateway_kernel_name):
-            raise SettingsError(f"sandbox.gateway_kernel_name must be a kernelspec name (letters, digits, "
-                                f"'.', '_', '-'), not {sb.gateway_kernel_name!r}")
-        home = Path(home).resolve()
-        shared = Path(sb.gateway_shared_dir).resolve() if sb.gateway_shared_dir else home
-        slots = home / "sandbox" / "slots"
-        if shared != slots and shared not in slots.parents:
-            raise SettingsError(f"sandbox.gateway_shared_dir ({shared}) must contain the kernel slots "
-                                f"directory {slots}: kernels reach /data and /outputs through it")
-        kernel_side = sb.gateway_kernel_shared_dir or str(shared)
-        if not _SAFE_PATH_RE.fullmatch(kernel_side) or ".." in kernel_side.split("/"):
-            raise SettingsError(f"sandbox.gateway_kernel_shared_dir must be an absolute path of letters, "
-                                f"digits and . _ - @ + / (no '..'), not {kernel_side!r}")
-        env: dict[str, str] = {}
-        for name, value in sb.gateway_kernel_env.items():
-            if not _ENV_NAME_RE.fullmatch(name):
-                raise SettingsError(f"sandbox.gateway_kernel_env: {name!r} is not a KERNEL_* variable name "
-                                    "(gateways pass only KERNEL_* variables to kernels)")
-            if name.startswith(_RESERVED_ENV):
-                raise SettingsError(f"sandbox.gateway_kernel_env: {name} is set by DataDesk itself")
-            if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
-                raise SettingsError(f"sandbox.gateway_kernel_env: the value of {name} must be one line of text")
-            if token and token in value:
-                raise SettingsError(f"sandbox.gateway_kernel_env: {name} contains the gateway token; "
-                                    "the token never goes to kernels")
-            env[name] = value
-        return cls(url=url, token=token, kernel_name=sb.gateway_kernel_name, shared_dir=shared,
-                   kernel_shared_dir=PurePosixPath(kernel_side), kernel_env=env)
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"token {self.token}"} if self.token else {}
-
-    def ws_url(self, kernel_id: str) -> str:
-        parts = urlsplit(self.url)
-        scheme = "wss" if parts.scheme == "https" else "ws"
-        path = f"{parts.path}/api/kernels/{kernel_id}/channels"
-        return urlunsplit((scheme, parts.netloc, path, "", ""))
-
-    def relative(self, app_path: Path) -> PurePosixPath:
-        """`app_path` relative to the shared dir (SandboxUnavailable when it lies outside)."""
-        resolved = Path(app_path).resolve()
-        try:
-            return PurePosixPath(resolved.relative_to(self.shared_dir).as_posix())
-        except ValueError:
-            raise SandboxUnavailable(
-                f"{resolved} is outside sandbox.gateway_shared_dir ({self.shared_dir}): kernels on the "
-                "gateway cannot see it") from None
-
-    def kernel_path(self, app_path: Path) -> str:
-        return str(self.kernel_shared_dir / self.relative(app_path))
-
-    def scrub(self, text: str) -> str:
-        """`text` with the token blanked (server replies and exception texts, before they are shown)."""
-        return text.replace(self.token, "***") if len(self.token) >= 8 else text  # shorter: would mangle words
-
-
-def _http_problem(cfg: GatewayConfig, exc: Exception) -> str:
-    return cfg.scrub(f"the Jupyter gateway at {cfg.url} is not reachable: {type(exc).__name__}: {exc}")
-
-
-def _status_problem(cfg: GatewayConfig, response: httpx.Response, what: str) -> str:
-    code = response.status_code
-    if code in (401, 403):
-        if not cfg.token:
-            return (f"the Jupyter gateway at {cfg.url} requires a token (HTTP {code} to {what}): set "
-                    "sandbox.gateway_token or DATADESK_GATEWAY_TOKEN")
-        return (f"the Jupyter gateway at {cfg.url} rejected the token (HTTP {code} to {what}): check "
-                "sandbox.gateway_token / DATADESK_GATEWAY_TOKEN")
-    try:
-        body = response.json()
-        detail = str(body.get("message") or body.get("reason") or "") if isinstance(body, dict) else ""
-    except ValueError:
-        detail = response.text
-    detail = cfg.scrub(" ".join(detail.split()))[:300]
-    return f"the Jupyter gateway at {cfg.url} answered HTTP {code} to {what}" + (f": {detail}" if detail else "")
 
 
 # --------------------------------------------------------------------------- the app's side
@@ -216,9 +96,9 @@ class GatewaySandbox:
             with httpx.Client(headers=cfg.headers, timeout=HEALTH_TIMEOUT_S) as client:
                 response = client.get(f"{cfg.url}/api/kernelspecs")
         except httpx.HTTPError as exc:
-            return False, _http_problem(cfg, exc)
+            return False, http_problem(cfg, exc)
         if response.status_code != 200:
-            return False, _status_problem(cfg, response, "GET /api/kernelspecs")
+            return False, status_problem(cfg, response, "GET /api/kernelspecs")
         try:
             specs = response.json().get("kernelspecs") or {}
         except (ValueError, AttributeError):
@@ -270,11 +150,11 @@ class GatewaySandbox:
                         r = client.delete(f"{self.config.url}/api/kernels/{kernel_id}")
                     if r.status_code not in (204, 200, 404):
                         log.warning("orphan gateway kernel %s: %s", kernel_id,
-                                    _status_problem(self.config, r, "DELETE"))
+                                    status_problem(self.config, r, "DELETE"))
                         continue
                     removed += r.status_code != 404
                 except httpx.HTTPError as exc:
-                    log.warning("orphan sweep of the gateway skipped: %s", _http_problem(self.config, exc))
+                    log.warning("orphan sweep of the gateway skipped: %s", http_problem(self.config, exc))
                     return removed
             path.unlink(missing_ok=True)
         if removed:
@@ -296,29 +176,6 @@ def _process_alive(pid: int) -> bool:
 
 
 # --------------------------------------------------------------------------- one kernel
-
-SETUP_CODE = """
-def _datadesk_setup(data, outputs, probe, expected):
-    import os
-    try:
-        with open(os.path.join(data, probe)) as f:
-            seen = f.read()
-    except OSError as e:
-        raise RuntimeError("the kernel cannot read %s: %s" % (os.path.join(data, probe), e.strerror)) from None
-    if seen != expected:
-        raise RuntimeError("%s is not the app's slot directory (the probe file differs)" % data)
-    if not os.path.isdir(outputs) or not os.access(outputs, os.W_OK):
-        raise RuntimeError("the kernel cannot write to %s" % outputs)
-    os.chdir(outputs)
-    ip = get_ipython()
-    for magic, arg in (("xmode", "Plain"), ("colors", "nocolor")):
-        try:
-            ip.run_line_magic(magic, arg)
-        except Exception:
-            pass
-_datadesk_setup({data!r}, {outputs!r}, {probe!r}, {expected!r})
-del _datadesk_setup
-"""
 
 
 class GatewayKernel(KernelBackend):
@@ -393,7 +250,7 @@ class GatewayKernel(KernelBackend):
         try:
             return await self._client().request(method, self._api(path), **kw)
         except httpx.HTTPError as exc:
-            raise SandboxUnavailable(_http_problem(self.config, exc)) from None
+            raise SandboxUnavailable(http_problem(self.config, exc)) from None
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -425,7 +282,7 @@ class GatewayKernel(KernelBackend):
             raise
         if response.status_code not in (200, 201):
             await self._close_http()
-            raise SandboxUnavailable(_status_problem(cfg, response, f"POST /api/kernels (kernelspec {cfg.kernel_name!r})"))
+            raise SandboxUnavailable(status_problem(cfg, response, f"POST /api/kernels (kernelspec {cfg.kernel_name!r})"))
         try:
             kid = response.json().get("id")
         except (ValueError, AttributeError):
@@ -452,30 +309,14 @@ class GatewayKernel(KernelBackend):
                                  self.is_alive, interrupt_grace_s=self.interrupt_grace_s)
         self._channel = channel
         await channel.open(self.settings.start_timeout_s,
-                           lambda r: _status_problem(self.config, r, "the kernel websocket"))
+                           lambda r: status_problem(self.config, r, "the kernel websocket"))
         await channel.connect(self.settings.start_timeout_s)
 
     async def _setup(self) -> None:
-        """Prove the path mapping (the kernel reads the app's probe file, can write its outputs dir),
-        then cwd = outputs and plain tracebacks. Raises SandboxUnavailable naming the settings."""
+        """Prove the path mapping, then cwd = outputs and plain tracebacks (`gateway_config.prove_mapping`)."""
         assert self._channel is not None
-        probe = self.placement.data_dir / PROBE_FILE
-        expected = secrets.token_hex(16)
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(expected)
-        try:
-            code = SETUP_CODE.format(data=self.kernel_data, outputs=self.kernel_outputs, probe=PROBE_FILE,
-                                     expected=expected)
-            result = await self._channel.run(code, self.settings.start_timeout_s, self.interrupt, silent=True)
-        finally:
-            probe.unlink(missing_ok=True)
-        if result.status != "ok":
-            why = f"{result.error.evalue}" if result.error else f"the setup code ended with status {result.status}"
-            raise SandboxUnavailable(
-                f"the gateway kernel does not see the app's files at the mapped path: {why}. The app's "
-                f"{self.config.shared_dir} (sandbox.gateway_shared_dir) must be the same volume the kernel sees at "
-                f"{self.config.kernel_shared_dir} (sandbox.gateway_kernel_shared_dir), writable for the kernel's user")
+        await prove_mapping(self._channel, self.config, self.placement.data_dir, self.kernel_data,
+                            self.kernel_outputs, self.settings.start_timeout_s, self.interrupt)
 
     async def _close_http(self) -> None:
         http, self._http = self._http, None
@@ -501,11 +342,11 @@ class GatewayKernel(KernelBackend):
             try:
                 r = await self._client().delete(self._api(f"/{kid}"))
             except httpx.HTTPError as exc:
-                problem = _http_problem(self.config, exc)
+                problem = http_problem(self.config, exc)
                 break
             if r.status_code in (200, 204, 404):
                 return True
-            problem = _status_problem(self.config, r, "DELETE /api/kernels/{id}")
+            problem = status_problem(self.config, r, "DELETE /api/kernels/{id}")
             if r.status_code < 500:
                 break
             await asyncio.sleep(wait)
@@ -528,7 +369,7 @@ class GatewayKernel(KernelBackend):
                 await self.start()
                 return
             if r.status_code != 200:
-                raise SandboxError(_status_problem(self.config, r, "POST /api/kernels/{id}/restart"))
+                raise SandboxError(status_problem(self.config, r, "POST /api/kernels/{id}/restart"))
             await channel.connect(self.settings.start_timeout_s)
             channel.lost = ""
             await self._setup()
@@ -546,14 +387,14 @@ class GatewayKernel(KernelBackend):
         try:
             r = await self._client().get(self._api(f"/{self.remote_id}"), timeout=HEALTH_TIMEOUT_S)
         except httpx.HTTPError as exc:
-            self._gone = _http_problem(self.config, exc)
+            self._gone = http_problem(self.config, exc)
             alive = False
         else:
             if r.status_code == 404:
                 self._gone = "the gateway no longer has this kernel (stopped or culled from outside)"
                 alive = False
             elif r.status_code != 200:
-                self._gone = _status_problem(self.config, r, "GET /api/kernels/{id}")
+                self._gone = status_problem(self.config, r, "GET /api/kernels/{id}")
                 alive = False
             else:
                 state = _json_field(r, "execution_state")
@@ -577,7 +418,7 @@ class GatewayKernel(KernelBackend):
         r = await self._request("POST", f"/{self.remote_id}/interrupt")
         if r.status_code not in (200, 204):
             log.warning("interrupting gateway kernel %s: %s", self.remote_id,
-                        _status_problem(self.config, r, "POST /api/kernels/{id}/interrupt"))
+                        status_problem(self.config, r, "POST /api/kernels/{id}/interrupt"))
 
     async def execute(self, code: str, timeout_s: float) -> ExecutionResult:
         """Run `code` as given (callers apply `rewrite_paths` first)."""
