@@ -1,10 +1,10 @@
 """The small interface every kernel backend implements, and what an execution returns.
 
 Lifecycle and messaging of one kernel: `start`, `execute`, `interrupt`,
-`restart`, `shutdown`, `is_alive`. Backends (`local.py`, `docker.py`) differ
-only in how the kernel process is launched and confined; talking to it is
-shared (`messaging.py`, Jupyter protocol over ZMQ `ipc` sockets). Culling,
-pooling and caps live one level up, in `registry.py`.
+`restart`, `shutdown`, `is_alive`. Backends (`local.py`, `docker.py`,
+`gateway.py`) differ in how the kernel process is launched and confined;
+building results from Jupyter messages is shared (`execution.py`). Pooling and
+caps live one level up, in `registry.py`; culling in `reaper.py`.
 
 This package imports nothing from chat/, context/ or tools/.
 
