@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import time
@@ -43,6 +42,7 @@ from filelock import FileLock, Timeout
 from datadesk.domain.events import TurnEvent
 from datadesk.domain.ids import check_id, new_id
 from datadesk.sandbox.ownership import acquire_async, file_lock, pid_alive, proc_start
+from datadesk.store.files import read_json_object, write_json
 
 log = logging.getLogger(__name__)
 
@@ -79,20 +79,6 @@ class RunningTurn:
         return self.task is not None and self.task.done()
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 class TurnRegistry:
     """Who is running what: enforces one turn per thread and N per user (see the module docstring)."""
 
@@ -115,7 +101,7 @@ class TurnRegistry:
 
     def _marker(self, thread_id: str) -> dict[str, Any] | None:
         """The running turn of the thread in any worker of this host, or None."""
-        data = _read_json(self._path(thread_id, "turn"))
+        data = read_json_object(self._path(thread_id, "turn"))
         if data is None or not pid_alive(data.get("pid"), data.get("pid_start")):
             return None
         return data
@@ -159,9 +145,9 @@ class TurnRegistry:
             raise TooManyTurns(f"you already have {self.max_per_user} turns running (limit {self.max_per_user}); "
                                "wait for one to finish")
         turn.locks = [tlock, slot]
-        _write_json(self._path(turn.thread_id, "turn"), {
+        write_json(self._path(turn.thread_id, "turn"), {
             "turn_id": turn.turn_id, "pid": os.getpid(), "pid_start": proc_start(os.getpid()),
-            "started": time.time()})
+            "started": time.time()}, sync=False)
 
     def release(self, turn: RunningTurn) -> None:
         if self._by_thread.get(turn.thread_id) is turn:
@@ -170,7 +156,7 @@ class TurnRegistry:
             return
         for suffix in ("turn", "cancel"):
             path = self._path(turn.thread_id, suffix)
-            data = _read_json(path)
+            data = read_json_object(path)
             if data is not None and data.get("turn_id") == turn.turn_id:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
@@ -207,7 +193,7 @@ class TurnRegistry:
         if marker is None:
             return False
         turn_id = marker.get("turn_id")
-        _write_json(self._path(thread_id, "cancel"), {"turn_id": turn_id, "requested": time.time()})
+        write_json(self._path(thread_id, "cancel"), {"turn_id": turn_id, "requested": time.time()}, sync=False)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while time.monotonic() < deadline:
             now = self._marker(thread_id)
@@ -226,7 +212,7 @@ class TurnRegistry:
                 path = self._path(turn.thread_id, "cancel")
                 if not path.exists():
                     continue
-                data = _read_json(path)
+                data = read_json_object(path)
                 if data is not None and data.get("turn_id") == turn.turn_id:
                     log.info("turn %s cancelled from another worker", turn.turn_id)
                     turn.task.cancel()

@@ -46,6 +46,7 @@ from datadesk.sandbox.files import LISTING_FORMAT, OutputFile, plan_outputs, rea
 from datadesk.sandbox.messaging import CONNECTION_FILE, IPYKERNEL_ARGS, KernelChannel, write_connection_file
 from datadesk.sandbox.ownership import owner_alive, this_worker
 from datadesk.settings import SandboxSettings
+from datadesk.store.files import read_json
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class DockerKernel(KernelBackend):
         if not state.get("Running"):
             raise SandboxError("its container is not running")
         self._alive = (time.monotonic(), True)
-        host_info = {**_read_json(placement.run_dir / CONNECTION_FILE), "ip": str(placement.run_dir / "k")}
+        host_info = {**read_json(placement.run_dir / CONNECTION_FILE), "ip": str(placement.run_dir / "k")}
         self._channel = KernelChannel(host_info, placement.run_dir, self.is_alive)
         await self._connect_or_detach(self._channel.connect(min(self.settings.start_timeout_s, 10)))
         return self
@@ -274,7 +275,7 @@ class DockerKernel(KernelBackend):
             raise
         except Exception as exc:
             raise SandboxUnavailable(f"could not start a sandbox container: {exc}") from None
-        host_info = {**_read_json(self.placement.run_dir / CONNECTION_FILE), "ip": str(self.placement.run_dir / "k")}
+        host_info = {**read_json(self.placement.run_dir / CONNECTION_FILE), "ip": str(self.placement.run_dir / "k")}
         self._alive = (0.0, True)
         try:
             self._pid = int((await asyncio.to_thread(self._state)).get("Pid") or 0)
@@ -456,7 +457,3 @@ def _is_container_process(pid: int, container_id: str) -> bool:
         return False
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    import json
-
-    return json.loads(path.read_text())

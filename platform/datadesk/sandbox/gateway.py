@@ -50,6 +50,7 @@ from datadesk.sandbox.execution import INTERRUPT_GRACE_S
 from datadesk.sandbox.gateway_channel import GatewayChannel
 from datadesk.sandbox.gateway_config import GatewayConfig, http_problem, prove_mapping, status_problem
 from datadesk.settings import SandboxSettings
+from datadesk.store.files import read_json_object, write_json
 
 log = logging.getLogger(__name__)
 
@@ -111,18 +112,12 @@ class GatewaySandbox:
 
     # -- kernels an earlier run of this host left on the gateway -----------------------------
     def record(self, slot: str, kernel_id: str) -> None:
-        self.records_dir.mkdir(parents=True, exist_ok=True)
-        data = {"kernel": kernel_id, "owner": self.owner, "gateway": self.config.url}
-        tmp = self.records_dir / f".{slot}.tmp"
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.records_dir / f"{slot}.json")
+        write_json(self.records_dir / f"{slot}.json",
+                   {"kernel": kernel_id, "owner": self.owner, "gateway": self.config.url}, sync=False)
 
     def recorded(self, slot: str) -> str | None:
         """The gateway kernel id recorded for `slot` (None when there is none or it is unreadable)."""
-        try:
-            kid = json.loads((self.records_dir / f"{slot}.json").read_text()).get("kernel")
-        except (OSError, ValueError, AttributeError):
-            return None
+        kid = (read_json_object(self.records_dir / f"{slot}.json") or {}).get("kernel")
         return kid if isinstance(kid, str) and _KERNEL_ID_RE.fullmatch(kid) else None
 
     def forget(self, slot: str) -> None:

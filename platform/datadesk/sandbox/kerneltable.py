@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -31,6 +30,7 @@ from filelock import FileLock
 
 from datadesk.sandbox.base import KernelPlacement
 from datadesk.sandbox.ownership import file_lock
+from datadesk.store.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +108,7 @@ class KernelTable:
             return None
 
     def _write(self, path: Path, rec: KernelRecord) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(_encoder.encode(rec))
-        os.replace(tmp, path)
+        write_atomic(path, _encoder.encode(rec), sync=False)
 
     def load(self, key: SessionKey) -> KernelRecord | None:
         rec = self._read(self.session_path(key))

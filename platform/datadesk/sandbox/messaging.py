@@ -15,9 +15,7 @@ here, then drives it through a `KernelChannel`.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import secrets
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ from datadesk.sandbox.execution import (
     OnTimeout,
     Received,
 )
+from datadesk.store.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +95,7 @@ def write_connection_file(run_dir: Path, ip_in_kernel: str) -> tuple[dict, dict]
         "signature_scheme": "hmac-sha256",
         "kernel_name": "python3",
     }
-    path = run_dir / CONNECTION_FILE
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(kernel_info, f, indent=1)
-    os.replace(tmp, path)
+    write_json(run_dir / CONNECTION_FILE, kernel_info, mode=0o600, sync=False)  # holds the HMAC key
     host_info = {**kernel_info, "ip": host_ip}
     return kernel_info, host_info
 

@@ -31,6 +31,8 @@ from typing import Iterator
 
 from filelock import FileLock, Timeout
 
+from datadesk.store.files import write_json
+
 log = logging.getLogger(__name__)
 
 WORKER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -111,12 +113,9 @@ class Heartbeat:
 
     def beat(self) -> None:
         if not self.path.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             w = self.worker
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"id": w.id, "pid": w.pid, "host": w.host, "pid_start": w.pid_start,
-                                       "started": time.time()}))
-            os.replace(tmp, self.path)
+            write_json(self.path, {"id": w.id, "pid": w.pid, "host": w.host, "pid_start": w.pid_start,
+                                   "started": time.time()}, sync=False)
         else:
             os.utime(self.path)
 

@@ -10,18 +10,21 @@ from typing import Any
 import msgspec
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` to a temp file beside `path`, fsync it, then rename over `path`.
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync: bool = True) -> None:
+    """Write `data` to a temp file beside `path` (created 0600, then `mode`), fsync it, then rename
+    over `path`. A reader sees the old file or the new one, never a half-written one.
 
-    A reader sees the old file or the new one, never a half-written one.
+    `sync=False` skips the fsync: for run-time markers (locks' owners, heartbeats, kernel
+    records) that mean nothing after a crash of the host, on paths turns take.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -32,8 +35,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         raise
 
 
-def write_json(path: Path, obj: Any, mode: int = 0o644) -> None:
-    write_atomic(path, msgspec.json.format(msgspec.json.encode(obj), indent=2) + b"\n", mode)
+def write_json(path: Path, obj: Any, mode: int = 0o644, sync: bool = True) -> None:
+    write_atomic(path, msgspec.json.format(msgspec.json.encode(obj), indent=2) + b"\n", mode, sync)
 
 
 def read_json(path: Path, default: Any = None) -> Any:
@@ -41,3 +44,13 @@ def read_json(path: Path, default: Any = None) -> Any:
         return msgspec.json.decode(path.read_bytes())
     except FileNotFoundError:
         return default
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object written by another process, or None when it is missing, unreadable or not an
+    object (a marker is advice: its reader decides what None means)."""
+    try:
+        data = msgspec.json.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None
+    return data if isinstance(data, dict) else None
