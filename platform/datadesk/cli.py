@@ -185,6 +185,8 @@ def write_worker_settings(settings: Settings):
 
     import msgspec
 
+    from datadesk.store.files import write_atomic
+
     snapshot = msgspec.to_builtins(settings, enc_hook=str)
     snapshot["home"] = str(settings.home.resolve())
     for path in _secret_paths(settings):
@@ -195,9 +197,7 @@ def write_worker_settings(settings: Settings):
     run = settings.home / "run"
     run.mkdir(parents=True, exist_ok=True)
     file = (run / f"serve-{os.getpid()}.json").resolve()
-    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(msgspec.json.encode(snapshot))
+    write_atomic(file, msgspec.json.encode(snapshot), mode=0o600)
     return file
 
 
