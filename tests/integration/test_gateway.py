@@ -32,8 +32,8 @@ from datadesk.domain.artifacts import ArtifactOrigin
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from datadesk.sandbox.base import SandboxUnavailable
 from datadesk.settings import SandboxSettings, Settings, SettingsError, load_settings
-from datadesk.tools.registry import ToolContext
 from tests.conftest import free_port, parse_sse, serve_app
+from tests.sandbox_kit import ctx, py, run_with, runtime_with_sandbox
 
 TOKEN = "gw-" + os.urandom(12).hex()
 KEY = ("demo", "alice", "t1")
@@ -123,30 +123,7 @@ def gateway_settings(gw: Gateway, home: Path, **kw) -> dict:
 
 
 def make_rt(gw: Gateway, home: Path, **kw) -> Runtime:
-    settings = msgspec.convert({"home": str(home), "sandbox": gateway_settings(gw, home, **kw)}, Settings,
-                               dec_hook=lambda t, o: Path(o))
-    return Runtime(settings=settings, model=ScriptedModel())
-
-
-def ctx(rt: Runtime, tid: str = "t1") -> ToolContext:
-    tdir = rt.layout.thread_dir("demo", "alice", tid)
-    (tdir / "artifacts").mkdir(parents=True, exist_ok=True)
-    return ToolContext(workspace="demo", user="alice", thread=tid, permissions=frozenset({"code_execution"}),
-                       workspace_dir=rt.layout.workspace_dir("demo"), thread_dir=tdir, call_id="c1")
-
-
-async def py(rt: Runtime, c: ToolContext, code: str, **args):
-    return await rt.tools.run("python", json.dumps({"code": code, **args}), c)
-
-
-def run_with(rt: Runtime, body):
-    async def main():
-        await rt.start()
-        try:
-            return await body()
-        finally:
-            await rt.stop()
-    return asyncio.run(main())
+    return runtime_with_sandbox(home, gateway_settings(gw, home, **kw))
 
 
 # -- execution through the python tool --------------------------------------------------------

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import duckdb
 import httpx
-import msgspec
 import pytest
 
 from datadesk.chat.runtime import Runtime
-from datadesk.llm.scripted import ScriptedModel, ScriptStep, tool_step
+from datadesk.llm.scripted import ScriptedModel, tool_step
 from datadesk.settings import Settings
-from datadesk.tools.registry import ToolContext
 from tests.conftest import parse_sse, serve_app
+from tests.sandbox_kit import ctx, py, run_with, runtime_with_sandbox
 
 BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
 
@@ -33,30 +32,7 @@ def sandbox_settings(backend: str, **kw) -> dict:
 
 
 def make_rt(home: Path, backend: str, **kw) -> Runtime:
-    settings = msgspec.convert({"home": str(home), "sandbox": sandbox_settings(backend, **kw)}, Settings,
-                               dec_hook=lambda t, o: Path(o))
-    return Runtime(settings=settings, model=ScriptedModel())
-
-
-def ctx(rt: Runtime, user: str = "alice", tid: str = "t1", perms=("code_execution",)) -> ToolContext:
-    tdir = rt.layout.thread_dir("demo", user, tid)
-    (tdir / "artifacts").mkdir(parents=True, exist_ok=True)
-    return ToolContext(workspace="demo", user=user, thread=tid, permissions=frozenset(perms),
-                       workspace_dir=rt.layout.workspace_dir("demo"), thread_dir=tdir, call_id="c1")
-
-
-async def py(rt: Runtime, c: ToolContext, code: str, **args):
-    return await rt.tools.run("python", json.dumps({"code": code, **args}), c)
-
-
-def run_with(rt: Runtime, body):
-    async def main():
-        await rt.start()
-        try:
-            return await body()
-        finally:
-            await rt.stop()
-    return asyncio.run(main())
+    return runtime_with_sandbox(home, sandbox_settings(backend, **kw))
 
 
 # -- end to end through the API -------------------------------------------------------
@@ -306,7 +282,6 @@ def test_orphan_containers_of_an_earlier_run_are_removed(home: Path) -> None:
 
 def test_serve_refuses_the_local_sandbox_when_it_would_be_shared(tmp_path: Path) -> None:
     from datadesk.cli import local_sandbox_problem
-    from datadesk.settings import Settings
     from datadesk.store.layout import Layout
     from datadesk.store.users import UserStore
 
