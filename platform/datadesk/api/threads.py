@@ -175,9 +175,8 @@ class ThreadController(Controller):
         out["summary_detail"] = ({**summary.fields(), "covers_through_seq": summary.covers_through_seq,
                                   "model": summary.model, "created": summary.created} if summary else None)
         facts = []
-        memory = getattr(rt, "memory", None)
-        if manifest.memory_facts and memory is not None:
-            known = {f.id: f for f in memory.facts(handle.meta.workspace, user.id)}
+        if manifest.memory_facts:
+            known = {f.id: f for f in rt.memory.facts(handle.meta.workspace, user.id)}
             for fid in manifest.memory_facts:
                 f = known.get(fid)
                 facts.append({"id": fid, "text": f.text if f else "(deleted since)",
