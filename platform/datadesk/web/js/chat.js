@@ -3,10 +3,11 @@
 import { api } from "./api.js";
 import { $, bytes, h, lightbox, num, setHtml, toast } from "./dom.js";
 
-const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
-const IMAGE_FORMATS = new Set(["png", "jpg", "jpeg", "gif", "webp"]);
+// what GET /api/artifacts/{id}/view shows in the browser (never SVG)
+export const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
+export const IMAGE_FORMATS = new Set(["png", "jpg", "jpeg", "gif", "webp"]);
 
-function prettyArgs(name, raw) {
+function prettyArgs(raw) {
   let args = null;
   try {
     args = JSON.parse(raw || "{}");
@@ -157,7 +158,7 @@ export class Conversation {
       this.cards.set(callId, card);
     }
     if (rawArgs !== null && rawArgs !== undefined && !card.argsShown) {
-      const a = prettyArgs(name, rawArgs);
+      const a = prettyArgs(rawArgs);
       card.body.prepend(h("div", { class: "tool-section" }, h("div", { class: "label" }, a.label),
         h("pre", { class: `code ${a.lang || ""}` }, a.text)));
       card.argsShown = true;

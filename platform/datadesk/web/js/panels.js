@@ -1,6 +1,7 @@
 // Side panels: the thread's artifacts, the memory panel and the context inspector.
 
 import { api } from "./api.js";
+import { IMAGE_FORMATS, REPORT_FORMATS } from "./chat.js";
 import { bytes, confirmDialog, h, num, promptDialog, relative, toast, when } from "./dom.js";
 
 const enc = encodeURIComponent;
@@ -18,7 +19,7 @@ export async function artifactsPanel(body, app) {
   }
   const groups = { table: [], chart: [], file: [] };
   for (const a of list) {
-    const kind = a.format === "parquet" ? "table" : ["png", "jpg", "jpeg", "gif", "webp"].includes(a.format) ? "chart" : "file";
+    const kind = a.format === "parquet" ? "table" : IMAGE_FORMATS.has(a.format) ? "chart" : "file";
     groups[kind].push(a);
   }
   const out = [];
@@ -52,7 +53,7 @@ function artifactItem(a, app) {
   const dl = `/api/artifacts/${enc(a.id)}/download`;
   const links = h("div", { class: "links" }, h("a", { href: dl, download: "" }, "Download"));
   if (a.format === "parquet") links.append(" · ", h("a", { href: `${dl}?format=csv`, download: "" }, "CSV"));
-  if (["md", "markdown", "html", "htm", "png", "jpg", "jpeg", "gif", "webp"].includes(a.format)) {
+  if (REPORT_FORMATS.has(a.format) || IMAGE_FORMATS.has(a.format)) {
     links.append(" · ", h("a", { href: `/api/artifacts/${enc(a.id)}/view`, target: "_blank", rel: "noopener" }, "Open"));
   }
   li.append(links);
