@@ -130,9 +130,10 @@ def _report_page(rt: Runtime, handle: ThreadHandle, art: Artifact, path: Path) -
         if other.origin.source == "python" and other.origin.filename and other.format in INLINE_IMAGES \
                 and other.available:
             by_name[other.origin.filename] = other  # the newest file of that name wins
-    budget = [MAX_EMBED_BYTES]
+    budget = MAX_EMBED_BYTES
 
     def img_src(src: str) -> str | None:
+        nonlocal budget
         if src.startswith("data:image/") and not src.startswith("data:image/svg"):
             return src
         name = src.strip()
@@ -142,10 +143,13 @@ def _report_page(rt: Runtime, handle: ThreadHandle, art: Artifact, path: Path) -
         target = by_name.get(name)
         if target is None or ".." in name.split("/"):
             return None
-        data = read_regular(rt.artifacts.data_path(handle.dir, target), MAX_VIEW_BYTES)
-        if len(data) > budget[0]:
+        try:
+            data = read_regular(rt.artifacts.data_path(handle.dir, target), MAX_VIEW_BYTES)
+        except OSError:  # swept or replaced meanwhile: the page shows the alt text
             return None
-        budget[0] -= len(data)
+        if len(data) > budget:
+            return None
+        budget -= len(data)
         return data_uri(INLINE_IMAGES[target.format], data)
 
     name = art.origin.filename or art.file
