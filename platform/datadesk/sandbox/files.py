@@ -104,11 +104,7 @@ def read_new_outputs(root: str, seen: dict[str, tuple[int, int]], max_bytes: int
                     problems.append(_not_regular(rel))
                 continue
             stamp = (st.st_size, st.st_mtime_ns)
-            if seen.get(rel) == stamp:
-                continue
-            if st.st_size > budget:
-                problems.append(_over_quota(rel, st.st_size))
-                seen[rel] = stamp
+            if not _to_fetch(rel, stamp, budget, seen, problems):
                 continue
             try:
                 fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
@@ -133,6 +129,19 @@ def read_new_outputs(root: str, seen: dict[str, tuple[int, int]], max_bytes: int
     finally:
         os.close(top)
     return found, problems
+
+
+def _to_fetch(rel: str, stamp: tuple[int, int], budget: int, seen: dict[str, tuple[int, int]],
+              problems: list[str]) -> bool:
+    """Whether a regular file of /outputs is to be read: not when unchanged since it was last seen
+    (`stamp` = size, mtime_ns), nor when larger than what is left of the quota (reported once)."""
+    if seen.get(rel) == stamp:
+        return False
+    if stamp[0] > budget:
+        problems.append(_over_quota(rel, stamp[0]))
+        seen[rel] = stamp
+        return False
+    return True
 
 
 def _not_regular(rel: str) -> str:
@@ -214,12 +223,7 @@ def plan_outputs(listing: bytes, seen: dict[str, tuple[int, int]], max_bytes: in
             continue
         if kind != "f" or len(wanted) >= max_files:
             continue
-        stamp = (size, mtime_ns)
-        if seen.get(rel) == stamp:
-            continue
-        if size > budget:
-            problems.append(_over_quota(rel, size))
-            seen[rel] = stamp
+        if not _to_fetch(rel, (size, mtime_ns), budget, seen, problems):
             continue
         budget -= size
         wanted.append(PlannedOutput(rel, size, mtime_ns))
