@@ -513,3 +513,30 @@ def test_kernels_have_no_api_token_no_rbac_and_no_egress() -> None:
     assert json.loads(env["EG_ALLOWED_KERNELS"]["value"]) == ["datadesk-python"]
     app = _find(docs, "Deployment", "datadesk")["spec"]["template"]["spec"]["containers"][0]
     assert "secretKeyRef" in {e["name"]: e for e in app["env"]}["DATADESK_GATEWAY_TOKEN"]["valueFrom"]
+
+
+def test_orphan_sweep_stops_only_kernels_whose_owner_worker_is_gone(gateway: Gateway, home: Path) -> None:
+    """A crashed worker's kernels are stopped; a live worker's (a fresh heartbeat) stay."""
+    from datadesk.sandbox.gateway import GatewaySandbox
+    from datadesk.sandbox.ownership import Heartbeat, this_worker
+
+    sb = msgspec.convert(gateway_settings(gateway, home, owner_stale_s=30), SandboxSettings)
+    gs = GatewaySandbox(sb, home)
+    auth = {"Authorization": f"token {gateway.token}"}
+    started = [httpx.post(f"{gateway.url}/api/kernels", json={"name": "python3"}, headers=auth, timeout=60).json()["id"]
+               for _ in range(2)]
+    try:
+        Heartbeat(home, 1.0).beat()  # this worker is alive
+        gs.record("slot-live", started[0])
+        assert gs.owner == this_worker().id
+        gs.owner = "w999999-dead00"  # a worker that never beat (crashed before, or long gone)
+        gs.record("slot-dead", started[1])
+        (gs.records_dir / "slot-torn.json").write_text("{not json")
+        assert gs.remove_orphans() == 1
+        left = gateway.kernels()
+        assert started[0] in left and started[1] not in left
+        assert gs.recorded("slot-live") == started[0] and gs.recorded("slot-dead") is None
+        assert not (gs.records_dir / "slot-torn.json").exists()
+    finally:
+        for kid in started:
+            httpx.delete(f"{gateway.url}/api/kernels/{kid}", headers=auth, timeout=30)

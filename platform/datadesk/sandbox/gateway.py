@@ -28,11 +28,8 @@ kernels left by a crashed process of this host are stopped.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +46,7 @@ from datadesk.sandbox.base import (
 from datadesk.sandbox.execution import INTERRUPT_GRACE_S
 from datadesk.sandbox.gateway_channel import GatewayChannel
 from datadesk.sandbox.gateway_config import GatewayConfig, http_problem, prove_mapping, status_problem
+from datadesk.sandbox.ownership import owner_alive, this_worker
 from datadesk.settings import SandboxSettings
 from datadesk.store.files import read_json_object, write_json
 
@@ -76,7 +74,7 @@ class GatewaySandbox:
         self.home = Path(home)
         self.config = GatewayConfig.from_settings(settings, self.home)
         self.records_dir = self.home.joinpath(*RECORDS)
-        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.owner = this_worker().id  # the same owner ids (and heartbeats) as the kernel table
         self._health: tuple[float, tuple[bool, str]] = (0.0, (False, "not checked yet"))
         if not self.config.token:
             log.warning("sandbox.gateway_token is empty: the gateway at %s must not be reachable by others",
@@ -124,21 +122,19 @@ class GatewaySandbox:
         (self.records_dir / f"{slot}.json").unlink(missing_ok=True)
 
     def remove_orphans(self) -> int:
-        """Stop gateway kernels started by app processes of this host that are gone."""
+        """Stop gateway kernels whose owner worker is gone (an earlier run, a crashed worker), by
+        the same rule as the docker sweep (`ownership.owner_alive`); live workers' kernels stay."""
         if not self.records_dir.is_dir():
             return 0
-        host = socket.gethostname()
         removed = 0
         for path in sorted(self.records_dir.glob("*.json")):
-            try:
-                data = json.loads(path.read_text())
-                owner_host, _, pid = str(data.get("owner", "")).rpartition(":")
-                kernel_id = str(data.get("kernel", ""))
-            except (OSError, ValueError, AttributeError):
+            data = read_json_object(path)
+            if data is None:
                 path.unlink(missing_ok=True)
                 continue
-            if owner_host != host or not pid.isdigit() or _process_alive(int(pid)):
-                continue  # another host's, or a live worker's
+            if owner_alive(self.home, data.get("owner"), self.settings.owner_stale_s):
+                continue
+            kernel_id = str(data.get("kernel", ""))
             if data.get("gateway") == self.config.url and _KERNEL_ID_RE.fullmatch(kernel_id):
                 try:
                     with httpx.Client(headers=self.config.headers, timeout=HTTP_TIMEOUT_S) as client:
@@ -158,16 +154,6 @@ class GatewaySandbox:
 
     def kernel(self, placement: KernelPlacement) -> "GatewayKernel":
         return GatewayKernel(placement, self)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --------------------------------------------------------------------------- one kernel
