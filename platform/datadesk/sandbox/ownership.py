@@ -39,37 +39,40 @@ WORKER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def proc_start(pid: int) -> int | None:
-    """The start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
+def _stat_fields(pid: int | None) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command name (state first), or [] when none."""
     try:
-        raw = Path(f"/proc/{int(pid)}/stat").read_bytes()
-    except (OSError, ValueError):
-        return None
+        n = int(pid)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # from a marker file: anything
+        return []
+    if n <= 0:
+        return []
+    try:
+        raw = Path(f"/proc/{n}/stat").read_bytes()
+    except OSError:
+        return []
     # the command name may hold spaces and parentheses: fields start after the last ')'
-    fields = raw[raw.rfind(b")") + 2:].split()
+    return raw[raw.rfind(b")") + 2:].split()
+
+
+def _start_of(fields: list[bytes]) -> int | None:
     try:
-        return int(fields[19])
+        return int(fields[19])  # field 22: start time in clock ticks since boot
     except (IndexError, ValueError):
         return None
 
 
+def proc_start(pid: int) -> int | None:
+    """The start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
+    return _start_of(_stat_fields(pid))
+
+
 def pid_alive(pid: int | None, start: int | None = None) -> bool:
     """True while `pid` runs (not a zombie) and, given `start`, is still that same process."""
-    if not pid or pid <= 0:
-        return False
-    try:
-        raw = Path(f"/proc/{int(pid)}/stat").read_bytes()
-    except OSError:
-        return False
-    fields = raw[raw.rfind(b")") + 2:].split()
+    fields = _stat_fields(pid)
     if not fields or fields[0] in (b"Z", b"X"):
         return False
-    if start is not None:
-        try:
-            return int(fields[19]) == start
-        except (IndexError, ValueError):
-            return False
-    return True
+    return start is None or _start_of(fields) == start
 
 
 def hostname() -> str:
