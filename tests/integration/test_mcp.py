@@ -24,7 +24,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -299,15 +299,21 @@ def _duckdb_server_command() -> list[str] | None:
     return [found] if found else None
 
 
+def duckdb_server_missing(why: str) -> NoReturn:
+    """No usable mcp-server-duckdb: a failure where CI requires it, else a skip naming the fix."""
+    msg = (f"mcp-server-duckdb {why} (1.1.0 needs mcp<2: install it in its own venv, "
+           "`.venv-mcp-duckdb`, or set DATADESK_MCP_DUCKDB to its console script)")
+    if os.environ.get("DATADESK_REQUIRE_MCP_DUCKDB") == "1":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
 def test_mcp_server_duckdb(tmp_path: Path) -> None:
     import duckdb
 
-    required = os.environ.get("DATADESK_REQUIRE_MCP_DUCKDB") == "1"
     cmd = _duckdb_server_command()
     if cmd is None:
-        if required:
-            pytest.fail("mcp-server-duckdb not found (set DATADESK_MCP_DUCKDB)")
-        pytest.skip("mcp-server-duckdb not installed (set DATADESK_MCP_DUCKDB to its console script)")
+        duckdb_server_missing("is not installed")
     db = tmp_path / "sales.duckdb"
     con = duckdb.connect(str(db))
     con.execute("CREATE TABLE t AS SELECT i::INTEGER AS id, 'name ' || i AS name, (i * 0.5)::DOUBLE AS amount, "
@@ -324,11 +330,7 @@ def test_mcp_server_duckdb(tmp_path: Path) -> None:
         try:
             st = one(mgr.status(WS), "duckdb")
             if st["state"] != "up":
-                msg = (f"mcp-server-duckdb ({' '.join(cmd)}) is not usable here: {st['last_error']} "
-                       "(1.1.0 needs mcp<2: install it in its own venv and set DATADESK_MCP_DUCKDB)")
-                if required:
-                    pytest.fail(msg)
-                pytest.skip(msg)
+                duckdb_server_missing(f"({' '.join(cmd)}) is not usable here: {st['last_error']}")
             assert st["tools"] == ["duckdb__query"]
             spec = reg.get("duckdb__query", WS).spec
             assert spec.parameters["required"] == ["query"] and not spec.read_only

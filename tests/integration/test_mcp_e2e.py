@@ -4,7 +4,6 @@ fake server, configured in workspace.toml, driven by the real OpenAI client via 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from datadesk.store.layout import Layout
 from tests.conftest import parse_sse, serve_app
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.fakes.sandbox import FakeSandbox
-from tests.integration.test_mcp import _duckdb_server_command
+from tests.integration.test_mcp import _duckdb_server_command, duckdb_server_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,9 +37,7 @@ def add_mcp(home: Path, toml: str) -> None:
 def test_mcp_server_duckdb_result_is_offloaded(harness_factory, home: Path) -> None:
     cmd = _duckdb_server_command()
     if cmd is None:
-        if os.environ.get("DATADESK_REQUIRE_MCP_DUCKDB") == "1":
-            pytest.fail("mcp-server-duckdb not found (set DATADESK_MCP_DUCKDB)")
-        pytest.skip("mcp-server-duckdb not installed")
+        duckdb_server_missing("is not installed")
     db = Layout(home).workspace_data_dir("demo") / "mcp_sales.duckdb"
     con = duckdb.connect(str(db))
     con.execute("CREATE TABLE sales AS SELECT i::INTEGER AS id, 'customer ' || (i % 977) AS customer, "
@@ -58,7 +55,7 @@ def test_mcp_server_duckdb_result_is_offloaded(harness_factory, home: Path) -> N
         with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=180) as c:
             state = [s for s in h.rt.mcp_status("demo") if s["name"] == "duckdb"][0]
             if state["state"] != "up":
-                pytest.fail(f"mcp-server-duckdb did not start: {state['last_error']}")
+                duckdb_server_missing(f"({' '.join(cmd)}) did not start: {state['last_error']}")
             tid = c.post("/api/threads", json={}).json()["id"]
             events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "all sales"}).text)
         tool_msg = next(m for m in fake.requests[1]["messages"] if m["role"] == "tool")["content"]
