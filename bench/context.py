@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "platform"))
 from datadesk.context.builder import ContextBuilder  # noqa: E402
 from datadesk.context.calibration import Calibration  # noqa: E402
 from datadesk.context.manifest import append_manifest  # noqa: E402
+from datadesk.store.threads import Thread  # noqa: E402
 from datadesk.domain.records import Record, ToolCall  # noqa: E402
 from datadesk.llm.tokens import count_tokens  # noqa: E402
 from datadesk.settings import ContextSettings  # noqa: E402
@@ -94,7 +95,7 @@ def make_builder(tmp: Path, **overrides: Any) -> ContextBuilder:
 
 
 def build(b: ContextBuilder, tdir: Path, step: int = 1):
-    return b.build(thread_dir=tdir, model=MODEL, system_prompt=SYSTEM, tools=TOOLS, turn_id="t", step=step)
+    return b.build(Thread(tdir), model=MODEL, system_prompt=SYSTEM, tools=TOOLS, turn_id="t", step=step)
 
 
 # -- 1. build time ---------------------------------------------------------------------------
@@ -158,13 +159,13 @@ def bench_build(tdir: Path, n: int, gen_s: float, warm_runs: int) -> dict[str, A
     t0 = time.perf_counter()
     built = build(b, tdir)
     cold_ms = (time.perf_counter() - t0) * 1e3
-    append_manifest(tdir / "context.jsonl", built.manifest)
+    append_manifest(Thread(tdir), built.manifest)
     times = []
     for _ in range(warm_runs):
         t0 = time.perf_counter()
         built = build(b, tdir)
         times.append((time.perf_counter() - t0) * 1e3)
-        append_manifest(tdir / "context.jsonl", built.manifest)
+        append_manifest(Thread(tdir), built.manifest)
     m = built.manifest
     return {"records": n, "file_mb": round((tdir / "log.jsonl").stat().st_size / 1e6, 1),
             "generate_s": round(gen_s, 2), "cold_ms": round(cold_ms, 2),
@@ -252,7 +253,7 @@ def prefix_cache(tmp: Path, turns: int, budget: int, chunked: bool) -> dict[str,
         if not chunked:
             (tdir / "context.jsonl").unlink(missing_ok=True)  # no anchor: newest-first each time
         built = build(b, tdir)
-        append_manifest(tdir / "context.jsonl", built.manifest)
+        append_manifest(Thread(tdir), built.manifest)
         starts.append(built.manifest.first_seq)
         cur = [(msgspec.json.encode(msg), b._msg_tokens(msg)) for msg in built.messages]
         total = sum(tok for _, tok in cur)

@@ -15,17 +15,6 @@ FIRST_ADMIN = "admin"
 ALL_PERMISSIONS = ["admin", "code_execution", "memory"]
 
 
-def build_model(settings: Settings):
-    """The configured LLM, or the clearly labelled scripted demo when none is configured."""
-    if settings.llm_configured:
-        from datadesk.llm.client import OpenAIChatModel
-
-        return OpenAIChatModel(settings.llm)
-    from datadesk.llm.scripted import demo_model
-
-    return demo_model()
-
-
 def bootstrap(settings: Settings) -> tuple[bool, str | None]:
     """Create the data dir, the demo workspace and the first admin. Returns (created_admin, token)."""
     from datadesk.store.layout import Layout
@@ -108,7 +97,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from datadesk.llm.tokens import count_tokens
 
     count_tokens("warm up")  # load the tokenizer now, not in the first user's turn
-    rt = Runtime(settings=settings, model=build_model(settings))
+    rt = Runtime(settings)
     from datadesk.store.workspaces import WorkspaceConfigError
 
     try:
@@ -238,7 +227,7 @@ def worker_app():
         logging.getLogger(name).addFilter(RedactSecrets())
     settings = worker_settings()
     count_tokens("warm up")
-    return create_app(Runtime(settings=settings, model=build_model(settings)))
+    return create_app(Runtime(settings))
 
 
 def cmd_users(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from datadesk.context.builder import ContextBuilder
+from datadesk.context.builder import ContextBuilder, Preamble
+from datadesk.store.threads import Thread
 from datadesk.context.calibration import Calibration
 from datadesk.domain.records import Record, ToolCall
 from datadesk.llm.client import OpenAIChatModel
@@ -136,8 +137,8 @@ def test_profiles_shape_the_request(tmp_path: Path, model, vision, preamble_role
     from tests.validators import validate_anthropic, validate_openai
 
     _thread_with_images_and_reasoning(tmp_path)
-    built = _builder(tmp_path).build(thread_dir=tmp_path, model=model, system_prompt="sys", tools=[],
-                                     turn_id="t", step=1, preamble="goal: energy; constraint: exclude holidays")
+    built = _builder(tmp_path).build(Thread(tmp_path), model=model, system_prompt="sys", tools=[],
+                                     turn_id="t", step=1, preamble=Preamble(text="goal: energy; constraint: exclude holidays"))
     msgs = built.messages
     assert msgs[1]["role"] == preamble_role and "may be outdated" in msgs[1]["content"]
     validate_openai(msgs)
@@ -157,7 +158,7 @@ def test_profiles_shape_the_request(tmp_path: Path, model, vision, preamble_role
 def test_reasoning_is_replayed_when_the_profile_says_so(tmp_path: Path) -> None:
     _thread_with_images_and_reasoning(tmp_path)
     built = _builder(tmp_path, **{"deepseek*": {"replay_reasoning": True}}).build(
-        thread_dir=tmp_path, model="deepseek-r1", system_prompt="sys", tools=[], turn_id="t", step=1)
+        Thread(tmp_path), model="deepseek-r1", system_prompt="sys", tools=[], turn_id="t", step=1)
     assert [m.get("reasoning_content") for m in built.messages if m["role"] == "assistant"] == [
         "I should plot", "done"]
 
@@ -167,14 +168,14 @@ def test_water_levels_and_refusal(tmp_path: Path) -> None:
     log.append(lambda seq: Record(seq=seq, role="user", ts=1.0, content="word " * 7_000))
     small = _builder(tmp_path, **{"tiny*": {"window_tokens": 8_000, "reserved_output_tokens": 1_000}})
     with pytest.raises(Exception, match=r"about [\d,]+ tokens but tiny-model takes 7,000.*current"):
-        small.build(thread_dir=tmp_path, model="tiny-model", system_prompt="sys", tools=[], turn_id="t", step=1)
+        small.build(Thread(tmp_path), model="tiny-model", system_prompt="sys", tools=[], turn_id="t", step=1)
     mid = _builder(tmp_path, **{"mid*": {"window_tokens": 9_000, "reserved_output_tokens": 1_000}})
-    built = mid.build(thread_dir=tmp_path, model="mid-model", system_prompt="sys", tools=[], turn_id="t", step=1)
+    built = mid.build(Thread(tmp_path), model="mid-model", system_prompt="sys", tools=[], turn_id="t", step=1)
     assert built.manifest.water == "compact" and built.manifest.level > 0.85
     tools = [{"type": "function", "function": {"name": f"t{i}", "description": "d " * 400,
                                                  "parameters": {"type": "object"}}} for i in range(5)]
     with pytest.raises(Exception, match=r"tool definitions take .* largest: t\d"):
-        mid.build(thread_dir=tmp_path, model="mid-model", system_prompt="sys", tools=tools, turn_id="t", step=1)
+        mid.build(Thread(tmp_path), model="mid-model", system_prompt="sys", tools=tools, turn_id="t", step=1)
 
 
 def test_oversized_messages_become_artifacts_or_are_refused(harness_factory) -> None:

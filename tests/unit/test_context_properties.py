@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from datadesk.context.builder import NO_RESULT, BuiltContext, ContextBuilder
+from datadesk.context.builder import NO_RESULT, BuiltContext, ContextBuilder, Coverage, Preamble
 from datadesk.context.calibration import Calibration
 from datadesk.context.manifest import append_manifest
+from datadesk.store.threads import Thread
 from datadesk.domain.records import Record, ToolCall
 from datadesk.llm.tokens import count_tokens
 from datadesk.settings import ContextSettings
@@ -60,14 +61,15 @@ def make_builder(tmp: Path, **overrides: Any) -> ContextBuilder:
                           image_bytes=lambda thread_dir, aid: None if aid.endswith("gone") else PNG)
 
 
-class Thread:
+class ThreadUnderTest:
     """A thread dir with its real log; `build` appends the manifest like the runtime does."""
 
     def __init__(self, tdir: Path, builder: ContextBuilder, model: str = "gpt-4o-mini",
                  preamble: str | None = None) -> None:
         self.dir, self.builder, self.model, self.preamble = tdir, builder, model, preamble
         tdir.mkdir(parents=True, exist_ok=True)
-        self.log = ThreadLog(tdir / "log.jsonl")
+        self.thread = Thread(tdir)
+        self.log = self.thread.log
         self.builds = 0
 
     def add(self, role: str, content: str = "", **kw: Any) -> Record:
@@ -75,10 +77,11 @@ class Thread:
 
     def build(self, keep_manifest: bool = True) -> BuiltContext:
         self.builds += 1
-        built = self.builder.build(thread_dir=self.dir, model=self.model, system_prompt="You are DataDesk.",
-                                   tools=TOOLS, turn_id=f"t{self.builds}", step=1, preamble=self.preamble)
+        built = self.builder.build(self.thread, model=self.model, system_prompt="You are DataDesk.",
+                                   tools=TOOLS, turn_id=f"t{self.builds}", step=1,
+                                   preamble=Preamble(text=self.preamble) if self.preamble else None)
         if keep_manifest:
-            append_manifest(self.dir / "context.jsonl", built.manifest)
+            append_manifest(self.thread, built.manifest)
         return built
 
 
@@ -132,7 +135,7 @@ def turns(draw) -> list[Turn]:
     return out
 
 
-def write_and_build(th: Thread, plan: list[Turn]) -> list[tuple[BuiltContext, Record]]:
+def write_and_build(th: ThreadUnderTest, plan: list[Turn]) -> list[tuple[BuiltContext, Record]]:
     """Write the thread turn by turn, building (and checking) where a runtime would build."""
     builds = []
     n = 0
@@ -215,7 +218,7 @@ def check(built: BuiltContext, newest: Record, preamble: str | None) -> None:
        preamble=st.none() | st.just("summary: the user analyses store revenue by month."))
 def test_random_threads_build_valid_requests(plan, budget, model, preamble) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        th = Thread(Path(tmp) / "thread", make_builder(Path(tmp), history_budget_tokens=budget), model, preamble)
+        th = ThreadUnderTest(Path(tmp) / "thread", make_builder(Path(tmp), history_budget_tokens=budget), model, preamble)
         for built, newest in write_and_build(th, plan):
             check(built, newest, preamble)
 
@@ -228,7 +231,7 @@ def tool_messages(built: BuiltContext) -> list[dict[str, Any]]:
 
 
 def test_out_of_order_parallel_results_follow_their_call_in_call_order(tmp_path: Path) -> None:
-    th = Thread(tmp_path / "t", make_builder(tmp_path))
+    th = ThreadUnderTest(tmp_path / "t", make_builder(tmp_path))
     th.add("user", "compare three stores")
     th.add("assistant", "", tool_calls=[ToolCall(f"c{i}", "sql_query", f'{{"sql": "SELECT {i}"}}') for i in range(3)])
     for i in (2, 0, 1):
@@ -245,7 +248,7 @@ def test_out_of_order_parallel_results_follow_their_call_in_call_order(tmp_path:
 
 
 def test_missing_result_gets_the_synthetic_message(tmp_path: Path) -> None:
-    th = Thread(tmp_path / "t", make_builder(tmp_path))
+    th = ThreadUnderTest(tmp_path / "t", make_builder(tmp_path))
     th.add("user", "two queries")
     th.add("assistant", "", status="cancelled",
            tool_calls=[ToolCall("a", "sql_query", "{}"), ToolCall("b", "sql_query", "{}")])
@@ -260,7 +263,7 @@ def test_missing_result_gets_the_synthetic_message(tmp_path: Path) -> None:
 
 
 def test_orphan_result_is_dropped_and_counted(tmp_path: Path) -> None:
-    th = Thread(tmp_path / "t", make_builder(tmp_path))
+    th = ThreadUnderTest(tmp_path / "t", make_builder(tmp_path))
     th.add("user", "hello")
     th.add("tool", "nobody asked", tool_call_id="ghost", name="sql_query")
     th.add("assistant", "", tool_calls=[ToolCall("a", "sql_query", "{}")])
@@ -287,7 +290,7 @@ def turn_text(i: int, tokens: int) -> str:
 def test_chunked_trimming_moves_the_window_start_rarely_and_by_chunks(tmp_path: Path) -> None:
     budget = 10_000
     b = make_builder(tmp_path, history_budget_tokens=budget)
-    th = Thread(tmp_path / "t", b)
+    th = ThreadUnderTest(tmp_path / "t", b)
     cost: dict[int, int] = {}  # first seq of a turn -> its tokens (question + answer) as the builder counts them
     starts = []
     for i in range(30):
@@ -314,7 +317,7 @@ def test_the_anchor_is_kept_where_newest_first_would_move_it(tmp_path: Path) -> 
     """Turns of ~7% of the budget: newest-first (no previous manifest) moves the window start at
     every turn once the thread is full; the anchored builder keeps it for several turns."""
     budget = 10_000
-    th = Thread(tmp_path / "t", make_builder(tmp_path, history_budget_tokens=budget))
+    th = ThreadUnderTest(tmp_path / "t", make_builder(tmp_path, history_budget_tokens=budget))
     ctx = th.dir / "context.jsonl"
     anchored_starts, naive_starts = [], []
     for i in range(30):
@@ -324,7 +327,7 @@ def test_the_anchor_is_kept_where_newest_first_would_move_it(tmp_path: Path) -> 
         ctx.unlink(missing_ok=True)  # the naive selection: no anchor, so newest-first
         naive = th.build(keep_manifest=False)
         ctx.write_bytes(saved)
-        append_manifest(ctx, anchored.manifest)
+        append_manifest(th.thread, anchored.manifest)
         th.add("assistant", turn_text(i + 100, 500))
         # a window that fits is a suffix within the budget; newest-first takes the longest one
         assert naive.manifest.first_seq <= anchored.manifest.first_seq
@@ -347,16 +350,16 @@ def test_images_do_not_push_a_small_window_over_the_limit(tmp_path: Path, covere
     filled the window minus the fixed part and the 4 images (4,000 tokens) came on top, so the
     9th turn was refused (ContextTooLarge) instead of trimmed; with a summary's coverage given
     (covered_through=0: nothing covered), the uncovered turns were kept and refused the same way."""
-    th = Thread(tmp_path / "t", make_builder(tmp_path), model="qwen2.5-vl-72b")
+    th = ThreadUnderTest(tmp_path / "t", make_builder(tmp_path), model="qwen2.5-vl-72b")
     starts = set()
     for i in range(16):
         th.add("user", "[The user uploaded an image]", meta={"kind": "upload", "artifact": f"img{i}", "image": True})
         th.add("user", turn_text(i, 500))
         th.add("assistant", turn_text(i + 100, 2_000))
-        kw = {} if covered_through is None else {"covered_through": covered_through}
-        built = th.builder.build(thread_dir=th.dir, model=th.model, system_prompt="You are DataDesk.", tools=TOOLS,
-                                 turn_id=f"t{i}", step=1, **kw)
-        append_manifest(th.dir / "context.jsonl", built.manifest)
+        cov = None if covered_through is None else Coverage(covered_through=covered_through)
+        built = th.builder.build(th.thread, model=th.model, system_prompt="You are DataDesk.", tools=TOOLS,
+                                 turn_id=f"t{i}", step=1, coverage=cov)
+        append_manifest(th.thread, built.manifest)
         validate_openai(built.messages)
         validate_anthropic(built.messages)
         m = built.manifest

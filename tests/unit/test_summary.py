@@ -26,6 +26,7 @@ from datadesk.llm.tokens import count_tokens
 from datadesk.settings import SummarySettings
 from datadesk.store.files import write_json
 from datadesk.store.threadlog import ThreadLog
+from datadesk.store.threads import Thread
 from datadesk.summary.model import ThreadSummary, normalize_item, render_summary
 from datadesk.summary.service import SummaryService
 from datadesk.summary.store import SummaryStore
@@ -40,28 +41,28 @@ from datadesk.summary.summarizer import (
 # -- helpers -------------------------------------------------------------------------------
 
 
-def make_thread(root: Path, name: str = "t1") -> Path:
-    tdir = root / name
-    tdir.mkdir(parents=True)
-    write_json(tdir / "meta.json", {"id": name, "workspace": "demo", "owner": "u", "title": "t",
+def make_thread(root: Path, name: str = "t1") -> Thread:
+    path = root / name
+    path.mkdir(parents=True)
+    write_json(path / "meta.json", {"id": name, "workspace": "demo", "owner": "u", "title": "t",
                                     "created": 0, "updated": 0, "epoch": 0})
-    return tdir
+    return Thread.at(path)
 
 
-def bump_epoch(tdir: Path) -> None:
+def bump_epoch(tdir: Thread) -> None:
     """What a clear does to meta.json (under the thread lock)."""
-    with ThreadLog(tdir / "log.jsonl").lock():
-        meta = json.loads((tdir / "meta.json").read_text())
+    with tdir.lock():
+        meta = json.loads((tdir.dir / "meta.json").read_text())
         meta["epoch"] += 1
-        write_json(tdir / "meta.json", meta)
+        write_json(tdir.dir / "meta.json", meta)
 
 
-def add(tdir: Path, role: str, content: str = "", **kw: Any) -> Record:
-    return ThreadLog(tdir / "log.jsonl").append(
+def add(tdir: Thread, role: str, content: str = "", **kw: Any) -> Record:
+    return tdir.log.append(
         lambda seq: Record(seq=seq, role=role, ts=time.time(), content=content, **kw))
 
 
-def chat(tdir: Path, *pairs: tuple[str, str]) -> int:
+def chat(tdir: Thread, *pairs: tuple[str, str]) -> int:
     """Append user/assistant pairs; return the last seq."""
     last = 0
     for user, reply in pairs:
@@ -305,7 +306,7 @@ def test_withdrawn_constraint_moves_to_superseded_and_stays_out(tmp_path: Path) 
 # -- the constraint check ------------------------------------------------------------------------
 
 
-def _seed(store: SummaryStore, tdir: Path, covers: int, **fields: Any) -> ThreadSummary:
+def _seed(store: SummaryStore, tdir: Thread, covers: int, **fields: Any) -> ThreadSummary:
     summary = ThreadSummary(covers_through_seq=covers, epoch=0, **fields)
     assert store.write(tdir, summary, 0)
     return summary
@@ -369,14 +370,14 @@ def test_epoch_guard_drops_a_summary_when_the_chat_was_cleared_meanwhile(tmp_pat
 
     assert asyncio.run(main()) is None
     assert len(model.calls) == 1
-    assert not (tdir / "summary.json").exists()
+    assert not (tdir.dir / "summary.json").exists()
     assert store.load(tdir) is None
 
 
 def test_stale_coverage_the_older_job_finishing_late_is_dropped(tmp_path: Path) -> None:
     tdir = make_thread(tmp_path)
     chat(tdir, *[(f"Constraint: rule {i}.", "OK.") for i in range(6)])
-    records = ThreadLog(tdir / "log.jsonl").since(1, 12)
+    records = tdir.log.since(1, 12)
     store = SummaryStore()
     old_step, new_step = Gated(), Gated()
     old = Summarizer(ScriptedModel(then=old_step), SummarySettings())
@@ -430,8 +431,8 @@ def test_store_write_guards(tmp_path: Path) -> None:
     assert store.write(tdir, s, 0)
     assert not store.write(tdir, s, 0)  # covers as far already
     gone = tmp_path / "gone"
-    assert not store.write(gone, s, 0) and not gone.exists()
-    (tdir / "summary.json").write_text("{not json")
+    assert not store.write(Thread(gone), s, 0) and not gone.exists()
+    (tdir.dir / "summary.json").write_text("{not json")
     assert store.load(tdir) is None
 
 
@@ -448,14 +449,14 @@ def test_invalid_output_keeps_the_previous_version(tmp_path: Path) -> None:
 
     async def main() -> None:
         assert (await service.refresh(tdir, 4, 0)) is not None
-        before = (tdir / "summary.json").read_bytes()
+        before = (tdir.dir / "summary.json").read_bytes()
         assert (await service.refresh(tdir, 8, 0)) is None  # invalid twice: previous kept
         assert len(model.calls) == 3
         assert "not a valid summary" in model.calls[2][-1]["content"]
-        assert (tdir / "summary.json").read_bytes() == before
+        assert (tdir.dir / "summary.json").read_bytes() == before
         assert store.revisions(tdir) == []
         assert (await service.refresh(tdir, 8, 0)) is None  # the model fails: previous kept
-        assert (tdir / "summary.json").read_bytes() == before
+        assert (tdir.dir / "summary.json").read_bytes() == before
 
     asyncio.run(main())
 
@@ -524,7 +525,7 @@ def test_revisions_are_bounded(tmp_path: Path) -> None:
     revs = store.revisions(tdir)
     assert [r.covers_through_seq for r in revs] == [12, 16, 20]  # oldest first, newest 3 kept
     assert store.load(tdir).covers_through_seq == 24
-    assert len((tdir / "summary.revisions.jsonl").read_text().splitlines()) == 3
+    assert len((tdir.dir / "summary.revisions.jsonl").read_text().splitlines()) == 3
 
 
 # -- scheduling --------------------------------------------------------------------------------
@@ -560,7 +561,7 @@ def test_another_process_job_makes_a_background_refresh_skip(tmp_path: Path) -> 
     end = chat(tdir, ("Constraint: exclude holidays.", "OK."), ("b", "c"))
     model = ScriptedModel(then=faithful)
     service, store = service_for(model)
-    other = FileLock(str(tdir / "summary.lock"))
+    other = FileLock(str(tdir.dir / "summary.lock"))
     other.acquire()
     try:
         assert asyncio.run(service.refresh(tdir, end, 0)) is None
@@ -574,7 +575,7 @@ def test_synchronous_refresh_waits_for_another_process_and_returns_its_summary(t
     end = chat(tdir, ("Constraint: exclude holidays.", "OK."), ("b", "c"))
     model = ScriptedModel(then=faithful)
     service, store = service_for(model)
-    other = FileLock(str(tdir / "summary.lock"))
+    other = FileLock(str(tdir.dir / "summary.lock"))
 
     async def main() -> ThreadSummary | None:
         other.acquire()
@@ -600,7 +601,7 @@ def test_focus_is_passed_to_the_summarizer(tmp_path: Path) -> None:
     assert "FOCUS (what matters now, from the user): the winter peak" in requests(model)[0]
 
 
-def test_due_and_uncovered(tmp_path: Path) -> None:
+def test_due(tmp_path: Path) -> None:
     tdir = make_thread(tmp_path)
     chat(tdir, *[(f"m{i}", "ok") for i in range(8)])  # seqs 1..16
     service, store = service_for(ScriptedModel(then=faithful))
@@ -608,14 +609,11 @@ def test_due_and_uncovered(tmp_path: Path) -> None:
     assert service.due(tdir, 4, "ok")
     assert service.due(tdir, 1, "compact")
     assert not service.due(tdir, 0, "compact")
-    summary = _seed(store, tdir, 4)
+    _seed(store, tdir, 4)
     assert not service.due(tdir, 7, "warn")
     assert service.due(tdir, 8, "ok")
     assert service.due(tdir, 5, "compact")
     assert not service.due(tdir, 4, "compact")  # nothing newly trimmed
-    assert service.uncovered(tdir, summary, 10) == 5  # seqs 5..9
-    assert service.uncovered(tdir, None, 10) == 9
-    assert service.uncovered(tdir, summary, 5) == 0
     disabled, _ = service_for(ScriptedModel(then=faithful), enabled=False)
     assert not disabled.due(tdir, 16, "compact")
     assert asyncio.run(disabled.refresh(tdir, 16, 0)) is None
@@ -637,7 +635,7 @@ def test_refresh_never_raises(tmp_path: Path) -> None:
     settings = SummarySettings()
     service = SummaryService(SummaryStore(), Summarizer(Boom(), settings), settings)
     assert asyncio.run(service.refresh(tdir, 4, 0)) is None
-    assert asyncio.run(service.refresh(tmp_path / "missing", 4, 0)) is None
+    assert asyncio.run(service.refresh(Thread(tmp_path / "missing"), 4, 0)) is None
     assert not (tmp_path / "missing").exists()
 
 

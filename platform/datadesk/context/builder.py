@@ -1,10 +1,12 @@
-"""The context builder: every request to the model is assembled here (DESIGN section 5).
+"""The window of a model request: the messages after the fixed parts, and the manifest.
 
-Order, stable parts first so provider prefix caches hit:
+`context.request.RequestAssembler` puts the request together (DESIGN section 5) and
+hands this builder the fixed parts, in order, stable first so provider prefix caches hit:
 1. system: base rules (versioned) + workspace prompt (+ skills catalog);
 2. the permitted tools, in a stable order;
 3. the thread summary and memory block (second system message, or a labelled
    user preamble, as the model profile says);
+this builder adds
 4. the history window: whole user turns, newest first within the budget, put
    back in order; tool results micro-compacted by age; calls and results
    paired by id; images carried as the profile allows;
@@ -22,7 +24,6 @@ import base64
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import msgspec
@@ -33,7 +34,7 @@ from datadesk.context.manifest import ContextManifest, last_manifest, seq_ranges
 from datadesk.context.profiles import ModelProfile, profile_for
 from datadesk.domain.records import Record
 from datadesk.settings import ContextSettings
-from datadesk.store.threadlog import ThreadLog
+from datadesk.store.threads import Thread
 
 from datadesk.context.rules import BASE_RULES_VERSION as RULES_VERSION
 NO_RESULT = "no result recorded: the call did not complete"
@@ -77,6 +78,40 @@ class BuiltContext:
     uncovered_through: int = 0
 
 
+@dataclass(frozen=True)
+class Preamble:
+    """The derived block after the system message: summary + memory, and what it came from."""
+
+    text: str | None = None
+    summary: dict[str, Any] | None = None  # {covers_through_seq, epoch} of the injected summary
+    memory_facts: list[str] = field(default_factory=list)  # ids of the injected memory facts
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How far the thread summary covers, for the no-gap rule (DESIGN section 8)."""
+
+    covered_through: int = 0
+    allowance: float = 0.25  # uncovered records may keep the window this much over its budget
+    accept_gap: bool = False  # the summary could not be made: trim anyway, record the gap
+
+
+@dataclass
+class _Frame:
+    """The fixed part of one request: model profile, limits, and the regions before history."""
+
+    model: str
+    profile: ModelProfile
+    factor: float
+    limit: int
+    system_msg: dict[str, Any]
+    pre_msgs: list[dict[str, Any]]
+    regions_raw: dict[str, int]
+    images_reserve: int
+    history_budget: float
+    tool_names: list[str]
+
+
 class _TokenCache:
     """Token counts of rendered records: (log, seq, ts, form) -> tokens. Records never change."""
 
@@ -97,9 +132,11 @@ class _TokenCache:
 
 
 class ContextBuilder:
+    """The history window of a request (items 4 and 5 of DESIGN section 5) and its manifest."""
+
     def __init__(self, settings: ContextSettings, count_text: Callable[[str], int], calibration: Calibration,
-                 artifact_status: Callable[[Path, str], str | None],
-                 image_bytes: Callable[[Path, str], bytes | None]) -> None:
+                 artifact_status: Callable[[Thread, str], str | None],
+                 image_bytes: Callable[[Thread, str], bytes | None]) -> None:
         self.s = settings
         self.count_text = count_text
         self.calibration = calibration
@@ -122,17 +159,44 @@ class ContextBuilder:
         return total
 
     # -- build -------------------------------------------------------------------------
-    def build(self, *, thread_dir: Path, model: str, system_prompt: str, tools: list[dict[str, Any]],
-              turn_id: str, step: int, preamble: str | None = None,
-              preamble_info: dict[str, Any] | None = None, memory_facts: list[str] | None = None,
-              covered_through: int | None = None, uncovered_allowance: float = 0.25,
-              accept_gap: bool = False) -> BuiltContext:
-        """`covered_through`: the summary's coverage (None: summaries off). Records after it
-        never silently leave the window: they stay up to `uncovered_allowance` over the
-        budget; past that the result asks for a summary (`needs_summary`), unless
-        `accept_gap`, when the window trims anyway and the manifest records the gap."""
+    def build(self, thread: Thread, *, model: str, system_prompt: str, tools: list[dict[str, Any]],
+              turn_id: str, step: int, preamble: Preamble | None = None,
+              coverage: Coverage | None = None) -> BuiltContext:
+        """The messages of one request and its manifest (ContextTooLarge when it cannot fit).
+
+        `coverage` (None: summaries off): records after the summary's coverage never
+        silently leave the window: they stay up to `allowance` over the budget; past that
+        the result asks for a summary (`needs_summary`), unless `accept_gap`, when the
+        window trims anyway and the manifest records the gap."""
+        profile = profile_for(model, self.s)
+        frame = self._frame(model, profile, system_prompt, tools, preamble)
+        previous = last_manifest(thread)
+        anchor = previous.first_seq if previous else None
+        load_back_to = anchor
+        if coverage is not None and (anchor is None or coverage.covered_through + 1 < anchor):
+            load_back_to = coverage.covered_through + 1  # uncovered turns may have to stay in the window
+        units = self._load_units(thread, load_back_to, frame.history_budget, frame.factor, profile)
+        start = self._select(units, anchor, frame.history_budget, frame.factor)
+        natural_start = start  # where the budget alone would start the window
+        start, needs_summary, gap_through = self._keep_uncovered(units, start, frame, coverage)
+        # past the window, drop more (never the current turn) before refusing
+        while start < len(units) - 1 and (self._total(units[start:], frame.regions_raw, frame.factor)
+                                          + frame.images_reserve > self.s.refuse_level * frame.limit):
+            start += 1
+        window = units[start:]
+        images = self._attach_images(window, thread, profile)
+        messages = [frame.system_msg, *frame.pre_msgs, *(m for unit in window for m in unit.messages)]
+        manifest = self._manifest(frame, window, images, len(messages), turn_id, step, preamble, gap_through)
+        manifest.over_budget_through_seq = (units[natural_start].first_seq - 1) \
+            if units and natural_start < len(units) else 0
+        return BuiltContext(messages=messages, tools=tools, manifest=manifest, profile=profile,
+                            needs_summary=needs_summary,
+                            uncovered_through=(window[0].first_seq - 1) if window else 0)
+
+    def _frame(self, model: str, profile: ModelProfile, system_prompt: str, tools: list[dict[str, Any]],
+               preamble: Preamble | None) -> _Frame:
+        """The fixed regions (system, tools, preamble) and the history budget left by them."""
         s = self.s
-        profile = profile_for(model, s)
         factor = self.calibration.factor(model, profile.token_factor)
         limit = profile.window_tokens - profile.reserved_output_tokens
         system_msg = {"role": "system", "content": system_prompt}
@@ -146,56 +210,46 @@ class ContextBuilder:
                 f"{s.tools_max_fraction:.0%} of the {profile.window_tokens:,}-token window of {model}; "
                 f"largest: {largest}. Allow-list fewer tools for this workspace.")
         pre_msgs: list[dict[str, Any]] = []
-        if preamble:
-            text = f"{PREAMBLE_LABEL}\n{preamble}"
+        if preamble is not None and preamble.text:
+            text = f"{PREAMBLE_LABEL}\n{preamble.text}"
             pre_msgs = [{"role": "system" if profile.preamble == "system" else "user", "content": text}]
         regions_raw["preamble"] = sum(self._msg_tokens(m) for m in pre_msgs)
-
-        log = ThreadLog(thread_dir / "log.jsonl")
-        previous = last_manifest(thread_dir / "context.jsonl")
-        anchor = previous.first_seq if previous else None
         fixed = sum(regions_raw.values()) * factor
         # images are priced outside the history: keep room for the most a window can send
         images_reserve = s.max_images * s.image_tokens if profile.vision else 0
         history_budget = min(s.history_budget_tokens, max(0, limit - fixed - images_reserve))
-        load_back_to = anchor
-        if covered_through is not None and (anchor is None or covered_through + 1 < anchor):
-            load_back_to = covered_through + 1  # uncovered turns may have to stay in the window
-        units = self._load_units(log, load_back_to, history_budget, factor, thread_dir, profile)
-        start = self._select(units, anchor, history_budget, factor)
-        natural_start = start  # where the budget alone would start the window
-        needs_summary, gap_through = False, 0
-        if covered_through is not None and units and units[start].first_seq - 1 > covered_through:
-            # the no-gap rule: keep uncovered turns, up to the allowance over the budget
-            first_uncovered = next(i for i, u in enumerate(units) if u.records[-1].seq > covered_through)
-            allowance = history_budget * (1 + uncovered_allowance)
-            total = sum(u.raw_tokens for u in units[first_uncovered:]) * factor
-            loaded = units[0].first_seq - 1 <= covered_through  # nothing uncovered before the tail read
-            fits = (loaded and total <= allowance
-                    and self._total(units[first_uncovered:], regions_raw, factor) + images_reserve <= limit)
-            if fits:
-                start = min(start, first_uncovered)
-            elif accept_gap:
-                gap_through = units[start].first_seq - 1
-            else:
-                needs_summary = True
-        # past the window, drop more (never the current turn) before refusing
-        while start < len(units) - 1 and (self._total(units[start:], regions_raw, factor) + images_reserve
-                                          > s.refuse_level * limit):
-            start += 1
-        window = units[start:]
-        images = self._attach_images(window, thread_dir, profile)
+        return _Frame(model, profile, factor, limit, system_msg, pre_msgs, regions_raw, images_reserve,
+                      history_budget, [t["function"]["name"] for t in tools])
 
-        history: list[dict[str, Any]] = []
-        for unit in window:
-            history.extend(unit.messages)
-        messages = [system_msg, *pre_msgs, *history]
+    def _keep_uncovered(self, units: list[Unit], start: int, frame: _Frame,
+                        coverage: Coverage | None) -> tuple[int, bool, int]:
+        """The no-gap rule: keep uncovered turns, up to the allowance over the budget.
+        Returns (window start, needs_summary, gap_through_seq)."""
+        if coverage is None or not units or units[start].first_seq - 1 <= coverage.covered_through:
+            return start, False, 0
+        covered = coverage.covered_through
+        first_uncovered = next(i for i, u in enumerate(units) if u.records[-1].seq > covered)
+        allowance = frame.history_budget * (1 + coverage.allowance)
+        total = sum(u.raw_tokens for u in units[first_uncovered:]) * frame.factor
+        loaded = units[0].first_seq - 1 <= covered  # nothing uncovered before the tail read
+        fits = (loaded and total <= allowance
+                and self._total(units[first_uncovered:], frame.regions_raw, frame.factor)
+                + frame.images_reserve <= frame.limit)
+        if fits:
+            return min(start, first_uncovered), False, 0
+        if coverage.accept_gap:
+            return start, False, units[start].first_seq - 1
+        return start, True, 0
 
+    def _manifest(self, frame: _Frame, window: list[Unit], images: list[str], n_messages: int, turn_id: str,
+                  step: int, preamble: Preamble | None, gap_through: int) -> ContextManifest:
+        """The manifest of the request (ContextTooLarge past the refuse level)."""
+        s, factor, limit, profile = self.s, frame.factor, frame.limit, frame.profile
         current = window[-1] if window else None
         regions = {
-            "system": round(regions_raw["system"] * factor),
-            "tools": round(regions_raw["tools"] * factor),
-            "preamble": round(regions_raw["preamble"] * factor),
+            "system": round(frame.regions_raw["system"] * factor),
+            "tools": round(frame.regions_raw["tools"] * factor),
+            "preamble": round(frame.regions_raw["preamble"] * factor),
             "history": round(sum(u.raw_tokens for u in window[:-1]) * factor),
             "current": round((current.raw_tokens if current else 0) * factor),
             "images": len(images) * s.image_tokens,
@@ -204,41 +258,39 @@ class ContextBuilder:
         level = total / limit if limit > 0 else 99.0
         if level > s.refuse_level:
             raise ContextTooLarge(
-                f"this request would be about {total:,} tokens but {model} takes {limit:,} "
+                f"this request would be about {total:,} tokens but {frame.model} takes {limit:,} "
                 f"({profile.window_tokens:,} window - {profile.reserved_output_tokens:,} reserved for the answer): "
                 + ", ".join(f"{k} {v:,}" for k, v in regions.items() if v)
                 + ". Shorten the message or start a new thread.")
         water = "compact" if level >= s.compact_level else "warn" if level >= s.warn_level else "ok"
         included = [r.seq for u in window for r in u.records]
-        raw_total = round(sum(regions_raw.values()) + sum(u.raw_tokens for u in window))
-        manifest = ContextManifest(
-            ts=time.time(), turn_id=turn_id, step=step, model=model, profile=profile.name,
+        raw_total = round(sum(frame.regions_raw.values()) + sum(u.raw_tokens for u in window))
+        return ContextManifest(
+            ts=time.time(), turn_id=turn_id, step=step, model=frame.model, profile=profile.name,
             rules_version=RULES_VERSION, budget_tokens=s.history_budget_tokens, limit_tokens=limit,
             level=round(level, 4), water=water, regions=regions,
             first_seq=window[0].first_seq if window else 0, last_seq=max(included, default=0),
             included=seq_ranges(included),
             trimmed_through_seq=(window[0].first_seq - 1) if window else 0,
             compacted=[q for u in window for q in u.compacted], capped=[q for u in window for q in u.capped],
-            images=images, tools=[t["function"]["name"] for t in tools], calibration=round(factor, 4),
+            images=images, tools=frame.tool_names, calibration=round(factor, 4),
             estimated_tokens=total, estimated_raw_tokens=raw_total + len(images) * s.image_tokens,
-            messages=len(messages), dropped_orphans=sum(u.orphans for u in window),
-            synthetic_results=sum(u.synthetic for u in window), summary=preamble_info,
-            memory_facts=memory_facts or [], gap_through_seq=gap_through or None,
-            over_budget_through_seq=(units[natural_start].first_seq - 1) if units and natural_start < len(units)
-            else 0,
+            messages=n_messages, dropped_orphans=sum(u.orphans for u in window),
+            synthetic_results=sum(u.synthetic for u in window),
+            summary=preamble.summary if preamble is not None else None,
+            memory_facts=list(preamble.memory_facts) if preamble is not None else [],
+            gap_through_seq=gap_through or None,
         )
-        return BuiltContext(messages=messages, tools=tools, manifest=manifest, profile=profile,
-                            needs_summary=needs_summary,
-                            uncovered_through=(window[0].first_seq - 1) if window else 0)
 
     # -- selection -------------------------------------------------------------------
     def _total(self, units: list[Unit], regions_raw: dict[str, int], factor: float) -> float:
         return (sum(regions_raw.values()) + sum(u.raw_tokens for u in units)) * factor
 
-    def _load_units(self, log: ThreadLog, anchor: int | None, budget: float, factor: float,
-                    thread_dir: Path, profile: ModelProfile) -> list[Unit]:
+    def _load_units(self, thread: Thread, anchor: int | None, budget: float, factor: float,
+                    profile: ModelProfile) -> list[Unit]:
         """Whole user turns from the tail of the log, rendered: back to the previous window's
         start, or far enough to fill the budget. Never the whole log unless it is small."""
+        log = thread.log
         want = 64
         if anchor is not None and (last := log.tail(1)):
             # seqs are consecutive: read back to the anchor in one pass (not 64, 256, 1024, ...)
@@ -250,7 +302,7 @@ class ContextBuilder:
             units = _units(records)
             for age, unit in enumerate(reversed(units)):
                 unit.age = age
-                self._render(unit, log, thread_dir, profile)
+                self._render(unit, thread, profile)
             total = sum(u.raw_tokens for u in units) * factor
             covers_anchor = anchor is not None and bool(units) and units[0].first_seq <= anchor
             if whole_log or covers_anchor or total > enough or want >= 1 << 22:
@@ -284,7 +336,7 @@ class ContextBuilder:
         return start
 
     # -- rendering -------------------------------------------------------------------
-    def _render(self, unit: Unit, log: ThreadLog, thread_dir: Path, profile: ModelProfile) -> None:
+    def _render(self, unit: Unit, thread: Thread, profile: ModelProfile) -> None:
         calls: dict[str, str] = {}
         results: dict[str, Record] = {}
         for rec in unit.records:
@@ -294,7 +346,7 @@ class ContextBuilder:
                 results.setdefault(rec.tool_call_id or "", rec)
         out: list[dict[str, Any]] = []
         raw = 0
-        path = str(log.path)
+        path = str(thread.log.path)
         for rec in unit.records:
             if rec.role == "tool":
                 if rec.tool_call_id not in calls:
@@ -322,7 +374,7 @@ class ContextBuilder:
                 elif form == "capped":
                     unit.capped.append(res.seq)
                 content = render_tool_result(res, form, call.arguments, self.s,
-                                             lambda aid: self.artifact_status(thread_dir, aid))
+                                             lambda aid: self.artifact_status(thread, aid))
                 tmsg = {"role": "tool", "tool_call_id": call.id, "content": content}
                 out.append(tmsg)
                 raw += self.cache.get((path, res.seq, res.ts, form), lambda m=tmsg: self._msg_tokens(m))
@@ -348,7 +400,7 @@ class ContextBuilder:
             msg["reasoning_content"] = reasoning
         return msg
 
-    def _attach_images(self, window: list[Unit], thread_dir: Path, profile: ModelProfile) -> list[str]:
+    def _attach_images(self, window: list[Unit], thread: Thread, profile: ModelProfile) -> list[str]:
         """The newest `max_images` images travel as images (vision models); older ones, and all
         of them for text-only models, become `[image <name>, artifact <aid>]` markers."""
         refs = [(u, pos, aid) for u in window for pos, aid in u.images]
@@ -358,7 +410,7 @@ class ContextBuilder:
             inserts: list[tuple[int, dict[str, Any]]] = []
             for ref in [r for r in refs if r[0] is unit]:
                 _, pos, aid = ref
-                data = self.image_bytes(thread_dir, aid) if id(ref) in keep else None
+                data = self.image_bytes(thread, aid) if id(ref) in keep else None
                 if pos >= 0:  # an uploaded image on a user message
                     msg = unit.messages[pos]
                     if data is not None:
@@ -387,8 +439,20 @@ class ContextBuilder:
         return sent
 
 
+def image_mime(data: bytes) -> str:
+    """The media type of an image by its magic bytes (PNG, JPEG, GIF, WebP; PNG otherwise)."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "image/jpeg"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return "image/png"
+
+
 def _image_part(data: bytes) -> dict[str, Any]:
-    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}}
+    url = f"data:{image_mime(data)};base64," + base64.b64encode(data).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _units(records: list[Record]) -> list[Unit]:

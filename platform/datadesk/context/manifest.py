@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from datadesk.store.threads import Thread
 
 
 class ContextManifest(msgspec.Struct, omit_defaults=True):
@@ -56,31 +56,20 @@ def seq_ranges(seqs: list[int]) -> list[list[int]]:
     return out
 
 
-def append_manifest(path: Path, manifest: ContextManifest) -> None:
-    with open(path, "ab") as fh:
-        fh.write(msgspec.json.encode(manifest) + b"\n")
+def encode_manifest(manifest: ContextManifest) -> bytes:
+    return msgspec.json.encode(manifest)
 
 
-def last_manifest(path: Path) -> ContextManifest | None:
-    """The newest manifest, read from the end of the file (not the whole file)."""
-    try:
-        fh = open(path, "rb")
-    except FileNotFoundError:
-        return None
-    with fh:
-        fh.seek(0, os.SEEK_END)
-        end = fh.tell()
-        pos, buf = end, b""
-        while pos > 0:
-            step = min(pos, 16_384)
-            pos -= step
-            fh.seek(pos)
-            buf = fh.read(step) + buf
-            lines = [ln for ln in buf.split(b"\n") if ln.strip()]
-            complete = lines if pos == 0 else lines[1:]
-            for raw in reversed(complete):
-                try:
-                    return msgspec.json.decode(raw, type=ContextManifest)
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue
-        return None
+def append_manifest(thread: Thread, manifest: ContextManifest, epoch: int | None = None) -> bool:
+    """Append one manifest to the thread's `context.jsonl` (False when cleared since `epoch`)."""
+    return thread.append_manifest(encode_manifest(manifest), epoch)
+
+
+def last_manifest(thread: Thread) -> ContextManifest | None:
+    """The newest readable manifest, read from the end of the file (not the whole file)."""
+    for raw in thread.manifest_lines():
+        try:
+            return msgspec.json.decode(raw, type=ContextManifest)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+    return None

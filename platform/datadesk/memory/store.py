@@ -440,22 +440,14 @@ class MemoryStore:
     # -- summary redaction -------------------------------------------------------
     def redact_summaries(self, ws: str, uid: str, texts: Iterable[str]) -> int:
         """Replace `texts` (case and spacing insensitive) with "[deleted memory]" in this user's thread
-        summaries of this workspace (`summary.json`, `summary.revisions.jsonl`). Returns files changed."""
-        from datadesk.store.threadlog import ThreadLog
+        summaries of this workspace (the current one and its revisions). Returns files changed."""
+        from datadesk.store.threads import ThreadStore
 
         patterns = [p for p in (_text_pattern(t) for t in texts) if p is not None]
-        root = self.layout.threads_dir(ws, uid)
-        if not patterns or not root.is_dir():
+        if not patterns:
             return 0
-        changed = 0
-        for tdir in sorted(root.iterdir()):
-            if tdir.name.startswith(".") or tdir.is_symlink() or not tdir.is_dir():
-                continue
-            check_id(tdir.name, "thread")
-            with ThreadLog(tdir / "log.jsonl").lock():  # the lock summary writes and clear hold
-                changed += _redact_json_file(tdir / "summary.json", patterns)
-                changed += _redact_jsonl_file(tdir / "summary.revisions.jsonl", patterns)
-        return changed
+        return sum(thread.rewrite_summaries(lambda value: _redact(value, patterns))
+                   for thread in ThreadStore(self.layout).folders(ws, uid))
 
 
 def _need(doc: MemoryDoc, fid: str) -> Fact:
@@ -516,46 +508,3 @@ def _redact(value: Any, patterns: list[re.Pattern[str]]) -> Any:
     if isinstance(value, dict):
         return {k: _redact(v, patterns) for k, v in value.items()}
     return value
-
-
-def _redact_json_file(path: Path, patterns: list[re.Pattern[str]]) -> int:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return 0
-    try:
-        doc = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        log.warning("summary %s is not JSON: redacting it as text", path)
-        new = _redact(raw.decode("utf-8", "replace"), patterns)
-        if new != raw.decode("utf-8", "replace"):
-            write_atomic(path, new.encode("utf-8"))
-            return 1
-        return 0
-    new_doc = _redact(doc, patterns)
-    if new_doc == doc:
-        return 0
-    write_json(path, new_doc)
-    return 1
-
-
-def _redact_jsonl_file(path: Path, patterns: list[re.Pattern[str]]) -> int:
-    try:
-        lines = path.read_bytes().split(b"\n")
-    except FileNotFoundError:
-        return 0
-    out: list[bytes] = []
-    for line in lines:
-        if not line.strip():
-            out.append(line)
-            continue
-        try:
-            obj = msgspec.json.decode(line)
-            red = _redact(obj, patterns)
-            out.append(line if red == obj else msgspec.json.encode(red))
-        except msgspec.DecodeError:  # a torn line: redact it as text
-            out.append(_redact(line.decode("utf-8", "replace"), patterns).encode("utf-8"))
-    if out == lines:
-        return 0
-    write_atomic(path, b"\n".join(out))
-    return 1

@@ -24,10 +24,10 @@ import msgspec
 from filelock import FileLock
 
 from datadesk.domain.records import Record, record_decoder, record_encoder
+from datadesk.store.jsonl import last_newline_end, lines_from_end
 
 log = logging.getLogger(__name__)
 
-_BLOCK = 64 * 1024
 _local_locks: dict[str, threading.Lock] = {}
 _local_locks_guard = threading.Lock()
 
@@ -39,28 +39,31 @@ def _thread_lock(path: Path) -> threading.Lock:
         return _local_locks.setdefault(str(path), threading.Lock())
 
 
-class _Both:
-    def __init__(self, a, b) -> None:
-        self.a, self.b = a, b
+class FileAndThreadLock:
+    """A lock held across the threads of this process and across processes (`filelock`)."""
 
-    def __enter__(self):
-        self.a.__enter__()
+    def __init__(self, path: Path) -> None:
+        self._flock = FileLock(str(path))
+        self._tlock = _thread_lock(Path(path))
+
+    def __enter__(self) -> "FileAndThreadLock":
+        self._tlock.acquire()
         try:
-            self.b.__enter__()
+            self._flock.acquire()
         except BaseException:
-            self.a.__exit__(None, None, None)
+            self._tlock.release()
             raise
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         try:
-            self.b.__exit__(*exc)
+            self._flock.release()
         finally:
-            self.a.__exit__(*exc)
+            self._tlock.release()
 
 
-def current_epoch(thread_dir: Path) -> int | None:
-    """The epoch in `meta.json` (bumped by every clear), or None without one."""
+def read_epoch(thread_dir: Path) -> int | None:
+    """The epoch in a thread's `meta.json` (bumped by every clear), or None without one."""
     try:
         return int(msgspec.json.decode((thread_dir / "meta.json").read_bytes()).get("epoch", 0))
     except (FileNotFoundError, msgspec.DecodeError, AttributeError, ValueError, TypeError):
@@ -74,15 +77,18 @@ class LogClosed(Exception):
 class ThreadLog:
     """Append-only JSON-lines log of `Record`s."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, lock: FileAndThreadLock | None = None,
+                 epoch_of: Callable[[], int | None] | None = None) -> None:
+        """`lock` and `epoch_of` come from the owning `Thread` (its lock, its epoch); a log
+        opened on its own gets a lock file beside it and reads the epoch from `meta.json`."""
         self.path = Path(path)
-        self._flock = FileLock(str(self.path) + ".lock")
-        self._tlock = _thread_lock(self.path)
+        self._lock = lock or FileAndThreadLock(Path(str(self.path) + ".lock"))
+        self._epoch_of = epoch_of or (lambda: read_epoch(self.path.parent))
 
     # -- writing -----------------------------------------------------------
-    def lock(self):
-        """The thread's lock (threads and processes): held by appends and by clear."""
-        return _Both(self._tlock, self._flock)
+    def lock(self) -> FileAndThreadLock:
+        """The lock every append holds (the owning thread's lock)."""
+        return self._lock
 
     def append(self, make: Callable[[int], Record], epoch: int | None = None) -> Record:
         """Append the record `make(next_seq)` and return it.
@@ -95,8 +101,8 @@ class ThreadLog:
         # checked before taking the lock too: the lock file would recreate the directory
         if not self.path.parent.is_dir():
             raise LogClosed(f"thread {self.path.parent.name} no longer exists")
-        with self._tlock, self._flock:
-            if epoch is not None and current_epoch(self.path.parent) != epoch:
+        with self._lock:
+            if epoch is not None and self._epoch_of() != epoch:
                 raise LogClosed(f"thread {self.path.parent.name} was cleared")
             last = self._repair_and_last()
             record = make(last.seq + 1 if last else 1)
@@ -121,7 +127,7 @@ class ThreadLog:
         with open(self.path, "rb+") as fh:
             fh.seek(size - 1)
             if fh.read(1) != b"\n":
-                end = self._last_newline_end(fh, size)
+                end = last_newline_end(fh, size)
                 fh.seek(end)
                 fragment = fh.read()
                 torn = self.path.with_name(self.path.stem + ".torn")
@@ -135,55 +141,25 @@ class ThreadLog:
             return rec
         return None
 
-    @staticmethod
-    def _last_newline_end(fh, size: int) -> int:
-        """Offset just after the last b"\\n" in the file (0 if none)."""
-        pos = size
-        while pos > 0:
-            start = max(0, pos - _BLOCK)
-            fh.seek(start)
-            chunk = fh.read(pos - start)
-            idx = chunk.rfind(b"\n")
-            if idx >= 0:
-                return start + idx + 1
-            pos = start
-        return 0
-
     # -- reading -----------------------------------------------------------
     def tail(self, n: int) -> list[Record]:
         """The newest `n` valid records, oldest first, reading from the end only."""
-        if n <= 0:
-            return []
-        try:
-            fh = open(self.path, "rb")
-        except FileNotFoundError:
-            return []
-        with fh:
-            fh.seek(0, os.SEEK_END)
-            pos = fh.tell()
-            buf = b""
-            found: list[Record] = []
-            first_block = True
-            while pos > 0 and len(found) < n:
-                start = max(0, pos - _BLOCK)
-                fh.seek(start)
-                buf = fh.read(pos - start) + buf
-                pos = start
-                lines = buf.split(b"\n")
-                # lines[0] may be partial (unless we reached the start of the file)
-                buf = lines[0] if pos > 0 else b""
-                complete = lines[1:] if pos > 0 else lines
-                if first_block:
-                    # the last element is the torn line (or b"" after a final newline)
-                    complete = complete[:-1] if complete else complete
-                    first_block = False
-                for raw in reversed(complete):
-                    rec = self._decode(raw)
-                    if rec is not None:
-                        found.append(rec)
-                        if len(found) >= n:
-                            break
-            return list(reversed(found))
+        found: list[Record] = []
+        if n > 0:
+            for raw in lines_from_end(self.path):
+                rec = self._decode(raw)
+                if rec is not None:
+                    found.append(rec)
+                    if len(found) >= n:
+                        break
+        return list(reversed(found))
+
+    def newest_first(self) -> Iterator[Record]:
+        """Every valid record, newest first, read from the end (stop early to pay less)."""
+        for raw in lines_from_end(self.path):
+            rec = self._decode(raw)
+            if rec is not None:
+                yield rec
 
     def __iter__(self) -> Iterator[Record]:
         """All valid records, oldest first (streams the file; skips a torn tail)."""
@@ -211,9 +187,9 @@ class ThreadLog:
         return [r for r in records if r.seq >= first_seq and (last_seq is None or r.seq <= last_seq)]
 
     def find(self, predicate: Callable[[Record], bool], limit: int = 1) -> list[Record]:
-        """Newest-first search (for paging an old tool result back, etc.)."""
+        """Newest-first search, read from the end (for paging an old tool result back, etc.)."""
         out: list[Record] = []
-        for rec in reversed(list(self)):
+        for rec in self.newest_first():
             if predicate(rec):
                 out.append(rec)
                 if len(out) >= limit:
@@ -229,3 +205,6 @@ class ThreadLog:
         except (msgspec.DecodeError, msgspec.ValidationError):
             log.warning("skipping an unreadable line in %s", self.path)
             return None
+
+
+current_epoch = read_epoch  # TEMPORARY while callers move to Thread.guarded (removed before landing)

@@ -1,37 +1,204 @@
-"""Threads: `meta.json` + `log.jsonl` per thread, under the owner's workspace folder."""
+"""Threads: the `Thread` owner of one thread's folder, and the store that finds a user's threads."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 import time
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import msgspec
+from filelock import FileLock
 
 from datadesk.domain.ids import check_id, new_id
 from datadesk.domain.records import ThreadMeta
-from datadesk.store.files import read_json, write_json
+from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
-from datadesk.store.threadlog import ThreadLog
+from datadesk.domain.records import Record
+from datadesk.store.jsonl import lines_from_end
+from datadesk.store.threadlog import FileAndThreadLock, LogClosed, ThreadLog, read_epoch
+
+log = logging.getLogger(__name__)
+
+META_FILE = "meta.json"
+LOCK_FILE = "thread.lock"
 
 
 class ThreadNotFound(LookupError):
     """No such thread for this user (another user's thread is also 'not found')."""
 
 
-class ThreadHandle(msgspec.Struct):
-    """A located thread: its meta and where it lives."""
+class Thread:
+    """One thread and its folder: the only owner of its paths, its lock and its epoch.
 
-    meta: ThreadMeta
-    dir: Path
+    Everything stored per thread (DESIGN section 3) is reached through here: the log, the
+    meta, the summary files, the context manifests, the artifacts and outputs folders. A
+    write that must not survive a clear runs under `guarded(epoch)`: the thread lock, and
+    the epoch still the one the work started in (LogClosed otherwise).
+    """
 
-    @property
-    def log(self) -> ThreadLog:
-        return ThreadLog(self.dir / "log.jsonl")
+    def __init__(self, dir: Path, meta: ThreadMeta | None = None) -> None:
+        self.dir = Path(dir)
+        self.meta = meta  # as last read or written by this object; None for a bare folder
+        self._lock = FileAndThreadLock(self.dir / LOCK_FILE)
+        self.log = ThreadLog(self.dir / "log.jsonl", lock=self._lock, epoch_of=self.current_epoch)
+
+    def __repr__(self) -> str:
+        return f"Thread({self.dir.name!r})"
+
+    @classmethod
+    def at(cls, dir: Path) -> "Thread":
+        """The thread in folder `dir` (its meta read when there is one)."""
+        raw = read_json(Path(dir) / META_FILE)
+        return cls(Path(dir), msgspec.convert(raw, ThreadMeta) if raw is not None else None)
 
     @property
     def id(self) -> str:
-        return self.meta.id
+        return self.meta.id if self.meta is not None else self.dir.name
+
+    @property
+    def workspace(self) -> str:
+        assert self.meta is not None, "a bare thread folder has no workspace"
+        return self.meta.workspace
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch this object was opened in (None for a bare folder: writes are unguarded)."""
+        return self.meta.epoch if self.meta is not None else None
+
+    # -- where things live ---------------------------------------------------
+    @property
+    def summary_path(self) -> Path:
+        return self.dir / "summary.json"
+
+    @property
+    def summary_revisions_path(self) -> Path:
+        return self.dir / "summary.revisions.jsonl"
+
+    @property
+    def manifests_path(self) -> Path:
+        return self.dir / "context.jsonl"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.dir / "artifacts"
+
+    @property
+    def outputs_dir(self) -> Path:
+        return self.dir / "outputs"
+
+    def job_lock(self, name: str) -> FileLock:
+        """`<name>.lock` in the folder: one background job of that kind per thread, across processes."""
+        return FileLock(str(self.dir / f"{check_id(name, 'lock')}.lock"))
+
+    def exists(self) -> bool:
+        return self.dir.is_dir()
+
+    # -- the lock and the epoch -------------------------------------------------
+    def lock(self) -> FileAndThreadLock:
+        """The thread lock (threads and processes): appends, guarded writes and clear hold it."""
+        return self._lock
+
+    def current_epoch(self) -> int | None:
+        """The epoch on disk now (a clear bumps it), or None without a meta file."""
+        return read_epoch(self.dir)
+
+    @contextlib.contextmanager
+    def guarded(self, epoch: int | None) -> Iterator[None]:
+        """Hold the thread lock while the thread is still in `epoch` (None: no epoch check);
+        LogClosed when it was deleted or cleared since the work started."""
+        # checked before taking the lock too: the lock file would recreate the directory
+        if not self.exists():
+            raise LogClosed(f"thread {self.id} no longer exists")
+        with self._lock:
+            if epoch is not None and self.current_epoch() != epoch:
+                raise LogClosed(f"thread {self.id} was cleared")
+            yield
+
+    def append(self, make: Callable[[int], Record], epoch: int | None = None) -> Record:
+        """Append `make(next_seq)` to the log, refused (LogClosed) when cleared since `epoch`."""
+        return self.log.append(make, epoch=epoch)
+
+    def append_manifest(self, line: bytes, epoch: int | None) -> bool:
+        """Append one manifest line (`context.jsonl`); False when the thread was cleared or is gone."""
+        try:
+            with self.guarded(epoch):
+                with open(self.manifests_path, "ab") as fh:
+                    fh.write(line.rstrip(b"\n") + b"\n")
+        except LogClosed:
+            return False
+        return True
+
+    def manifest_lines(self) -> Iterator[bytes]:
+        """Manifest lines, newest first, read from the end."""
+        return lines_from_end(self.manifests_path)
+
+    def rewrite_summaries(self, transform: Callable[[Any], Any]) -> int:
+        """Rewrite the summary and its revisions under the thread lock: `transform` maps each
+        decoded JSON document (or the text of an unreadable one) to its new value. Memory's hard
+        delete redacts summaries this way. Returns how many files changed."""
+        with self._lock:
+            return (_rewrite_json_file(self.summary_path, transform)
+                    + _rewrite_jsonl_file(self.summary_revisions_path, transform))
+
+    # -- meta --------------------------------------------------------------------
+    def reload(self) -> ThreadMeta:
+        raw = read_json(self.dir / META_FILE)
+        if raw is None:
+            raise ThreadNotFound(f"thread {self.id} not found")
+        self.meta = msgspec.convert(raw, ThreadMeta)
+        return self.meta
+
+    def write_meta(self, meta: ThreadMeta) -> ThreadMeta:
+        write_json(self.dir / META_FILE, meta)
+        self.meta = meta
+        return meta
+
+
+def _rewrite_json_file(path: Path, transform: Callable[[Any], Any]) -> int:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        log.warning("%s is not JSON: rewriting it as text", path)
+        text = raw.decode("utf-8", "replace")
+        new = transform(text)
+        if new == text:
+            return 0
+        write_atomic(path, new.encode("utf-8"))
+        return 1
+    new_doc = transform(doc)
+    if new_doc == doc:
+        return 0
+    write_json(path, new_doc)
+    return 1
+
+
+def _rewrite_jsonl_file(path: Path, transform: Callable[[Any], Any]) -> int:
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return 0
+    out: list[bytes] = []
+    for line in lines:
+        if not line.strip():
+            out.append(line)
+            continue
+        try:
+            obj = msgspec.json.decode(line)
+            new = transform(obj)
+            out.append(line if new == obj else msgspec.json.encode(new))
+        except msgspec.DecodeError:  # a torn line: rewritten as text
+            out.append(transform(line.decode("utf-8", "replace")).encode("utf-8"))
+    if out == lines:
+        return 0
+    write_atomic(path, b"\n".join(out))
+    return 1
 
 
 class ThreadStore:
@@ -40,7 +207,7 @@ class ThreadStore:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
 
-    def create(self, workspace: str, owner: str, title: str = "New chat", project: str | None = None) -> ThreadHandle:
+    def create(self, workspace: str, owner: str, title: str = "New chat", project: str | None = None) -> Thread:
         check_id(workspace, "workspace")
         check_id(owner, "user")
         # 64 random bits: collisions are astronomically unlikely, and checked anyway
@@ -55,20 +222,30 @@ class ThreadStore:
         meta = ThreadMeta(id=tid, workspace=workspace, owner=owner, title=title[:200] or "New chat",
                           created=now, updated=now, project=project)
         tdir.mkdir(parents=True)
-        write_json(tdir / "meta.json", meta)
-        return ThreadHandle(meta=meta, dir=tdir)
+        thread = Thread(tdir)
+        thread.write_meta(meta)
+        return thread
 
-    def get(self, tid: str, owner: str, workspaces: list[str]) -> ThreadHandle:
+    def get(self, tid: str, owner: str, workspaces: list[str]) -> Thread:
         """Find thread `tid` of `owner` in one of `workspaces`, else ThreadNotFound."""
         check_id(tid, "thread")
         for ws in workspaces:
-            tdir = self.layout.thread_dir(ws, owner, tid)
-            meta_raw = read_json(tdir / "meta.json")
-            if meta_raw is not None:
-                meta = msgspec.convert(meta_raw, ThreadMeta)
-                if meta.owner == owner and meta.id == tid:
-                    return ThreadHandle(meta=meta, dir=tdir)
+            thread = Thread.at(self.layout.thread_dir(ws, owner, tid))
+            meta = thread.meta
+            if meta is not None and meta.owner == owner and meta.id == tid:
+                return thread
         raise ThreadNotFound(f"thread {tid} not found")
+
+    def folders(self, workspace: str, owner: str) -> Iterator[Thread]:
+        """Every thread folder of `owner` in `workspace` (links and deleted ones skipped)."""
+        root = self.layout.threads_dir(workspace, owner)
+        if not root.is_dir():
+            return
+        for tdir in sorted(root.iterdir()):
+            if tdir.name.startswith(".") or tdir.is_symlink() or not tdir.is_dir():
+                continue
+            check_id(tdir.name, "thread")
+            yield Thread(tdir)
 
     def list(self, owner: str, workspaces: list[str]) -> list[ThreadMeta]:
         metas: list[ThreadMeta] = []
@@ -77,56 +254,43 @@ class ThreadStore:
             if not root.is_dir():
                 continue
             for tdir in root.iterdir():
-                raw = read_json(tdir / "meta.json") if tdir.is_dir() and not tdir.is_symlink() else None
+                raw = read_json(tdir / META_FILE) if tdir.is_dir() and not tdir.is_symlink() else None
                 if raw is not None:
                     metas.append(msgspec.convert(raw, ThreadMeta))
         metas.sort(key=lambda m: m.updated, reverse=True)
         return metas
 
-    def touch(self, handle: ThreadHandle, title: str | None = None) -> ThreadMeta:
+    def touch(self, thread: Thread, title: str | None = None) -> ThreadMeta:
         """Update `updated` (and the title) of a thread, atomically."""
-        raw = read_json(handle.dir / "meta.json")
-        if raw is None:
-            raise ThreadNotFound(f"thread {handle.id} not found")
-        meta = msgspec.convert(raw, ThreadMeta)
-        meta = msgspec.structs.replace(meta, updated=time.time(), title=title or meta.title)
-        write_json(handle.dir / "meta.json", meta)
-        handle.meta = meta
-        return meta
+        meta = thread.reload()
+        return thread.write_meta(msgspec.structs.replace(meta, updated=time.time(), title=title or meta.title))
 
-    def clear(self, handle: ThreadHandle) -> dict[str, int]:
+    def clear(self, thread: Thread) -> dict[str, int]:
         """Clear chat, one operation under the thread lock: bump the epoch (appends of anything
         started before are refused), then delete the log, summary and revisions, manifests,
         artifacts and outputs. Memory is not touched. Returns what was removed."""
         removed = {"records": 0, "artifacts": 0, "bytes": 0}
-        log = handle.log
-        with log.lock():
-            raw = read_json(handle.dir / "meta.json")
-            if raw is None:
-                raise ThreadNotFound(f"thread {handle.id} not found")
-            meta = msgspec.convert(raw, ThreadMeta)
-            meta = msgspec.structs.replace(meta, epoch=meta.epoch + 1, updated=time.time())
-            write_json(handle.dir / "meta.json", meta)
-            handle.meta = meta
-            removed["records"] = sum(1 for _ in log)
-            for name in ("log.jsonl", "log.torn", "summary.json", "summary.revisions.jsonl", "context.jsonl"):
-                path = handle.dir / name
+        with thread.lock():
+            meta = thread.reload()
+            thread.write_meta(msgspec.structs.replace(meta, epoch=meta.epoch + 1, updated=time.time()))
+            removed["records"] = sum(1 for _ in thread.log)
+            for path in (thread.log.path, thread.log.path.with_name("log.torn"), thread.summary_path,
+                         thread.summary_revisions_path, thread.manifests_path):
                 if path.is_file():
                     removed["bytes"] += path.stat().st_size
                     path.unlink()
-            for sub in ("artifacts", "outputs"):
-                d = handle.dir / sub
+            for d in (thread.artifacts_dir, thread.outputs_dir):
                 if d.is_dir() and not d.is_symlink():
                     for p in d.rglob("*"):
                         if p.is_file() and not p.is_symlink():
                             removed["bytes"] += p.stat().st_size
-                            if sub == "artifacts" and p.suffix == ".json":
+                            if d == thread.artifacts_dir and p.suffix == ".json":
                                 removed["artifacts"] += 1
                     shutil.rmtree(d, ignore_errors=True)
         return removed
 
-    def delete(self, handle: ThreadHandle) -> None:
+    def delete(self, thread: Thread) -> None:
         """Remove a thread: rename it away first so no reader sees half of it."""
-        trash = handle.dir.with_name(f".deleted-{handle.id}-{new_id()}")
-        handle.dir.rename(trash)
+        trash = thread.dir.with_name(f".deleted-{thread.id}-{new_id()}")
+        thread.dir.rename(trash)
         shutil.rmtree(trash, ignore_errors=True)

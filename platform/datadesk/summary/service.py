@@ -16,7 +16,6 @@
   records would otherwise leave the window ("no gap"): it waits for another
   process's job instead of skipping, and returns the stored summary when that
   already covers `upto_seq`.
-- `uncovered()`: records neither in the window nor covered by the summary.
 """
 
 from __future__ import annotations
@@ -25,19 +24,18 @@ import asyncio
 import logging
 import time
 import weakref
-from pathlib import Path
 
 from filelock import FileLock, Timeout
 
 from datadesk.settings import SummarySettings
-from datadesk.store.threadlog import ThreadLog, current_epoch
+from datadesk.store.threads import Thread
 from datadesk.summary.model import ThreadSummary
 from datadesk.summary.store import SummaryStore
 from datadesk.summary.summarizer import SummaryError, Summarizer
 
 log = logging.getLogger(__name__)
 
-LOCK_FILE = "summary.lock"
+LOCK_NAME = "summary"  # the thread's `summary.lock`: one summarizer per thread across processes
 POLL_S = 0.05  # synchronous refresh: how often to retry another process's summary.lock
 
 
@@ -52,13 +50,12 @@ class SummaryService:
         self._tasks: set[asyncio.Task] = set()
 
     # -- when ----------------------------------------------------------------
-    def _covers(self, thread_dir: Path, summary: ThreadSummary | None = None) -> int:
-        if summary is None:
-            epoch = current_epoch(Path(thread_dir))
-            summary = self.store.load_current(Path(thread_dir), epoch) if epoch is not None else None
+    def _covers(self, thread: Thread) -> int:
+        epoch = thread.current_epoch()
+        summary = self.store.load_current(thread, epoch) if epoch is not None else None
         return summary.covers_through_seq if summary is not None else 0
 
-    def due(self, thread_dir: Path, trimmed_through_seq: int, water: str) -> bool:
+    def due(self, thread: Thread, trimmed_through_seq: int, water: str) -> bool:
         """True when a refresh should follow this reply.
 
         `trimmed_through_seq`: the last seq before the window (records up to it
@@ -67,23 +64,16 @@ class SummaryService:
         """
         if not self.settings.enabled or trimmed_through_seq <= 0:
             return False
-        pending = trimmed_through_seq - self._covers(thread_dir)
+        pending = trimmed_through_seq - self._covers(thread)
         if pending <= 0:
             return False
         return pending >= self.settings.refresh_after_records or water == "compact"
 
-    def uncovered(self, thread_dir: Path, summary: ThreadSummary | None, first_window_seq: int) -> int:
-        """Records with covers_through_seq < seq < first_window_seq (read from the tail of the log)."""
-        covers = summary.covers_through_seq if summary is not None else 0
-        if first_window_seq - 1 <= covers:
-            return 0
-        return len(ThreadLog(Path(thread_dir) / "log.jsonl").since(covers + 1, first_window_seq - 1))
-
     # -- jobs ----------------------------------------------------------------
-    def schedule(self, thread_dir: Path, upto_seq: int, epoch: int, focus: str | None = None) -> asyncio.Task:
+    def schedule(self, thread: Thread, upto_seq: int, epoch: int, focus: str | None = None) -> asyncio.Task:
         """Run `refresh` in the background; the task is kept until it finishes."""
         task = asyncio.get_running_loop().create_task(
-            self.refresh(thread_dir, upto_seq, epoch, focus), name=f"summary:{Path(thread_dir).name}")
+            self.refresh(thread, upto_seq, epoch, focus), name=f"summary:{thread.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -97,32 +87,31 @@ class SummaryService:
     def pending(self) -> int:
         return len(self._tasks)
 
-    async def refresh(self, thread_dir: Path, upto_seq: int, epoch: int, focus: str | None = None,
+    async def refresh(self, thread: Thread, upto_seq: int, epoch: int, focus: str | None = None,
                       synchronous: bool = False) -> ThreadSummary | None:
         """Summarize through `upto_seq`; the summary written (or, synchronous, the one covering), else None."""
-        thread_dir = Path(thread_dir)
         try:
-            if not self.settings.enabled or not thread_dir.is_dir():
+            if not self.settings.enabled or not thread.exists():
                 return None
-            key = str(thread_dir.resolve())
+            key = str(thread.dir.resolve())
             lock = self._locks.get(key)
             if lock is None:
                 lock = self._locks[key] = asyncio.Lock()
             async with lock:
-                flock = FileLock(str(thread_dir / LOCK_FILE))
+                flock = thread.job_lock(LOCK_NAME)
                 if not await self._acquire(flock, synchronous):
-                    log.info("summary refresh of %s skipped: another process is summarizing it", thread_dir.name)
+                    log.info("summary refresh of %s skipped: another process is summarizing it", thread.id)
                     return None
                 try:
-                    return await self._run(thread_dir, upto_seq, epoch, focus, synchronous)
+                    return await self._run(thread, upto_seq, epoch, focus, synchronous)
                 finally:
                     flock.release()
         except asyncio.CancelledError:
             raise
         except SummaryError as exc:
-            log.warning("summary of %s not refreshed (previous kept): %s", thread_dir.name, exc)
+            log.warning("summary of %s not refreshed (previous kept): %s", thread.id, exc)
         except Exception:  # noqa: BLE001 - a background job must never take anything down
-            log.exception("summary refresh of %s failed (previous kept)", thread_dir.name)
+            log.exception("summary refresh of %s failed (previous kept)", thread.id)
         return None
 
     async def _acquire(self, flock: FileLock, synchronous: bool) -> bool:
@@ -136,24 +125,24 @@ class SummaryService:
                     return False
             await asyncio.sleep(POLL_S)
 
-    async def _run(self, thread_dir: Path, upto_seq: int, epoch: int, focus: str | None,
+    async def _run(self, thread: Thread, upto_seq: int, epoch: int, focus: str | None,
                    synchronous: bool) -> ThreadSummary | None:
-        if current_epoch(thread_dir) != epoch:
-            log.info("summary refresh of %s skipped: the thread was cleared", thread_dir.name)
+        if thread.current_epoch() != epoch:
+            log.info("summary refresh of %s skipped: the thread was cleared", thread.id)
             return None
-        previous = self.store.load_current(thread_dir, epoch)
+        previous = self.store.load_current(thread, epoch)
         covers = previous.covers_through_seq if previous is not None else 0
         if upto_seq <= covers:
             return previous if synchronous else None  # an earlier job already covers it
-        records = ThreadLog(thread_dir / "log.jsonl").since(covers + 1, upto_seq)
+        records = thread.log.since(covers + 1, upto_seq)
         if not records:
             return None
         summary = await self.summarizer.summarize(previous, records, epoch, focus)
-        if self.store.write(thread_dir, summary, epoch):
-            log.info("summary of %s now covers #%d", thread_dir.name, summary.covers_through_seq)
+        if self.store.write(thread, summary, epoch):
+            log.info("summary of %s now covers #%d", thread.id, summary.covers_through_seq)
             return summary
         if synchronous:  # dropped: maybe because another job already covers as far
-            stored = self.store.load_current(thread_dir, epoch)
+            stored = self.store.load_current(thread, epoch)
             if stored is not None and stored.covers_through_seq >= upto_seq:
                 return stored
         return None

@@ -1,0 +1,150 @@
+"""The model request of one turn step, assembled in one place (DESIGN section 5).
+
+The turn loop describes the turn once (`TurnRequest`: the thread, the model, the
+workspace's standing instructions, the permitted tools, whose memory applies) and
+then, for every step, calls `RequestAssembler.build` and, when the reply is in,
+`RequestAssembler.record`. Everything between is here:
+
+1. system message: base rules (versioned) + workspace prompt + skills catalog;
+2. tools: the permitted ones, in the registry's stable order;
+3. preamble: the thread summary (current epoch only) + the memory block;
+4. + 5. the history window and the current turn (`ContextBuilder`): compaction,
+   pairing, budget and water levels;
+and the no-gap rule: when uncovered records would leave the window, the summary is
+made first and the request built again. `record` writes the request's manifest
+(`context.jsonl`, through the `Thread`, never after a clear) with the provider's
+usage, and feeds the token calibration.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from datadesk.context.builder import BuiltContext, ContextBuilder, Coverage, Preamble
+from datadesk.context.calibration import Calibration
+from datadesk.context.manifest import encode_manifest
+from datadesk.context.rules import BASE_RULES
+from datadesk.domain.records import Usage
+from datadesk.memory.store import MemoryStore
+from datadesk.settings import SummarySettings
+from datadesk.store.threads import Thread
+from datadesk.summary.model import render_summary
+from datadesk.summary.service import SummaryService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemoryScope:
+    """Whose long-term memory a turn may see: the workspace flag and the user's permissions
+    decide (with the user's own switch) whether the block is injected at all."""
+
+    workspace: str
+    user: str
+    project: str | None
+    workspace_on: bool
+    permissions: frozenset[str]
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """What every request of one turn is made of; fixed for the turn, so the prefix is stable."""
+
+    thread: Thread
+    epoch: int
+    model: str
+    turn_id: str
+    tools: list[dict[str, Any]]  # OpenAI tool schemas, permitted ones only, in registry order
+    workspace_prompt: str = ""
+    skills_catalog: str = ""
+    memory: MemoryScope | None = None
+
+    def system_prompt(self) -> str:
+        parts = [BASE_RULES]
+        if self.workspace_prompt.strip():
+            parts.append("## Workspace\n" + self.workspace_prompt.strip())
+        if self.skills_catalog:
+            parts.append(self.skills_catalog)
+        return "\n\n".join(parts)
+
+
+class RequestAssembler:
+    """Builds each step's request (`build`) and records what went in (`record`)."""
+
+    def __init__(self, window: ContextBuilder, summaries: SummaryService, summary_settings: SummarySettings,
+                 memory: MemoryStore, calibration: Calibration) -> None:
+        self.window = window
+        self.summaries = summaries
+        self.summary_settings = summary_settings
+        self.memory = memory
+        self.calibration = calibration
+
+    def memory_block(self, scope: MemoryScope | None) -> tuple[str, list[str]] | None:
+        """The memory block for this turn and the injected fact ids (None when off or empty)."""
+        if scope is None:
+            return None
+        if not self.memory.allowed(scope.workspace, scope.user, scope.workspace_on, scope.permissions)[0]:
+            return None
+        facts = self.memory.active(scope.workspace, scope.user, scope.project)
+        if not facts:
+            return None
+        return self.memory.block(scope.workspace, scope.user, scope.project), [f.id for f in facts]
+
+    async def build(self, turn: TurnRequest, step: int) -> BuiltContext:
+        """The request for this step (ContextTooLarge when it cannot fit). When uncovered records
+        would leave the window, the summary is made first and the window built again (no gap);
+        if that fails too, the window trims anyway and the manifest records the gap."""
+        summaries_on = self.summary_settings.enabled
+        memory = self.memory_block(turn.memory)
+        system_prompt = turn.system_prompt()
+        built: BuiltContext | None = None
+        for attempt in range(2):
+            summary = self.summaries.store.load_current(turn.thread, turn.epoch) if summaries_on else None
+            parts = [render_summary(summary)] if summary else []
+            if memory:
+                parts.append(memory[0])
+            preamble = Preamble(
+                text="\n\n".join(parts) or None,
+                summary={"covers_through_seq": summary.covers_through_seq, "epoch": summary.epoch}
+                if summary else None,
+                memory_facts=memory[1] if memory else [])
+            coverage = Coverage(covered_through=summary.covers_through_seq if summary else 0,
+                                allowance=self.summary_settings.uncovered_allowance,
+                                accept_gap=attempt == 1) if summaries_on else None
+            built = self.window.build(turn.thread, model=turn.model, system_prompt=system_prompt,
+                                      tools=turn.tools, turn_id=turn.turn_id, step=step,
+                                      preamble=preamble, coverage=coverage)
+            if not built.needs_summary:
+                return built
+            await self.summaries.refresh(turn.thread, built.uncovered_through, turn.epoch, synchronous=True)
+        assert built is not None
+        return built
+
+    def record(self, turn: TurnRequest, built: BuiltContext, usage: Usage | None, replied: bool,
+               calibrate: bool = True) -> None:
+        """Write the request's manifest with the provider's usage (also when the call was
+        cancelled or failed: what was sent is recorded), and learn the token correction."""
+        manifest = built.manifest
+        if replied and usage is not None and usage.prompt_tokens:
+            manifest.usage = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                              "cached_tokens": usage.cached_tokens}
+            manifest.cache_ratio = round(usage.cached_tokens / usage.prompt_tokens, 4)
+            if calibrate:
+                self.calibration.observe(turn.model, manifest.estimated_raw_tokens, usage.prompt_tokens)
+        elif not replied:
+            manifest.error = "no reply"
+        try:
+            turn.thread.append_manifest(encode_manifest(manifest), turn.epoch)  # dropped after a clear
+        except OSError:
+            log.warning("could not write the context manifest of %s", turn.thread.id)
+
+    def due_summary(self, turn: TurnRequest, built: BuiltContext | None) -> int | None:
+        """After the reply: the seq to summarize through when a background refresh is due."""
+        if built is None or not self.summary_settings.enabled:
+            return None
+        m = built.manifest
+        upto = max(m.trimmed_through_seq, m.over_budget_through_seq)
+        return upto if self.summaries.due(turn.thread, upto, m.water) else None
+
