@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import re
 
 from litestar import Request
 from litestar.di import NamedDependency
 from litestar.exceptions import NotAuthorizedException
 
 from datadesk.chat.runtime import Runtime
+from datadesk.domain.redaction import redact
 from datadesk.domain.users import User
 
 SESSION_COOKIE = "datadesk_session"
@@ -17,20 +17,6 @@ SESSION_COOKIE = "datadesk_session"
 # Explicit dependency markers (Litestar infers less every release).
 CurrentUser = NamedDependency[User]
 RuntimeDep = NamedDependency[Runtime]
-
-_SECRET_PATTERNS = [
-    (re.compile(r"(?i)((?:code|token|api_key|key)=)[^&\s\"']+"), r"\1[REDACTED]"),
-    (re.compile(r"ddt_[A-Za-z0-9_-]+"), "ddt_[REDACTED]"),
-    (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1[REDACTED]"),
-]
-
-
-def redact(text: str) -> str:
-    """Remove tokens, login codes and keys from a line meant for a log."""
-    for pattern, repl in _SECRET_PATTERNS:
-        text = pattern.sub(repl, text)
-    return text
-
 
 class RedactSecrets(logging.Filter):
     """Logging filter for access logs: login codes and tokens never reach a log line."""

@@ -10,7 +10,7 @@ would show the user the same text twice.
 
 Every SDK failure is translated into a `ModelError` subclass whose message
 names what to fix (base URL, key, model). The API key never appears in a
-message or a log line: server messages are redacted before use.
+message or a log line: server messages are redacted (`domain.redaction`) before use.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import openai
 from openai import AsyncOpenAI
 
 from datadesk.domain.records import ToolCall, Usage
+from datadesk.domain.redaction import redact
 from datadesk.llm.base import (
     ModelAuthError,
     ModelDelta,
@@ -213,9 +214,8 @@ class OpenAIChatModel:
         return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
     def _redact(self, text: str) -> str:
-        if len(self._key) >= 4:
-            text = text.replace(self._key, "***")
-        return text
+        # servers echo keys (ours, or one they expected): the API key and every key shape go
+        return redact(text, (self._key,))
 
     def _detail(self, exc: openai.APIStatusError) -> str:
         body: Any = exc.body

@@ -38,7 +38,7 @@ import msgspec
 from datadesk.domain.records import Record
 from datadesk.llm.base import ChatModel, ModelReply
 from datadesk.memory.model import KINDS, Fact, Provenance
-from datadesk.memory.secrets import contains_secret, redact_secrets
+from datadesk.memory.secrets import PLACEHOLDER, contains_secret, redact_secrets
 from datadesk.memory.store import FactNotFound, MemoryInputError, MemoryStore
 from datadesk.settings import MemorySettings
 
@@ -190,7 +190,7 @@ class MemoryExtractor:
         text = item.text.strip()
         if not text:
             return "empty"
-        if "[secret]" in text or contains_secret(text):
+        if PLACEHOLDER in text or contains_secret(text):
             return "contains a secret"
         if PRIVATE_RE.search(text):
             return "the user asked to keep it private"

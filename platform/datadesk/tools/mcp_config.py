@@ -15,6 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
+from datadesk.domain.redaction import redact  # the one rule for log lines and status pages
+
 _TOOL_NAME_OK = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _SERVER_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 _ENV_NAME_OK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -25,36 +27,6 @@ _BACKOFF_MAX_S = 60.0
 _HEALTHY_S = 60.0  # a session up this long resets the backoff
 _MAX_STDERR_LINE = 2000
 _MAX_DESCRIPTION = 4000
-
-
-# -- redaction -------------------------------------------------------------------
-# The same patterns as datadesk.api.auth.redact (not imported: that module pulls in
-# litestar and the runtime, which imports this one), plus common API-key shapes.
-_SECRET_PATTERNS = [
-    (re.compile(r"(?i)((?:code|token|access_token|refresh_token|api[_-]?key|key|secret|password|passwd|pwd)"
-                r"[\"']?\s*[=:]\s*[\"']?)[^&\s\"',;]+"), r"\1[REDACTED]"),
-    (re.compile(r"ddt_[A-Za-z0-9_-]+"), "ddt_[REDACTED]"),
-    (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1[REDACTED]"),
-    (re.compile(r"(?i)(basic\s+)[A-Za-z0-9+/=]{8,}"), r"\1[REDACTED]"),
-    (re.compile(r"\b(sk|pk|rk)-[A-Za-z0-9_-]{8,}"), r"\1-[REDACTED]"),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{16,}"), "gh_[REDACTED]"),
-    (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{8,}"), "xox-[REDACTED]"),
-    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "AKIA[REDACTED]"),
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+"), "[REDACTED-JWT]"),
-    (re.compile(r"(://[^/\s:@]+:)[^/\s@]+@"), r"\1***@"),
-]
-
-
-def redact(text: str, secrets: tuple[str, ...] | list[str] = ()) -> str:
-    """Remove tokens and keys from a line meant for a log or a status page.
-
-    `secrets`: known secret values (resolved env/header values) removed wherever they appear."""
-    for value in secrets:
-        if value and len(value) >= 4:
-            text = text.replace(value, "[REDACTED]")
-    for pattern, repl in _SECRET_PATTERNS:
-        text = pattern.sub(repl, text)
-    return text
 
 
 # -- configuration -----------------------------------------------------------------
