@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -19,23 +17,17 @@ from litestar.exceptions import ClientException, HTTPException
 from litestar.params import FromPath, FromQuery
 from litestar.response import Response, Stream
 
+from datadesk.api.access import find_artifact, find_thread
 from datadesk.api.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import data_uri, markdown_html, report_page, sanitize
 from datadesk.api.security import SANDBOX_CSP
-from datadesk.api.threads import find_thread
 from datadesk.chat.runtime import Runtime
-from datadesk.domain.artifacts import Artifact, ArtifactOrigin
-from datadesk.domain.ids import check_id, new_id
-from datadesk.domain.records import Record, ToolCall
+from datadesk.domain.artifacts import Artifact
 from datadesk.domain.users import User
-from datadesk.llm.tokens import count_tokens
-from datadesk.offload import preview
 from datadesk.offload.requery import expired_message
-from datadesk.offload.store import artifacts_dir, regular_file
+from datadesk.offload.store import regular_file
 from datadesk.sandbox.files import read_regular
-from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload
-from datadesk.store.threads import ThreadHandle
-from datadesk.tools.registry import ToolContext, ToolError
+from datadesk.store.threads import Thread
 
 
 class ArtifactOut(msgspec.Struct):
@@ -70,21 +62,9 @@ def artifact_out(rt: Runtime, thread_id: str, art: Artifact) -> ArtifactOut:
     )
 
 
-def tool_context(rt: Runtime, user: User, handle: ThreadHandle, call_id: str = "") -> ToolContext:
-    return ToolContext(workspace=handle.meta.workspace, user=user.id, thread=handle.id,
-                       permissions=user.permission_set, workspace_dir=rt.layout.workspace_dir(handle.meta.workspace),
-                       thread_dir=handle.dir, call_id=call_id)
-
-
-def _find(rt: Runtime, user: User, aid: str) -> tuple[ThreadHandle, Artifact]:
-    check_id(aid, "artifact")
-    tdir, art = rt.artifacts.find(aid, user.id, user.workspaces)
-    return rt.threads.get(tdir.name, user.id, user.workspaces), art
-
-
-def _data_file(rt: Runtime, user: User, aid: str) -> tuple[ThreadHandle, Artifact, Path]:
+def _data_file(rt: Runtime, user: User, aid: str) -> tuple[Thread, Artifact, Path]:
     """An artifact whose data file can be read (410 naming why when it cannot)."""
-    handle, art = _find(rt, user, aid)
+    handle, art = find_artifact(rt, user, aid)
     if not art.available:
         raise HTTPException(status_code=410, detail=expired_message(art))
     path = rt.artifacts.data_path(handle.dir, art)
@@ -120,7 +100,7 @@ MAX_VIEW_BYTES = 20 << 20
 MAX_EMBED_BYTES = 30 << 20  # all images embedded in one report page
 
 
-def _report_page(rt: Runtime, handle: ThreadHandle, art: Artifact, path: Path) -> str:
+def _report_page(rt: Runtime, handle: Thread, art: Artifact, path: Path) -> str:
     """A report file as a standalone page. Images it names (`chart.png`, `/outputs/chart.png`,
     `figs/a.png`) are looked up among the same thread's python outputs and embedded as data: URIs;
     anything else (other hosts, other threads, paths with '..') is dropped."""
@@ -168,7 +148,7 @@ class ArtifactController(Controller):
 
     @get("/artifacts/{aid:str}")
     async def get_artifact(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> ArtifactOut:
-        handle, art = _find(rt, user, aid)
+        handle, art = find_artifact(rt, user, aid)
         return artifact_out(rt, handle.id, art)
 
     @get("/artifacts/{aid:str}/download")
@@ -212,57 +192,22 @@ class ArtifactController(Controller):
 
     @post("/artifacts/{aid:str}/requery", status_code=200)
     async def requery(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
-        handle, art = _find(rt, user, aid)
-        turn = rt.turns.reserve(handle.id, user.id)  # 409 while a turn runs on the thread
-        try:
-            call_id = new_id("call_")
-            try:
-                report = await rt.requery.requery(handle.dir, aid, tool_context(rt, user, handle, call_id))
-            except ToolError as exc:
-                raise ClientException(str(exc)) from None
-            args = msgspec.json.encode({"artifact_id": aid}).decode()
-            log = handle.log
-            log.append(lambda seq: Record(seq=seq, role="assistant", ts=time.time(), turn_id=turn.turn_id,
-                                          tool_calls=[ToolCall(call_id, "requery_artifact", args)],
-                                          meta={"via": "api"}))
-            log.append(lambda seq: Record(seq=seq, role="tool", ts=time.time(), turn_id=turn.turn_id,
-                                          tool_call_id=call_id, name="requery_artifact",
-                                          content=msgspec.json.encode(report).decode(),
-                                          meta={"via": "api", "requery": report}))
-            return report
-        finally:
-            rt.turns.release(turn)
+        """Restore an expired artifact by re-running its origin call (read-only tools only)."""
+        handle, _ = find_artifact(rt, user, aid)
+        return await rt.user_requery.run(handle, user, aid)
 
     @post("/threads/{tid:str}/uploads", status_code=201, request_max_body_size=None)
     async def upload(self, tid: FromPath[str], request: Request, user: CurrentUser,
                      rt: RuntimeDep) -> dict[str, Any]:
+        """A file (CSV, TSV, Excel, Parquet, JSON, image) streamed into the thread as an artifact."""
         handle = find_thread(rt, user, tid)
         ctype, options = multipart.parse_options_header(request.headers.get("content-type", ""))
         if ctype != "multipart/form-data" or not options.get("boundary"):
             raise ClientException("send the file as multipart/form-data with a 'file' field")
         limit = rt.settings.offload.upload_max_bytes
-        turn = rt.turns.reserve(handle.id, user.id)
-        tmp_path = None
-        try:
-            adir = artifacts_dir(handle.dir)
-            adir.mkdir(parents=True, exist_ok=True)
-            fd, tmp_path = tempfile.mkstemp(prefix=".upload-", suffix=".tmp", dir=adir)
-            filename = await _receive_file(request, options["boundary"], fd, limit)
-            origin = ArtifactOrigin(source="upload", user=user.id, thread=handle.id,
-                                    workspace=handle.meta.workspace, filename=filename)
-            try:
-                art, head, schema = await asyncio.to_thread(
-                    ingest_upload, rt.offload, handle.dir, Path(tmp_path), filename, origin)
-            except UploadError as exc:
-                raise ClientException(str(exc)) from None
-            tmp_path = None
-            rt.quota.after_create(handle.meta.workspace, user.id, handle.dir, art)
-            _record_upload(rt, user, handle, turn.turn_id, art, head, schema, filename)
-            return {"artifact": msgspec.to_builtins(artifact_out(rt, handle.id, art))}
-        finally:
-            rt.turns.release(turn)
-            if tmp_path and os.path.exists(tmp_path):
-                os.unlink(tmp_path)
+        art = await rt.attachments.upload(
+            handle, user, lambda fd: _receive_file(request, options["boundary"], fd, limit))
+        return {"artifact": msgspec.to_builtins(artifact_out(rt, handle.id, art))}
 
 
 async def _receive_file(request: Request, boundary: str, fd: int, limit: int) -> str:
@@ -297,30 +242,3 @@ async def _receive_file(request: Request, boundary: str, fd: int, limit: int) ->
     if written == 0:
         raise ClientException(f"{filename}: the file is empty")
     return filename
-
-
-def _record_upload(rt: Runtime, user: User, handle: ThreadHandle, turn_id: str, art: Artifact,
-                   head: pa.Table | None, schema: pa.Schema | None, filename: str) -> None:
-    """Tell the model about the upload in the same preview form as an offloaded result."""
-    text = upload_note(rt, user, handle, art, head, schema, filename)
-    handle.log.append(lambda seq: Record(seq=seq, role="user", ts=time.time(), turn_id=turn_id, content=text,
-                                         meta={"kind": "upload", "artifact": art.id, "filename": filename,
-                                               "image": art.format in IMAGES}))
-
-
-def upload_note(rt: Runtime, user: User, handle: ThreadHandle, art: Artifact, head: pa.Table | None,
-                schema: pa.Schema | None, filename: str) -> str:
-    """The upload in the same preview form as an offloaded result (what the model reads)."""
-    specs = rt.permitted_tools(user, handle.meta.workspace)
-    cap = rt.offload_capability(user, handle.meta.workspace, specs)
-    s = rt.settings.offload
-    if art.format in IMAGES:
-        text = f"[The user uploaded an image: {filename} (artifact {art.id}, {preview.human_bytes(art.bytes)})]"
-    else:
-        text = f"[The user uploaded a file: {filename}]\n" + preview.render_table_artifact(
-            art, schema, head, f"upload {filename!r}", count_tokens,
-            s.max_tokens, s.preview_rows, s.preview_cell_chars, s.max_columns)
-        if not cap.can_offload:
-            text += (f"\nNOTE: the python tool is not available ({cap.reason}), so the full file cannot be "
-                     "read in this chat; only the preview above is visible. Say so if asked for statistics.")
-    return text

@@ -17,21 +17,15 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, delete, get, post, put
-from litestar.exceptions import ClientException, HTTPException, NotFoundException, PermissionDeniedException
+from litestar.exceptions import HTTPException, PermissionDeniedException
 from litestar.params import FromPath, FromQuery, JSONBody
 
+from datadesk.api.access import member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
 from datadesk.domain.ids import check_id
 from datadesk.domain.users import User
 from datadesk.memory.model import STATUSES, Fact
-from datadesk.memory.store import (
-    DuplicateFact,
-    FactNotFound,
-    FactStateError,
-    MemoryInputError,
-    MemoryStore,
-    memory_access,
-)
+from datadesk.memory.store import MemoryStore, memory_access
 
 
 class NewFact(msgspec.Struct, forbid_unknown_fields=True):
@@ -64,10 +58,7 @@ def _store(rt: RuntimeDep) -> MemoryStore:
 
 def _workspace(rt: RuntimeDep, user: User, workspace: str | None) -> str:
     """The workspace of the request, checked: member (else 404), flag and permission (else 403)."""
-    ws = workspace or user.workspaces[0]
-    check_id(ws, "workspace")
-    if ws not in user.workspaces:
-        raise NotFoundException(f"workspace {ws!r} not found")
+    ws = member_workspace(user, workspace)
     cfg, _ = rt.workspace(ws)
     ok, why = memory_access(cfg.memory, user.permissions, ws)
     if not ok:
@@ -77,20 +68,6 @@ def _workspace(rt: RuntimeDep, user: User, workspace: str | None) -> str:
 
 def _fact_out(fact: Fact) -> dict[str, Any]:
     return msgspec.to_builtins(fact)
-
-
-def _call(fn, *args: Any) -> Any:
-    """Run a store operation; its errors become 400 / 404 / 409 with the store's message."""
-    try:
-        return fn(*args)
-    except FactNotFound as exc:
-        raise NotFoundException(str(exc)) from None
-    except DuplicateFact as exc:
-        raise HTTPException(status_code=409, detail=str(exc), extra={"fact": exc.fact_id}) from None
-    except FactStateError as exc:
-        raise HTTPException(status_code=409, detail=str(exc)) from None
-    except MemoryInputError as exc:
-        raise ClientException(str(exc)) from None
 
 
 class MemoryController(Controller):
@@ -116,9 +93,9 @@ class MemoryController(Controller):
         """Add from the panel: any kind, active at once unless it contradicts an active fact."""
         ws = _workspace(rt, user, workspace)
         store = _store(rt)
-        fact = _call(lambda: store.remember(ws, user.id, data.text, kind=data.kind, importance=data.importance,
-                                            scope=data.scope, source="panel", replaces=data.replaces,
-                                            user_asked=True, expires_at=data.expires_at))
+        fact = store.remember(ws, user.id, data.text, kind=data.kind, importance=data.importance,
+                              scope=data.scope, source="panel", replaces=data.replaces,
+                              user_asked=True, expires_at=data.expires_at)
         return _fact_out(fact)
 
     @put("/settings", status_code=200)
@@ -132,19 +109,19 @@ class MemoryController(Controller):
     async def confirm_fact(self, fid: FromPath[str], user: CurrentUser, rt: RuntimeDep,
                            workspace: FromQuery[str | None] = None) -> dict[str, Any]:
         ws = _workspace(rt, user, workspace)
-        return _fact_out(_call(_store(rt).confirm, ws, user.id, check_id(fid, "fact")))
+        return _fact_out(_store(rt).confirm(ws, user.id, check_id(fid, "fact")))
 
     @post("/{fid:str}/resolve", status_code=200)
     async def resolve_fact(self, fid: FromPath[str], data: JSONBody[Resolution], user: CurrentUser,
                            rt: RuntimeDep, workspace: FromQuery[str | None] = None) -> dict[str, Any]:
         ws = _workspace(rt, user, workspace)
-        return _fact_out(_call(_store(rt).resolve, ws, user.id, check_id(fid, "fact"), data.keep))
+        return _fact_out(_store(rt).resolve(ws, user.id, check_id(fid, "fact"), data.keep))
 
     @post("/{fid:str}/edit", status_code=200)
     async def edit_fact(self, fid: FromPath[str], data: JSONBody[FactEdit], user: CurrentUser,
                         rt: RuntimeDep, workspace: FromQuery[str | None] = None) -> dict[str, Any]:
         ws = _workspace(rt, user, workspace)
-        return _fact_out(_call(_store(rt).edit, ws, user.id, check_id(fid, "fact"), data.text))
+        return _fact_out(_store(rt).edit(ws, user.id, check_id(fid, "fact"), data.text))
 
     @delete("/{fid:str}", status_code=200)
     async def delete_fact(self, fid: FromPath[str], user: CurrentUser, rt: RuntimeDep,
@@ -152,7 +129,7 @@ class MemoryController(Controller):
         """Hard delete of one fact (and its history), redacting it from summaries."""
         ws = _workspace(rt, user, workspace)
         store = _store(rt)
-        removed = await asyncio.to_thread(_call, store.delete, ws, user.id, check_id(fid, "fact"))
+        removed = await asyncio.to_thread(store.delete, ws, user.id, check_id(fid, "fact"))
         return {"workspace": ws, "deleted": removed}
 
     @delete("/", status_code=200)

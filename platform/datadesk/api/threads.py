@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import time
 from typing import Annotated, Any, AsyncIterator
@@ -12,27 +11,22 @@ from typing import Annotated, Any, AsyncIterator
 import msgspec
 from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar import Controller, Request, delete, get, patch, post
-from litestar.exceptions import ClientException, HTTPException, NotFoundException
+from litestar.exceptions import ClientException, NotFoundException
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
+from datadesk.api.access import find_thread, member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import markdown_html, tool_html
 from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut, ThreadPatch
 from datadesk.chat.loop import start_turn
-from datadesk.chat.runtime import Runtime
 from datadesk.chat.turns import RunningTurn
-from datadesk.domain.ids import check_id
 from datadesk.domain.records import ThreadMeta
-from datadesk.domain.users import User
 from datadesk.context.manifest import last_manifest
-from datadesk.llm.tokens import count_tokens
-from datadesk.store.threads import ThreadHandle
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a pasted table may be large: it becomes an artifact
-MAX_MESSAGE_CHARS = MAX_MESSAGE_BYTES
 MAX_TITLE_CHARS = 200
 HTML_EVERY_S = 0.25  # while an answer streams, its rendered Markdown is refreshed this often
 
@@ -47,51 +41,9 @@ def record_view(rec: Any) -> dict[str, Any]:
     return out
 
 
-async def oversized_message(rt: Runtime, user: User, handle: ThreadHandle, text: str) -> str:
-    """A message too large for the model: a pasted table (CSV/TSV/JSON) becomes an artifact and the
-    model gets its preview; other text is refused with a clear message (HTTP 413)."""
-    from datadesk.offload.tabular import TabularParseError, detect_text
-
-    limit = rt.settings.context.max_message_tokens
-    if len(text) <= MAX_MESSAGE_CHARS and detect_text(text) in ("csv", "tsv", "json"):
-        import asyncio
-        import tempfile
-        from pathlib import Path
-
-        from datadesk.api.artifacts import upload_note
-        from datadesk.domain.artifacts import ArtifactOrigin
-        from datadesk.offload.store import artifacts_dir
-        from datadesk.offload.uploads import UploadError, ingest_upload
-
-        adir = artifacts_dir(handle.dir)
-        adir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".paste-", suffix=".tmp", dir=adir)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        origin = ArtifactOrigin(source="upload", user=user.id, thread=handle.id,
-                                workspace=handle.meta.workspace, filename="pasted-table")
-        try:
-            art, head, schema = await asyncio.to_thread(ingest_upload, rt.offload, handle.dir, Path(tmp),
-                                                        "pasted-table", origin)
-        except (UploadError, TabularParseError):
-            pass
-        else:
-            rt.quota.after_create(handle.meta.workspace, user.id, handle.dir, art)
-            return ("[The user pasted a table too large to show here; it was saved as a file.]\n"
-                    + upload_note(rt, user, handle, art, head, schema, "pasted-table"))
-    raise HTTPException(status_code=413, detail=(
-        f"the message is too long for the model (about {count_tokens(text[:400_000]):,}+ tokens; limit "
-        f"{limit:,}). Upload large data as a file instead, or shorten the message."))
-
-
 def thread_out(rt: RuntimeDep, meta: ThreadMeta) -> ThreadOut:
     return ThreadOut(id=meta.id, workspace=meta.workspace, title=meta.title, created=meta.created,
                      updated=meta.updated, running=rt.turns.running(meta.id))
-
-
-def find_thread(rt: RuntimeDep, user: CurrentUser, tid: str) -> ThreadHandle:
-    check_id(tid, "thread")
-    return rt.threads.get(tid, user.id, user.workspaces)
 
 
 class ThreadController(Controller):
@@ -99,11 +51,7 @@ class ThreadController(Controller):
 
     @post("/", status_code=201)
     async def create_thread(self, data: JSONBody[NewThread], user: CurrentUser, rt: RuntimeDep) -> ThreadOut:
-        ws = data.workspace or user.workspaces[0]
-        check_id(ws, "workspace")
-        if ws not in user.workspaces:
-            # not a member: same answer as a workspace that does not exist
-            raise NotFoundException(f"workspace {ws!r} not found")
+        ws = member_workspace(user, data.workspace)
         project = data.project.strip() if data.project else None
         if project is not None and not re.fullmatch(r"[A-Za-z0-9 _.-]{1,64}", project):
             raise ClientException("project must be 1-64 letters, digits, spaces, '_', '.' or '-'")
@@ -166,7 +114,7 @@ class ThreadController(Controller):
     async def get_context(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
         """The manifest of the thread's latest model request (what went into the model)."""
         handle = find_thread(rt, user, tid)
-        manifest = last_manifest(handle.dir / "context.jsonl")
+        manifest = last_manifest(handle)
         if manifest is None:
             raise NotFoundException(f"thread {tid} has no model request yet")
         out = msgspec.to_builtins(manifest)
@@ -197,11 +145,8 @@ class ThreadController(Controller):
         text = data.content.strip()
         if not text:
             raise ClientException("message content is empty")
-        max_tokens = rt.settings.context.max_message_tokens
-        # tokens are >= 1 per 8 chars in practice: count only when it can matter
-        if len(text) > 8 * max_tokens or (len(text) > max_tokens and count_tokens(text) > max_tokens):
-            # never sent raw: a pasted table becomes an upload artifact, anything else is refused
-            text = await oversized_message(rt, user, handle, text)
+        # too long for the model: never sent raw (a pasted table becomes an artifact, else a 413)
+        text = await rt.attachments.message_text(handle, user, text)
         background = rt.settings.chat.finish_in_background if data.background is None else data.background
         turn = await start_turn(rt, handle, user, text, background)
         return ServerSentEvent(_stream(turn), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

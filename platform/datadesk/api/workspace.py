@@ -7,11 +7,11 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, get
-from litestar.exceptions import NotFoundException, PermissionDeniedException
+from litestar.exceptions import PermissionDeniedException
 from litestar.params import FromQuery
 
+from datadesk.api.access import member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
-from datadesk.domain.ids import check_id
 from datadesk.store.warehouse import SQLError
 
 
@@ -23,10 +23,7 @@ class WorkspaceController(Controller):
                         workspace: FromQuery[str | None] = None) -> dict[str, Any]:
         if not user.can("admin"):
             raise PermissionDeniedException("the workspace view is for admins")
-        ws = workspace or user.workspaces[0]
-        check_id(ws, "workspace")
-        if ws not in user.workspaces:
-            raise NotFoundException(f"workspace {ws!r} not found")
+        ws = member_workspace(user, workspace)
         cfg, wh = rt.workspace(ws)
         try:
             tables = [msgspec.to_builtins(t) for t in wh.describe()]

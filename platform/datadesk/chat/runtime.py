@@ -10,6 +10,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from datadesk.chat.attachments import Attachments
+from datadesk.chat.requery import UserRequery
 from datadesk.chat.turns import TurnRegistry
 from datadesk.llm.base import ChatModel
 from datadesk.settings import Settings
@@ -132,6 +134,11 @@ class Runtime:
         self.offload = OffloadPipeline(settings.offload, self.artifacts, count_tokens,
                                        on_created=self.quota.after_create)
         self.requery = RequeryService(self.offload, self.tools, self.artifacts)
+        # what the analyst does outside a turn (api/ only parses and shapes): uploads, pastes, re-query
+        self.attachments = Attachments(
+            self.offload, self.quota, self.turns, settings.offload, settings.context.max_message_tokens,
+            lambda user, ws: self.offload_capability(user, ws, self.permitted_tools(user, ws)))
+        self.user_requery = UserRequery(self.requery, self.turns, self.layout)
         register_sql_tool(self.tools, self.warehouse_for, settings.sql, settings.offload.threshold_chars,
                           settings.offload.stream_timeout_s)
         register_artifact_tools(self.tools, self.requery)

@@ -1,0 +1,95 @@
+"""Errors as HTTP answers: one table from domain exception to status, and the handlers that
+`api/app.py` registers with Litestar, so an error means the same status on every endpoint.
+
+Every error body has one shape: `{"status_code", "error", "detail"}` (`error` and `detail` both
+carry the message), plus `extra` when the error has more to say (the fact a duplicate repeats).
+Controllers raise the domain's own exceptions (or Litestar's HTTP ones for HTTP-only problems);
+anything not in the table is logged and answered as a 500 naming only its type.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+from datadesk.chat.attachments import MessageTooLong
+from datadesk.chat.turns import TooManyTurns, TurnConflict
+from datadesk.domain.ids import InvalidId
+from datadesk.memory.store import DuplicateFact, FactNotFound, FactStateError, MemoryInputError
+from datadesk.offload.store import ArtifactNotFound
+from datadesk.offload.uploads import UploadError
+from datadesk.store.threads import ThreadNotFound
+from datadesk.store.users import UserError
+from datadesk.store.workspaces import WorkspaceConfigError
+from datadesk.tools.registry import ToolError
+
+log = logging.getLogger(__name__)
+
+# The most specific class of an exception decides (DuplicateFact is a MemoryInputError, but 409).
+ERROR_STATUS: dict[type[Exception], int] = {
+    InvalidId: 400,
+    UserError: 400,
+    MemoryInputError: 400,
+    UploadError: 400,
+    ToolError: 400,  # a re-query the UI asked for that cannot run: the reason, as the model would read it
+    ThreadNotFound: 404,
+    ArtifactNotFound: 404,
+    FactNotFound: 404,
+    DuplicateFact: 409,
+    FactStateError: 409,
+    TurnConflict: 409,
+    MessageTooLong: 413,
+    TooManyTurns: 429,
+    WorkspaceConfigError: 500,
+}
+
+# What an error adds to its body beside the message.
+ERROR_EXTRA: dict[type[Exception], Callable[[Any], Any]] = {
+    DuplicateFact: lambda exc: {"fact": exc.fact_id},
+}
+
+
+def error_status(exc: Exception) -> int:
+    """The HTTP status of a domain exception (500 when the table does not name it)."""
+    for cls in type(exc).__mro__:
+        if cls in ERROR_STATUS:
+            return ERROR_STATUS[cls]
+    return 500
+
+
+def error_body(status: int, message: str, extra: Any = None) -> dict[str, Any]:
+    """The one shape of every error answer."""
+    body: dict[str, Any] = {"status_code": status, "error": message, "detail": message}
+    if extra:
+        body["extra"] = extra
+    return body
+
+
+def domain_error(request: Request, exc: Exception) -> Response[dict[str, Any]]:
+    """A domain exception from the table, answered with its status and its own message."""
+    status = error_status(exc)
+    extra = next((make(exc) for cls, make in ERROR_EXTRA.items() if isinstance(exc, cls)), None)
+    return Response(error_body(status, str(exc), extra), status_code=status)
+
+
+def http_error(request: Request, exc: HTTPException) -> Response[dict[str, Any]]:
+    """Litestar's own HTTP exceptions (401, 403, 404, 410, ...), in the same body shape."""
+    return Response(error_body(exc.status_code, exc.detail, exc.extra), status_code=exc.status_code,
+                    headers=exc.headers)
+
+
+def internal_error(request: Request, exc: Exception) -> Response[dict[str, Any]]:
+    """Anything else: logged with its traceback; the answer names only the exception type."""
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return Response(error_body(500, f"internal error ({type(exc).__name__})"), status_code=500)
+
+
+def exception_handlers() -> dict[Any, Any]:
+    """The handlers to register on the app: each table entry, HTTP exceptions, and the rest."""
+    handlers: dict[Any, Any] = {t: domain_error for t in ERROR_STATUS}
+    handlers[HTTPException] = http_error
+    handlers[500] = internal_error
+    return handlers

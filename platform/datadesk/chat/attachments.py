@@ -1,0 +1,132 @@
+"""What the analyst brings into a thread besides words: uploaded files, and tables pasted into a
+message too large to send as text. Both become artifacts (DESIGN section 6: "uploads become
+artifacts the same way"), and the model reads them in the same preview form as an offloaded
+result. An upload is recorded in the log as a user record; a pasted table replaces the message
+text the turn sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import pyarrow as pa
+
+from datadesk.chat.turns import TurnRegistry
+from datadesk.domain.artifacts import Artifact, ArtifactOrigin
+from datadesk.domain.records import Record
+from datadesk.domain.users import User
+from datadesk.llm.tokens import count_tokens
+from datadesk.offload import preview
+from datadesk.offload.pipeline import OffloadCapability, OffloadPipeline
+from datadesk.offload.quota import ArtifactQuota
+from datadesk.offload.tabular import TabularParseError, detect_text
+from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload
+from datadesk.settings import OffloadSettings
+from datadesk.store.threads import Thread
+
+MAX_PASTE_CHARS = 4 * 1024 * 1024  # a longer message is never taken for a pasted table
+PASTE_NAME = "pasted-table"
+
+# Writes the file's bytes to the open descriptor (closing it) and returns the file's name.
+Receive = Callable[[int], Awaitable[str]]
+
+
+class MessageTooLong(ValueError):
+    """A message too large for the model that is not a table it could read as a file."""
+
+
+def staging_file(thread: Thread, prefix: str) -> tuple[int, str]:
+    """A temp file in the thread's artifacts folder, so the finished artifact is a rename away."""
+    thread.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=thread.artifacts_dir)
+
+
+class Attachments:
+    """Turns uploads and pasted tables into artifacts and tells the model about them.
+
+    `capability(user, workspace)` says whether that user's model can read artifact files in that
+    workspace (the python tool, a healthy sandbox); when it cannot, the note says so.
+    """
+
+    def __init__(self, offload: OffloadPipeline, quota: ArtifactQuota, turns: TurnRegistry,
+                 settings: OffloadSettings, max_message_tokens: int,
+                 capability: Callable[[User, str], OffloadCapability]) -> None:
+        self.offload = offload
+        self.quota = quota
+        self.turns = turns
+        self.settings = settings
+        self.max_message_tokens = max_message_tokens
+        self.capability = capability
+
+    async def upload(self, thread: Thread, user: User, receive: Receive) -> Artifact:
+        """Receive one file into the thread (409 while a turn runs on it), make it an artifact
+        within the quotas, and record it for the model. UploadError names what is wrong with it."""
+        turn = self.turns.reserve(thread.id, user.id)
+        tmp_path: str | None = None
+        try:
+            fd, tmp_path = staging_file(thread, ".upload-")
+            filename = await receive(fd)
+            art, head, schema = await self._ingest(thread, user, Path(tmp_path), filename)
+            tmp_path = None  # consumed by the ingest
+            text = self.note(user, thread, art, head, schema, filename)
+            thread.append(lambda seq: Record(
+                seq=seq, role="user", ts=time.time(), turn_id=turn.turn_id, content=text,
+                meta={"kind": "upload", "artifact": art.id, "filename": filename, "image": art.format in IMAGES},
+            ), thread.epoch)
+            return art
+        finally:
+            self.turns.release(turn)
+            if tmp_path and os.path.exists(tmp_path):
+                os.unlink(tmp_path)
+
+    async def message_text(self, thread: Thread, user: User, text: str) -> str:
+        """The message as the model will read it: as typed when it fits; a pasted table too large
+        for the model (CSV/TSV/JSON) becomes an artifact and the model gets its preview; any other
+        text too large is refused (MessageTooLong, naming the limit)."""
+        limit = self.max_message_tokens
+        # tokens are >= 1 per 8 chars in practice: count only when it can matter
+        if len(text) <= 8 * limit and (len(text) <= limit or count_tokens(text) <= limit):
+            return text
+        if len(text) <= MAX_PASTE_CHARS and detect_text(text) in ("csv", "tsv", "json"):
+            fd, tmp = staging_file(thread, ".paste-")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            try:
+                art, head, schema = await self._ingest(thread, user, Path(tmp), PASTE_NAME)
+            except (UploadError, TabularParseError):
+                pass  # not a table after all: refused below like any long text
+            else:
+                return ("[The user pasted a table too large to show here; it was saved as a file.]\n"
+                        + self.note(user, thread, art, head, schema, PASTE_NAME))
+        raise MessageTooLong(
+            f"the message is too long for the model (about {count_tokens(text[:400_000]):,}+ tokens; limit "
+            f"{limit:,}). Upload large data as a file instead, or shorten the message.")
+
+    async def _ingest(self, thread: Thread, user: User, tmp: Path,
+                      filename: str) -> tuple[Artifact, pa.Table | None, pa.Schema | None]:
+        """The file at `tmp` (consumed) as an artifact of the thread, older cache data making room."""
+        origin = ArtifactOrigin(source="upload", user=user.id, thread=thread.id, workspace=thread.workspace,
+                                filename=filename)
+        art, head, schema = await asyncio.to_thread(ingest_upload, self.offload, thread.dir, tmp, filename, origin)
+        self.quota.after_create(thread.workspace, user.id, thread.dir, art)
+        return art, head, schema
+
+    def note(self, user: User, thread: Thread, art: Artifact, head: pa.Table | None,
+             schema: pa.Schema | None, filename: str) -> str:
+        """The upload in the same preview form as an offloaded result (what the model reads)."""
+        s = self.settings
+        cap = self.capability(user, thread.workspace)
+        if art.format in IMAGES:
+            return f"[The user uploaded an image: {filename} (artifact {art.id}, {preview.human_bytes(art.bytes)})]"
+        text = f"[The user uploaded a file: {filename}]\n" + preview.render_table_artifact(
+            art, schema, head, f"upload {filename!r}", count_tokens,
+            s.max_tokens, s.preview_rows, s.preview_cell_chars, s.max_columns)
+        if not cap.can_offload:
+            text += (f"\nNOTE: the python tool is not available ({cap.reason}), so the full file cannot be "
+                     "read in this chat; only the preview above is visible. Say so if asked for statistics.")
+        return text
