@@ -708,6 +708,13 @@ def test_fenced_json_is_accepted(store: MemoryStore) -> None:
     assert [f.text for f in res.added] == ["Reports in English"]
 
 
+def test_json_in_prose_is_accepted(store: MemoryStore) -> None:  # the summarizer's rule too
+    reply = "Here are the facts:\n" + _facts_json("Reports in English") + "\nThat is all."
+    res = asyncio.run(MemoryExtractor(store, ScriptedModel([reply])).extract(
+        WS, UID, _records(("user", "Reports in English please"))))
+    assert [f.text for f in res.added] == ["Reports in English"]
+
+
 def test_model_failure_gives_no_candidates(store: MemoryStore) -> None:
     from datadesk.llm.base import ModelUnavailable
 

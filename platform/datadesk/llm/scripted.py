@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, Union
 
 from datadesk.domain.records import ToolCall, Usage
 from datadesk.llm.base import ModelDelta, ModelEvent, ModelReply
+from datadesk.llm.reply_json import extract_json
 from datadesk.llm.tokens import count_messages, count_tokens
 
 FINISHED_TEXT = "(script finished)"
@@ -204,14 +205,14 @@ def _pick_query(question: str) -> tuple[str, str]:
 
 
 def parse_tool_result(content: str) -> dict[str, Any] | None:
-    """The `{"columns", "rows"}` object at the start of a tool result, or None.
+    """The `{"columns", "rows"}` object of a tool result, or None.
 
-    The JSON may be followed by a notice line (e.g. "rows truncated"), so
-    only the first JSON value is decoded.
+    The JSON may be followed by a notice line (e.g. "rows truncated"): only
+    the first JSON object is decoded (`llm.reply_json`).
     """
     try:
-        value, _ = json.JSONDecoder().raw_decode(content.lstrip())
-    except (ValueError, AttributeError):
+        value = json.loads(extract_json(content))
+    except (ValueError, TypeError):
         return None
     if isinstance(value, dict) and isinstance(value.get("columns"), list) and isinstance(value.get("rows"), list):
         return value

@@ -37,6 +37,7 @@ import msgspec
 
 from datadesk.domain.records import Record
 from datadesk.llm.base import ChatModel, ModelReply
+from datadesk.llm.reply_json import extract_json
 from datadesk.memory.model import KINDS, Fact, Provenance
 from datadesk.memory.secrets import PLACEHOLDER, contains_secret, redact_secrets
 from datadesk.memory.store import FactNotFound, MemoryInputError, MemoryStore
@@ -107,12 +108,8 @@ def user_texts(messages: Iterable[Record | dict[str, Any]]) -> list[tuple[int | 
 
 def parse_output(content: str) -> list[_ExtractedFact]:
     """The facts of the model's answer; raises ValueError when it is not the expected JSON."""
-    text = content.strip()
-    fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, flags=re.S)
-    if fence:
-        text = fence.group(1)
     try:
-        return msgspec.json.decode(text.encode("utf-8"), type=_ExtractionOutput).facts
+        return msgspec.json.decode(extract_json(content).encode("utf-8"), type=_ExtractionOutput).facts
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ValueError(f"not {{'facts': [...]}} JSON: {str(exc)[:120]}") from None
 

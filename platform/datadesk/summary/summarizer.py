@@ -3,7 +3,7 @@
 It never reads the log itself: the caller passes only the records that newly
 left the window (incremental), and the previous summary. The model is asked
 for exactly the `SummaryFields` keys as JSON; the output is validated
-strictly (a ```json fence or a prose wrapper is tolerated).
+strictly (a ```json fence or a prose wrapper is tolerated: `llm.reply_json`).
 
 One retry at most, naming every problem of the first answer at once:
 - invalid output (not JSON, unknown or missing fields, non-string items);
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -31,6 +30,7 @@ import msgspec
 
 from datadesk.domain.records import Record, ToolCall, arguments_text
 from datadesk.llm.base import ChatModel, ModelError, ModelReply
+from datadesk.llm.reply_json import extract_json
 from datadesk.llm.tokens import count_tokens as default_count_tokens
 from datadesk.settings import SummarySettings
 from datadesk.summary.model import (
@@ -80,9 +80,6 @@ artifact ids, table and file names and queries exactly.
 - Be brief: short items, no duplicates. The rendered summary must stay under {max_tokens} \
 tokens; drop what no longer matters, but never an active constraint.
 - Reply with the JSON object only."""
-
-_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 
 _fields_decoder = msgspec.json.Decoder(SummaryFields)
 _encoder = msgspec.json.Encoder()
@@ -180,20 +177,6 @@ def build_request(previous: ThreadSummary | None, records: Sequence[Record], foc
 
 
 # -- parsing and checks ----------------------------------------------------------------
-
-
-def extract_json(text: str) -> str:
-    """The JSON object in a reply: the whole text, a ```json fence, or the outermost {...}."""
-    text = _THINK.sub("", text).strip()
-    if text.startswith("{"):
-        return text
-    fence = _FENCE.search(text)
-    if fence:
-        return fence.group(1).strip()
-    start, end = text.find("{"), text.rfind("}")
-    if start >= 0 and end > start:
-        return text[start : end + 1]
-    raise ValueError("no JSON object in the reply")
 
 
 def parse_fields(text: str) -> SummaryFields:
