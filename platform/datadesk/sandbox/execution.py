@@ -6,7 +6,7 @@ Transport-independent: the ZMQ `messaging.KernelChannel` and the websocket
 - `ExecutionCollector`: turns one request's iopub messages and shell reply into
   an `ExecutionResult` (stream output capped head + tail by `_OutputCapper`,
   the full text in a file; PNG images once each; errors trimmed).
-- `Execution`: the wait for it (deadline, interrupt, grace, death);
+- `PendingExecution`: the wait for it (deadline, interrupt, grace, death);
   `ExecutionChannel`: what a channel keeps to run code (caps, liveness, grace).
 - `strip_ansi`, `trim_traceback`: make error output fit for the model.
 """
@@ -356,13 +356,13 @@ OnTimeout = Callable[[], Awaitable[None]]
 
 # What a transport's `receive` answers besides an iopub message of the execution.
 QUIET = "quiet"  # nothing came within the poll
-NEWS = "news"  # a message of the execution that is no output (its shell reply: see `Execution.got_reply`)
+NEWS = "news"  # a message of the execution that is no output (its shell reply: `PendingExecution.got_reply`)
 SKIP = "skip"  # a message of something else
 END = "end"  # the transport ended the wait itself (it set `died`, `settled` or the collector's error)
 Received = dict | str
 
 
-class Execution:
+class PendingExecution:
     """The wait for one execute request, whatever carries its messages (ZMQ or a websocket).
 
     `wait` drives the deadline: on timeout it awaits `on_timeout()` (an
@@ -431,7 +431,8 @@ class Execution:
 
 class ExecutionChannel:
     """What a channel to one kernel (ZMQ or websocket) keeps to run code: where cut output goes,
-    the caps, the liveness check, the interrupt grace; `settled` as `Execution.settled` of the last run."""
+    the caps, the liveness check, the interrupt grace; `settled` as `PendingExecution.settled` of
+    the last run."""
 
     def __init__(self, run_dir: Path, is_alive: IsAlive, *, head_chars: int = HEAD_CHARS,
                  tail_chars: int = TAIL_CHARS, file_cap_bytes: int = FILE_CAP_BYTES,
@@ -444,8 +445,8 @@ class ExecutionChannel:
         self.interrupt_grace_s = interrupt_grace_s
         self.settled = True
 
-    def _execution(self, timeout_s: float) -> Execution:
+    def _execution(self, timeout_s: float) -> PendingExecution:
         self.settled = False
         collected = ExecutionCollector(self.run_dir, self.head_chars, self.tail_chars, self.file_cap_bytes)
-        return Execution(collected, timeout_s, self.interrupt_grace_s)
+        return PendingExecution(collected, timeout_s, self.interrupt_grace_s)
 

@@ -3,10 +3,9 @@
 `GatewayChannel` is the gateway backend's counterpart of
 `messaging.KernelChannel` (ZMQ): connect (kernel_info), run one execute
 request with the same `execution.ExecutionCollector` (output caps, images,
-trimmed tracebacks) and `execution.Execution` (timeout with interrupt, death
-detection); the
-gateway's own status news (the kernel restarted because it died) is watched
-by a reader task.
+trimmed tracebacks) and `execution.PendingExecution` (timeout with interrupt,
+death detection); the gateway's own status news (the kernel restarted
+because it died) is watched by a reader task.
 The websocket client's debug log prints handshake headers (the token): it
 gets a logger that never logs at DEBUG.
 """
@@ -52,7 +51,7 @@ class GatewayChannel(ExecutionChannel):
     a `restarting` or `dead` status that we did not ask for means the kernel
     process died (the gateway may have started a new one: its variables are
     gone), recorded in `lost`. `run` is `messaging.KernelChannel.run` over
-    the websocket: the same `Execution` wait and `ExecutionCollector`.
+    the websocket: the same `PendingExecution` wait and `ExecutionCollector`.
     """
 
     def __init__(self, url: str, headers: dict[str, str], run_dir: Path, is_alive: IsAlive, *,

@@ -167,13 +167,6 @@ def owner_alive(home: Path, owner: str | None, stale_s: float, now: float | None
     return True  # another host: the fresh heartbeat is all we can know
 
 
-def live_workers(home: Path, stale_s: float) -> list[str]:
-    """Ids of the workers whose heartbeat says they run."""
-    d = workers_dir(home)
-    ids = [p.stem for p in d.glob("*.json")] if d.is_dir() else []
-    return [w for w in ids if owner_alive(home, w, stale_s)]
-
-
 def remove_dead_heartbeats(home: Path, stale_s: float) -> list[str]:
     """Delete heartbeat files of workers that are gone; returns their ids."""
     d = workers_dir(home)
