@@ -301,7 +301,7 @@ class Bench:
             for _ in range(5):  # start the kernel and warm every layer
                 res = await self.py(rt, c, "1+1")
                 assert not res.is_error, res.content
-            backend = rt.kernels.sessions[key].backend
+            backend = rt.kernels.sessions[key].kernel
 
             def ok_backend(r: Any) -> None:
                 assert r.status == "ok" and r.result == "2", r
@@ -388,7 +388,7 @@ class Bench:
                 key = (KEY_WS, KEY_USER, c.thread)
                 ms, p = await self.timed(lambda: self.py(rt, c, "1+1"), check_two)
                 times.append(ms); profs.append(p)
-                backend = reg.sessions[key].backend
+                backend = reg.sessions[key].kernel
                 await asyncio.sleep(0.5)
                 m0 = await asyncio.to_thread(self.kernel_memory, backend)
                 res = await self.py(rt, c, "import pandas, duckdb\nimport gc; gc.collect(); None")

@@ -73,10 +73,10 @@ def test_exec_path_and_proc_path_agree(home: Path) -> None:
     async def body():
         await py(rt, c, "import os\nos.makedirs('/outputs/x', exist_ok=True)\n"
                         "open('/outputs/x/r.txt', 'w').write('r' * 1000)\nos.symlink('x', '/outputs/l')")
-        backend = rt.kernels.sessions[("demo", "alice", "t1")].backend
-        assert backend.outputs_root() is not None  # the app runs on the engine's host here
-        via_proc = await backend.read_outputs({}, 1 << 20)
-        via_exec = await __import__("asyncio").to_thread(backend._read_outputs_exec, {}, 1 << 20)
+        kernel = rt.kernels.sessions[("demo", "alice", "t1")].kernel
+        assert kernel.outputs_root() is not None  # the app runs on the engine's host here
+        via_proc = await kernel.read_outputs({}, 1 << 20)
+        via_exec = await __import__("asyncio").to_thread(kernel._read_outputs_exec, {}, 1 << 20)
         return via_proc, via_exec
 
     (proc_files, proc_problems), (exec_files, exec_problems) = run_with(rt, body)

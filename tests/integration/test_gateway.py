@@ -177,7 +177,7 @@ def test_restart_gives_a_fresh_interpreter(gateway: Gateway, home: Path) -> None
 
     async def body():
         await py(rt, c, "x = 1")
-        backend = rt.kernels.sessions[KEY].backend
+        backend = rt.kernels.sessions[KEY].kernel
         before = backend.remote_id
         await backend.restart()
         after = await py(rt, c, "print('x' in globals())\nopen('after.txt', 'w').write('cwd = outputs')")
@@ -211,7 +211,7 @@ def test_reaper_reclaims_and_the_gateway_no_longer_lists_the_kernel(gateway: Gat
 
     async def body():
         await py(rt, c, "y = 5")
-        remote = rt.kernels.sessions[KEY].backend.remote_id
+        remote = rt.kernels.sessions[KEY].kernel.remote_id
         listed = remote in await asyncio.to_thread(gateway.kernels)
         for _ in range(100):  # the real reaper task runs every 0.2 s
             still = remote in await asyncio.to_thread(gateway.kernels)
@@ -232,7 +232,7 @@ WORKER = """
 import asyncio, json, sys
 from pathlib import Path
 import msgspec
-from datadesk.chat.runtime import build_kernel_registry
+from datadesk.sandbox.backends import build_kernel_registry
 from datadesk.settings import Settings
 from datadesk.store.layout import Layout
 
@@ -241,7 +241,8 @@ async def main():
     reg = build_kernel_registry(settings, Layout(settings.home))
     await reg.start()
     ex = await reg.execute(("demo", "u", "t1"), "x = 41", 30)
-    print(json.dumps({"status": ex.result.status, "remote": ex.session.backend.remote_id}), flush=True)
+    print(json.dumps({"status": ex.result.status, "remote": reg.sessions[("demo", "u", "t1")].kernel.remote_id}),
+          flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # until told to stop
     await reg.stop()
     print(json.dumps({"stopped": True}), flush=True)
@@ -251,7 +252,7 @@ asyncio.run(main())
 
 
 def test_another_worker_attaches_to_the_gateway_kernel_its_owner_stops_it(gateway: Gateway, home: Path) -> None:
-    from datadesk.chat.runtime import build_kernel_registry
+    from datadesk.sandbox.backends import build_kernel_registry
     from datadesk.store.layout import Layout
 
     settings = msgspec.convert({"home": str(home), "sandbox": gateway_settings(
@@ -273,7 +274,8 @@ def test_another_worker_attaches_to_the_gateway_kernel_its_owner_stops_it(gatewa
             await reg.start()
             try:
                 ex = await reg.execute(("demo", "u", "t1"), "x + 1", 30)
-                return ex.result.result, ex.notices, ex.session.backend.attached, ex.session.backend.remote_id
+                kernel = reg.sessions[("demo", "u", "t1")].kernel  # the kernel that ran it
+                return ex.result.result, ex.notices, kernel.attached, kernel.remote_id
             finally:
                 await reg.stop()  # lets go of the other worker's kernel, never stops it
 

@@ -130,11 +130,11 @@ def test_kernel_killed_from_inside_or_outside_restarts_with_notice(home: Path, b
         fresh = await py(rt, c, "print('x' in globals())")
         session = rt.kernels.sessions[("demo", "alice", "t1")]
         if backend == "docker":
-            await asyncio.to_thread(session.backend._container.kill)
+            await asyncio.to_thread(session.kernel._container.kill)
         else:
             import os as _os
             import signal as _sig
-            _os.killpg(session.backend.pid, _sig.SIGKILL)
+            _os.killpg(session.kernel.pid, _sig.SIGKILL)
         await asyncio.sleep(1.5)
         after_outside = await py(rt, c, "1")
         return died, fresh, after_outside

@@ -19,12 +19,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from datadesk.chat.runtime import build_kernel_registry
+from datadesk.sandbox.backends import build_kernel_registry
 from datadesk.sandbox.kerneltable import KernelRecord, KernelTable
 from datadesk.sandbox.ownership import (
     Heartbeat, owner_alive, pid_alive, proc_start, this_worker, try_lock, workers_dir,
 )
-from datadesk.sandbox.registry import SeenOutputs
+from datadesk.sandbox.sessions import SeenOutputs
 from datadesk.settings import Settings
 from datadesk.store.layout import Layout
 
@@ -113,7 +113,7 @@ WORKER = """
     import asyncio, json, sys
     from pathlib import Path
     import msgspec
-    from datadesk.chat.runtime import build_kernel_registry
+    from datadesk.sandbox.backends import build_kernel_registry
     from datadesk.settings import Settings
     from datadesk.store.layout import Layout
 
@@ -127,9 +127,12 @@ WORKER = """
 
         async def run(cmd):
             try:
-                ex = await reg.execute(("demo", cmd.get("user", "u"), cmd["tid"]), cmd["code"], 30)
+                key = ("demo", cmd.get("user", "u"), cmd["tid"])
+                ex = await reg.execute(key, cmd["code"], 30)
+                session = reg.sessions.get(key)  # the kernel that ran it (none after it died)
                 out = {"status": ex.result.status, "result": ex.result.result, "notices": ex.notices,
-                       "attached": ex.session.backend.attached, "pid": ex.session.backend.pid}
+                       "attached": bool(session and session.kernel.attached),
+                       "pid": session.kernel.pid if session else None}
             except Exception as exc:
                 out = {"error": f"{type(exc).__name__}: {exc}"}
             print(json.dumps({"tid": cmd["tid"], **out}), flush=True)
@@ -213,7 +216,8 @@ def test_a_kernel_started_by_one_worker_is_used_by_the_other(tmp_path: Path) -> 
 
         async def body(reg):
             ex = await reg.execute(("demo", "u", "t1"), "x + 1")
-            return ex.result.result, ex.notices, ex.session.backend.attached, ex.session.backend.pid
+            kernel = reg.sessions[("demo", "u", "t1")].kernel  # the kernel that ran it
+            return ex.result.result, ex.notices, kernel.attached, kernel.pid
 
         result, notices, attached, pid = here(settings, body)
         assert result == "42" and notices == [] and attached and pid == started["pid"]
@@ -241,7 +245,7 @@ def test_a_dead_workers_kernel_is_an_orphan_ended_and_replaced_with_the_notice(t
 
         async def body(reg):
             ex = await reg.execute(("demo", "u", "t1"), "'x' in globals()")
-            return ex.result.result, ex.notices, ex.session.backend.attached
+            return ex.result.result, ex.notices, reg.sessions[("demo", "u", "t1")].kernel.attached
 
         result, notices, attached = here(settings, body)
         assert result == "False" and not attached

@@ -1,12 +1,19 @@
-"""The small interface every kernel backend implements, and what an execution returns.
+"""The small protocol every sandbox backend implements, and what an execution returns.
 
-Lifecycle and messaging of one kernel: `start`, `execute`, `interrupt`,
-`restart`, `shutdown`, `is_alive`. Backends (`local.py`, `docker.py`,
-`gateway.py`) differ in how the kernel process is launched and confined;
-building results from Jupyter messages is shared (`execution.py`). Pooling and
-caps live one level up, in `registry.py`; culling in `reaper.py`.
+Two halves, as jupyter_client's provisioners and kernel managers:
 
-This package imports nothing from chat/, context/ or tools/.
+- `SandboxBackend`: one per app worker, handed to the `KernelRegistry`. It
+  makes kernels (`kernel`), reaches a kernel another worker started
+  (`attach`), says whether it can run kernels now (`health`) and removes
+  what crashed workers left behind (`remove_orphans`).
+- `Kernel`: one kernel. `start` (launch), `execute`, `interrupt`, `restart`,
+  `shutdown`, `is_alive`, and `read_outputs` (new files under /outputs).
+
+`local.py`, `docker.py` and `gateway.py` each implement both halves; building
+results from Jupyter messages is shared (`execution.py`). Pooling and caps
+live one level up, in `registry.py`; culling in `reaper.py`.
+
+This package imports nothing above domain, settings and store.
 
 Exceptions:
 - `SandboxError`: base; its message is fit for the model and the user.
@@ -83,8 +90,19 @@ class KernelPlacement:
     run_dir: Path
 
 
-class KernelBackend(abc.ABC):
-    """One kernel: launch, talk, stop. Not thread-safe; the registry serializes calls."""
+@dataclass(frozen=True)
+class KernelLocator:
+    """What the kernel table keeps so that another worker finds a running kernel again:
+    the local kernel's pid (its process group) and that pid's start time, or the container."""
+
+    pid: int | None = None
+    pid_start: int | None = None  # so a reused pid is never taken for the kernel
+    container: str | None = None
+
+
+class Kernel(abc.ABC):
+    """One kernel: launch, run code, stop, read what it wrote. Not thread-safe; the registry
+    serializes calls (one execution per kernel, outputs read before the next one starts)."""
 
     placement: KernelPlacement
     started_at: float
@@ -116,10 +134,6 @@ class KernelBackend(abc.ABC):
         """Why the kernel is gone, in words (e.g. 'killed: out of memory')."""
         return "the kernel process exited"
 
-    async def collect_outputs(self) -> None:
-        """Hook run after each execution (nothing to do for most backends)."""
-        return None
-
     def outputs_root(self) -> str | None:
         """A host path where this kernel's /outputs can be read (untrusted content), or None."""
         return str(self.placement.outputs_dir)
@@ -132,6 +146,10 @@ class KernelBackend(abc.ABC):
         if root is None:
             return None
         return read_new_outputs(root, seen, max_bytes)
+
+    def locator(self) -> KernelLocator:
+        """How another worker finds this kernel (kept in its kernel record)."""
+        return KernelLocator()
 
     @property
     def attached(self) -> bool:
@@ -152,3 +170,28 @@ class KernelBackend(abc.ABC):
     def rewrite_paths(self, code: str) -> str:
         """Map `/data` and `/outputs` in code to what this backend mounts (identity by default)."""
         return code
+
+
+class SandboxBackend(abc.ABC):
+    """One kind of kernel (`name`: local, docker, gateway) for one app worker; the registry's
+    only way to make, reach and clean up kernels."""
+
+    name: str = ""  # kept in each kernel record: a kernel of another backend is never attached to
+
+    @abc.abstractmethod
+    def kernel(self, placement: KernelPlacement) -> Kernel:
+        """A kernel for `placement`, not started yet (the registry calls its `start`)."""
+
+    @abc.abstractmethod
+    async def attach(self, placement: KernelPlacement, locator: KernelLocator, connect: bool = True) -> Kernel:
+        """A client of a kernel another worker started. With `connect=False` it can only be
+        stopped (orphan cleanup); raises SandboxError when it cannot be reached."""
+
+    def health(self) -> tuple[bool, str]:
+        """Whether kernels can be started now, and if not why (in words)."""
+        return True, ""
+
+    def remove_orphans(self) -> int:
+        """Remove kernels whose owner worker is gone that the kernel table cannot name (containers,
+        gateway kernels of an earlier run); returns how many went."""
+        return 0

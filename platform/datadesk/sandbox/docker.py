@@ -27,7 +27,7 @@ The orphan sweep (at start and in every host-wide reaper round) removes only
 containers of this data directory whose owner is gone: its heartbeat is stale
 or, on this host, its pid is dead (ownership.owner_alive). A live worker's
 kernels are never touched. Another worker reaches a running kernel with
-`DockerKernel.attach` (a second client on the bind-mounted ipc sockets).
+`DockerSandbox.attach` (a second client on the bind-mounted ipc sockets).
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from datadesk.sandbox.base import ExecutionResult, KernelBackend, KernelPlacement, SandboxError, SandboxUnavailable
+from datadesk.sandbox.base import (
+    ExecutionResult, Kernel, KernelLocator, KernelPlacement, SandboxBackend, SandboxError, SandboxUnavailable,
+)
 from datadesk.sandbox.files import LISTING_FORMAT, OutputFile, plan_outputs, read_outputs_tar
 from datadesk.sandbox.messaging import CONNECTION_FILE, IPYKERNEL_ARGS, KernelChannel, write_connection_file
 from datadesk.sandbox.ownership import owner_alive, this_worker
@@ -68,8 +70,10 @@ ENV = {
 }
 
 
-class DockerSandbox:
-    """Engine connection, image check, orphan cleanup; makes `DockerKernel`s."""
+class DockerSandbox(SandboxBackend):
+    """Engine connection, image check, orphan cleanup; makes and reaches `DockerKernel`s."""
+
+    name = "docker"
 
     def __init__(self, settings: SandboxSettings, home: Path) -> None:
         self.settings = settings
@@ -141,8 +145,15 @@ class DockerSandbox:
     def kernel(self, placement: KernelPlacement) -> "DockerKernel":
         return DockerKernel(placement, self)
 
+    async def attach(self, placement: KernelPlacement, locator: KernelLocator,
+                     connect: bool = True) -> "DockerKernel":
+        """Another worker's kernel container, found by its id."""
+        return await DockerKernel.attach(placement, self, locator.container, connect=connect)
 
-class DockerKernel(KernelBackend):
+
+class DockerKernel(Kernel):
+    """One kernel container and the ZMQ channel to it over the bind-mounted ipc sockets."""
+
     def __init__(self, placement: KernelPlacement, sandbox: DockerSandbox) -> None:
         self.placement = placement
         self.sandbox = sandbox
@@ -154,17 +165,15 @@ class DockerKernel(KernelBackend):
         self._pid = 0
         self._pid_visible = False
         self._attached = False
-        self._outputs_lock = asyncio.Lock()
 
     # -- ownership -----------------------------------------------------------------
     @classmethod
     async def attach(cls, placement: KernelPlacement, sandbox: DockerSandbox, container_id: str | None,
-                     started_at: float = 0.0, connect: bool = True) -> "DockerKernel":
+                     connect: bool = True) -> "DockerKernel":
         """A client of a kernel container another worker started. With `connect=False` it can only
         be stopped (orphan cleanup); raises SandboxError when the container cannot be reached."""
         self = cls(placement, sandbox)
         self._attached = True
-        self.started_at = started_at
         if not container_id:
             if connect:
                 raise SandboxError("the kernel has no container")
@@ -189,9 +198,9 @@ class DockerKernel(KernelBackend):
         await self._connect_or_detach(self._channel.connect(min(self.settings.start_timeout_s, 10)))
         return self
 
-    def record_fields(self) -> dict[str, object]:
-        """What the kernel table keeps to find this kernel from another worker."""
-        return {"container": self._container.id if self._container is not None else None}
+    def locator(self) -> KernelLocator:
+        """Its container, for another worker to find it."""
+        return KernelLocator(container=self._container.id if self._container is not None else None)
 
     async def detach(self) -> None:
         """Close this client's connection; the container keeps running."""
@@ -393,8 +402,8 @@ class DockerKernel(KernelBackend):
             return await super().read_outputs(seen, max_bytes)
         if self._container is None:
             return None
-        async with self._outputs_lock:  # parallel calls of one turn share `seen`
-            return await asyncio.to_thread(self._read_outputs_exec, seen, max_bytes)
+        # no lock of its own: the registry reads outputs while the execution holds the kernel
+        return await asyncio.to_thread(self._read_outputs_exec, seen, max_bytes)
 
     def _read_outputs_exec(self, seen: dict[str, tuple[int, int]],
                            max_bytes: int) -> tuple[list[OutputFile], list[str]]:

@@ -21,8 +21,8 @@ reported dead, so the registry starts a fresh one and says so. Messages travel
 through `gateway_channel.GatewayChannel`.
 
 Which gateway kernel serves which slot is kept in `<home>/sandbox/gateway-kernels/`
-(with the owning process): another worker can `attach` to it, and at start
-kernels left by a crashed process of this host are stopped.
+(with the owning worker): another worker can `attach` to it, and kernels
+whose owner worker is gone are stopped (`GatewaySandbox.remove_orphans`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ import httpx
 
 from datadesk.sandbox.base import (
     ExecutionResult,
-    KernelBackend,
+    Kernel,
+    KernelLocator,
     KernelPlacement,
+    SandboxBackend,
     SandboxError,
     SandboxUnavailable,
 )
@@ -66,8 +68,10 @@ _PATH_LITERAL_RE = re.compile(r"""(["'])(/data|/outputs)(?=[/"'])""")
 # --------------------------------------------------------------------------- the app's side
 
 
-class GatewaySandbox:
-    """Config, health check and orphan cleanup for one app process; makes `GatewayKernel`s."""
+class GatewaySandbox(SandboxBackend):
+    """Config, health check and orphan cleanup for one app process; makes and reaches `GatewayKernel`s."""
+
+    name = "gateway"
 
     def __init__(self, settings: SandboxSettings, home: Path) -> None:
         self.settings = settings
@@ -155,11 +159,16 @@ class GatewaySandbox:
     def kernel(self, placement: KernelPlacement) -> "GatewayKernel":
         return GatewayKernel(placement, self)
 
+    async def attach(self, placement: KernelPlacement, locator: KernelLocator,
+                     connect: bool = True) -> "GatewayKernel":
+        """Another worker's gateway kernel, found by its slot's record in gateway-kernels/ (no pid or container)."""
+        return await GatewayKernel.attach(placement, self, connect)
+
 
 # --------------------------------------------------------------------------- one kernel
 
 
-class GatewayKernel(KernelBackend):
+class GatewayKernel(Kernel):
     """One kernel on the gateway: REST for its lifecycle, a `GatewayChannel` for its messages."""
 
     interrupt_grace_s: float = INTERRUPT_GRACE_S
@@ -180,13 +189,12 @@ class GatewayKernel(KernelBackend):
 
     # -- another worker's kernel --------------------------------------------------------
     @classmethod
-    async def attach(cls, placement: KernelPlacement, sandbox: GatewaySandbox, connect: bool = True,
-                     started_at: float = 0.0) -> "GatewayKernel":
+    async def attach(cls, placement: KernelPlacement, sandbox: GatewaySandbox,
+                     connect: bool = True) -> "GatewayKernel":
         """A client of a gateway kernel another worker started (found by its slot's record). With
         `connect=False` it can only be stopped; raises SandboxError when it cannot be reached."""
         self = cls(placement, sandbox)
         self._attached = True
-        self.started_at = started_at
         self.remote_id = sandbox.recorded(placement.kernel_id)
         if self.remote_id is None:
             if connect:

@@ -28,7 +28,7 @@ from typing import Iterator
 import msgspec
 from filelock import FileLock
 
-from datadesk.sandbox.base import KernelPlacement
+from datadesk.sandbox.base import KernelLocator, KernelPlacement
 from datadesk.sandbox.ownership import file_lock
 from datadesk.store.files import write_atomic
 
@@ -68,6 +68,10 @@ class KernelRecord(msgspec.Struct, omit_defaults=True):
     def placement(self) -> KernelPlacement:
         return KernelPlacement(kernel_id=self.kernel_id or "", data_dir=Path(self.data_dir),
                                outputs_dir=Path(self.outputs_dir), run_dir=Path(self.run_dir))
+
+    @property
+    def locator(self) -> KernelLocator:
+        return KernelLocator(pid=self.pid, pid_start=self.pid_start, container=self.container)
 
 
 _decoder = msgspec.json.Decoder(KernelRecord)

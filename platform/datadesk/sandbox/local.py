@@ -11,8 +11,9 @@ trusted user unless told explicitly (see DESIGN.md section 7).
 literals in code to the placement's directories, as a convenience for code
 written for the docker layout. Also a convenience, not isolation.
 
+`LocalSandbox` is the backend the registry is given; `LocalKernel` one kernel.
 With several app workers, another worker reaches a running kernel with
-`LocalKernel.attach` (a second client on the same ipc sockets; liveness from
+`LocalSandbox.attach` (a second client on the same ipc sockets; liveness from
 /proc with the pid's start time, so a reused pid is never taken for the
 kernel). The kernel leads its own session, so it outlives a crashed worker:
 the registry's orphan rule then ends it by its process group.
@@ -34,8 +35,10 @@ from pathlib import Path
 
 from datadesk.sandbox.base import (
     ExecutionResult,
-    KernelBackend,
+    Kernel,
+    KernelLocator,
     KernelPlacement,
+    SandboxBackend,
     SandboxError,
 )
 from datadesk.sandbox.execution import INTERRUPT_GRACE_S
@@ -47,6 +50,7 @@ from datadesk.sandbox.messaging import (
     write_connection_file,
 )
 from datadesk.sandbox.ownership import pid_alive, proc_start
+from datadesk.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +75,30 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-class LocalKernel(KernelBackend):
+class LocalSandbox(SandboxBackend):
+    """Kernels as ipykernel subprocesses of this host, under the address-space limit."""
+
+    name = "local"
+
+    def __init__(self, settings: SandboxSettings) -> None:
+        # RLIMIT_AS counts reserved address space: an idle kernel with pandas and pyarrow
+        # already reserves ~1.1 GB, so the local limit is memory_mb on top of that.
+        self.memory_bytes = (settings.memory_mb + 1536) << 20
+        self.ready_timeout_s = settings.start_timeout_s
+
+    def kernel(self, placement: KernelPlacement) -> "LocalKernel":
+        return LocalKernel(placement, memory_bytes=self.memory_bytes, ready_timeout_s=self.ready_timeout_s)
+
+    async def attach(self, placement: KernelPlacement, locator: KernelLocator,
+                     connect: bool = True) -> "LocalKernel":
+        """Another worker's kernel on this host, found by its pid and the pid's start time."""
+        return await LocalKernel.attach(placement, locator.pid, locator.pid_start, connect=connect,
+                                        memory_bytes=self.memory_bytes, ready_timeout_s=self.ready_timeout_s)
+
+
+class LocalKernel(Kernel):
+    """One ipykernel subprocess: its own session and process group, a clean environment."""
+
     # How long to wait for idle after an interrupt before restarting the kernel.
     interrupt_grace_s: float = INTERRUPT_GRACE_S
 
@@ -113,11 +140,11 @@ class LocalKernel(KernelBackend):
     def attached(self) -> bool:
         return self._proc is None and self._pid is not None
 
-    def record_fields(self) -> dict[str, object]:
-        """What the kernel table keeps to find this kernel from another worker."""
+    def locator(self) -> KernelLocator:
+        """Its pid (= process group) and the pid's start time, for another worker to find it."""
         if self._proc is not None and self._pid_start is None:
             self._pid_start = proc_start(self._proc.pid)
-        return {"pid": self.pid, "pid_start": self._pid_start}
+        return KernelLocator(pid=self.pid, pid_start=self._pid_start)
 
     async def detach(self) -> None:
         """Close this client's connection; the kernel keeps running."""

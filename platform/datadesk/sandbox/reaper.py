@@ -5,8 +5,9 @@ backs; then, in the one worker of the host that takes `sandbox/reaper.lock`
 (their worker is gone) and removes dead heartbeats.
 
 `KernelReaper` is a mixin of `KernelRegistry` (registry.py): it works on the
-registry's pool, sessions, table and locks, and ends kernels through its
-`_reclaim_if_idle`, `_end_record`, `_let_go` and `_dispose`.
+registry's pool, sessions, table, locks and backend (`remove_orphans`), and
+ends kernels through its `_reclaim_if_idle`, `_end_record`, `_let_go` and
+`_dispose`.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from datadesk.sandbox.kerneltable import KernelTable, SessionKey
 from datadesk.sandbox.ownership import owner_alive, pid_alive, remove_dead_heartbeats, try_lock
 from datadesk.sandbox.sessions import ORPHAN_NOTICE, KernelSession
 
 if TYPE_CHECKING:
+    from datadesk.sandbox.base import SandboxBackend
     from datadesk.sandbox.ownership import Worker
     from datadesk.settings import SandboxSettings
 
@@ -41,14 +43,14 @@ class KernelReaper:
     sessions: dict[SessionKey, KernelSession]
     pool: list[KernelSession]
     _key_locks: dict[SessionKey, asyncio.Lock]
-    _sweep_orphans: Callable[[], object] | None
+    backend: SandboxBackend
 
     async def reap_once(self, now: float | None = None) -> list[tuple[SessionKey, str]]:
         """One round: this worker's pool and connections, then (in one worker of the host per
         round) idle and old kernels, orphans and dead heartbeats."""
         now = time.time() if now is None else now
         for session in list(self.pool):
-            if now - session.started_at > self.settings.max_lifetime_s or not await session.backend.is_alive():
+            if now - session.started_at > self.settings.max_lifetime_s or not await session.kernel.is_alive():
                 self.pool.remove(session)
                 self.table.remove_pool(session.placement.kernel_id)
                 await self._dispose(session)
@@ -97,8 +99,7 @@ class KernelReaper:
             if rec.owner != self.worker.id and not owner_alive(self.home, rec.owner, s.owner_stale_s):
                 self.table.remove_pool(rec.kernel_id or "")
                 await self._end_record(rec)
-        if self._sweep_orphans is not None:
-            await asyncio.to_thread(self._sweep_orphans)
+        await asyncio.to_thread(self.backend.remove_orphans)  # e.g. containers whose owner is gone
         await asyncio.to_thread(remove_dead_heartbeats, self.home, s.owner_stale_s)
         return reclaimed
 

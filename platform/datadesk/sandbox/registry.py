@@ -15,8 +15,8 @@ kernel table (kerneltable.py):
   its whole length, so one thread's kernel runs one execution at a time across
   workers, and "the lock is free" means "the kernel is idle".
 - A worker that needs a thread's kernel and finds a live one of another worker
-  attaches to it (the backend's `attach`: a second client on the kernel's ipc
-  sockets), uses it and updates `last_used`. The record is checked on every
+  attaches to it (`SandboxBackend.attach`: a second client on the kernel's
+  ipc sockets), uses it and updates `last_used`. The record is checked on every
   execution, so a connection to a kernel that was since reclaimed or replaced
   is let go, never used.
 - A kernel whose owner is gone (heartbeat stale, or its pid dead on this host:
@@ -41,20 +41,19 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 import msgspec
 
 from datadesk.sandbox.base import (
-    KernelBackend, KernelLimitReached, KernelPlacement, SandboxError, SandboxUnavailable,
+    ExecutionResult, Kernel, KernelLimitReached, KernelPlacement, SandboxBackend, SandboxError, SandboxUnavailable,
 )
 from datadesk.sandbox.files import sync_data_links
 from datadesk.sandbox.kerneltable import KernelRecord, KernelTable, SessionKey
 from datadesk.sandbox.ownership import Heartbeat, acquire_async, owner_alive, this_worker, try_lock
 from datadesk.sandbox.reaper import REAPER_LOCK, KernelReaper
-from datadesk.sandbox.sessions import (  # Execution, SeenOutputs: also imported from here
-    ORPHAN_NOTICE, SEEN_FILE, AttachFactory, BackendFactory, Execution, KernelSession, SeenOutputs,
-    _attached, _fields, fresh_kernel_notice,
+from datadesk.sandbox.sessions import (
+    ORPHAN_NOTICE, SEEN_FILE, ExecutionReport, KernelSession, SeenOutputs, fresh_kernel_notice,
 )
 from datadesk.settings import SandboxSettings
 
@@ -62,24 +61,13 @@ log = logging.getLogger(__name__)
 
 
 class KernelRegistry(KernelReaper):
-    """The kernels this worker started or reaches, over the host's kernel table."""
+    """The kernels this worker started or reaches, over the host's kernel table; `backend`
+    makes, reaches and cleans up the kernels themselves."""
 
-    def __init__(self, settings: SandboxSettings, home: Path, factory: BackendFactory,
-                 artifacts_dir_for: Callable[[SessionKey], Path],
-                 health_check: Callable[[], tuple[bool, str]] | None = None,
-                 on_start: Callable[[], object] | None = None,
-                 attach: AttachFactory | None = None,
-                 sweep_orphans: Callable[[], object] | None = None,
-                 backend_name: str = "") -> None:
+    def __init__(self, settings: SandboxSettings, home: Path, backend: SandboxBackend) -> None:
         self.settings = settings
         self.home = Path(home)
-        self.factory = factory
-        self.artifacts_dir_for = artifacts_dir_for
-        self._health_check = health_check or (lambda: (True, ""))
-        self._on_start = on_start
-        self._attach = attach  # None: kernels of other workers cannot be reached (they are replaced)
-        self._sweep_orphans = sweep_orphans  # e.g. remove containers whose owner is gone
-        self.backend_name = backend_name
+        self.backend = backend
         self.table = KernelTable(self.home)
         self.worker = this_worker()
         self.heartbeat = Heartbeat(self.home, settings.heartbeat_s, self.worker)
@@ -115,8 +103,6 @@ class KernelRegistry(KernelReaper):
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
         self.heartbeat.start()  # before any container carries this worker's id
-        if self._on_start is not None:
-            await asyncio.to_thread(self._on_start)
         with try_lock(self.home / "sandbox" / REAPER_LOCK) as got:
             if got:  # orphans of an earlier run (or a crashed worker) go now
                 await self._reap_host(time.time())
@@ -135,7 +121,7 @@ class KernelRegistry(KernelReaper):
                 pass
         self._tasks.clear()
         for key, session in list(self.sessions.items()):
-            if _attached(session.backend):
+            if session.kernel.attached:
                 await self._let_go(session)
                 continue
             rec = self.table.load(key)
@@ -150,38 +136,39 @@ class KernelRegistry(KernelReaper):
         await self.heartbeat.stop()
 
     def refresh_health(self) -> tuple[bool, str]:
+        """Ask the backend now (engine, image, gateway); kept for `health` until the next round."""
         try:
-            self._health = self._health_check()
+            self._health = self.backend.health()
         except Exception as exc:  # a health probe must never raise into a turn
             self._health = (False, str(exc))
         return self._health
 
     def health(self) -> tuple[bool, str]:
+        """Whether kernels can be started, and if not why (as of the last check)."""
         return self._health
 
     # -- records -------------------------------------------------------------------
-    def _record(self, key: SessionKey, placement: KernelPlacement, backend: KernelBackend | None,
+    def _record(self, key: SessionKey, placement: KernelPlacement, kernel: Kernel | None,
                 started_at: float, last_used: float) -> KernelRecord:
         return KernelRecord(
             workspace=key[0], user=key[1], thread=key[2], kernel_id=placement.kernel_id,
-            backend=self.backend_name, owner=self.worker.id, host=self.worker.host,
+            backend=self.backend.name, owner=self.worker.id, host=self.worker.host,
             data_dir=str(placement.data_dir), outputs_dir=str(placement.outputs_dir), run_dir=str(placement.run_dir),
-            started_at=started_at, last_used=last_used, had_kernel=True,
-            **(_fields(backend) if backend is not None else {}))
+            started_at=started_at, last_used=last_used, had_kernel=True, **_located(kernel))
 
-    def _pool_record(self, placement: KernelPlacement, backend: KernelBackend | None = None) -> KernelRecord:
+    def _pool_record(self, placement: KernelPlacement, kernel: Kernel | None = None) -> KernelRecord:
         now = time.time()
         return KernelRecord(
-            kernel_id=placement.kernel_id, backend=self.backend_name, owner=self.worker.id, host=self.worker.host,
+            kernel_id=placement.kernel_id, backend=self.backend.name, owner=self.worker.id, host=self.worker.host,
             data_dir=str(placement.data_dir), outputs_dir=str(placement.outputs_dir), run_dir=str(placement.run_dir),
-            started_at=now, last_used=now, **(_fields(backend) if backend is not None else {}))
+            started_at=now, last_used=now, **_located(kernel))
 
     def _save_gone(self, rec: KernelRecord | None, reason: str, key: SessionKey | None = None) -> None:
         """The thread has no kernel now; the next one is started with `reason` in its notice."""
         key = key or (rec.key if rec is not None else None)
         if key is None:
             return
-        self.table.save(KernelRecord(workspace=key[0], user=key[1], thread=key[2], backend=self.backend_name,
+        self.table.save(KernelRecord(workspace=key[0], user=key[1], thread=key[2], backend=self.backend.name,
                                      notice=reason, had_kernel=True))
 
     def _same_kernel(self, rec: KernelRecord | None, session: KernelSession) -> bool:
@@ -189,16 +176,17 @@ class KernelRegistry(KernelReaper):
         a kernel another worker restarted keeps its id but not its pid or container)."""
         if rec is None or rec.kernel_id != session.placement.kernel_id:
             return False
-        return all(getattr(rec, k) == v for k, v in _fields(session.backend).items()
-                   if k in ("pid", "container") and v is not None)
+        found = session.kernel.locator()
+        return ((found.pid is None or rec.pid == found.pid)
+                and (found.container is None or rec.container == found.container))
 
     def _touch(self, key: SessionKey, session: KernelSession) -> None:
         rec = self.table.load(key)
         if rec is None or rec.kernel_id != session.placement.kernel_id:
             return
         changes: dict[str, object] = {"last_used": session.last_used}
-        if not _attached(session.backend):  # ours (or restarted by us after a hung interrupt)
-            changes.update(owner=self.worker.id, host=self.worker.host, **_fields(session.backend))
+        if not session.kernel.attached:  # ours (or restarted by us after a hung interrupt)
+            changes.update(owner=self.worker.id, host=self.worker.host, **_located(session.kernel))
         self.table.save(msgspec.structs.replace(rec, **changes))
 
     def has_kernel(self, key: SessionKey) -> bool:
@@ -237,15 +225,15 @@ class KernelRegistry(KernelReaper):
         placement = placement or self._placement()
         for d in (placement.data_dir, placement.outputs_dir, placement.run_dir):
             d.mkdir(parents=True, exist_ok=True)
-        backend = self.factory(placement)
+        kernel = self.backend.kernel(placement)
         try:
-            await backend.start()
+            await kernel.start()
         except BaseException:
-            await self._dispose_backend(backend)
+            await self._dispose_kernel(kernel)
             raise
         now = time.time()
-        backend.started_at = now
-        return KernelSession(backend=backend, started_at=now, last_used=now)
+        kernel.started_at = now
+        return KernelSession(kernel=kernel, started_at=now, last_used=now)
 
     def _fill_pool(self) -> None:
         want = self.settings.pool_size - len(self.pool) - self._starting
@@ -272,8 +260,8 @@ class KernelRegistry(KernelReaper):
                 lock.release()
             session = await self._launch(placement)
             # the first cell of a fresh interpreter is slow: run it now, not on the user's time
-            await session.backend.execute("None", self.settings.start_timeout_s)
-            self.table.save_pool(self._pool_record(placement, session.backend))
+            await session.kernel.execute("None", self.settings.start_timeout_s)
+            self.table.save_pool(self._pool_record(placement, session.kernel))
             self.pool.append(session)
         except BaseException as exc:
             if session is not None and session not in self.pool:
@@ -300,13 +288,13 @@ class KernelRegistry(KernelReaper):
             while self.pool and session is None:
                 candidate = self.pool.pop(0)
                 self.table.remove_pool(candidate.placement.kernel_id)
-                if await candidate.backend.is_alive():
+                if await candidate.kernel.is_alive():
                     session = candidate
                 else:
                     await self._dispose(candidate)
             now = time.time()
             if session is not None:
-                self.table.save(self._record(key, session.placement, session.backend, session.started_at, now))
+                self.table.save(self._record(key, session.placement, session.kernel, session.started_at, now))
             else:
                 placement = self._placement()
                 self.table.save(self._record(key, placement, None, now, now))  # reserved
@@ -329,7 +317,7 @@ class KernelRegistry(KernelReaper):
         (slot / "owner.json").write_text(json.dumps({"workspace": key[0], "user": key[1], "thread": key[2]}))
         session.seen_outputs = SeenOutputs(slot / SEEN_FILE)
         self.sessions[key] = session
-        self.table.save(self._record(key, session.placement, session.backend, session.started_at, session.last_used))
+        self.table.save(self._record(key, session.placement, session.kernel, session.started_at, session.last_used))
         self._fill_pool()  # a used kernel never returns to the pool; start a replacement
         return session
 
@@ -388,12 +376,6 @@ class KernelRegistry(KernelReaper):
             self._save_gone(rec, notice)
             return True
 
-    async def reclaim(self, key: SessionKey | None, reason: str) -> None:
-        """Shut a thread's kernel down (unless it is running code); its next execution gets a fresh
-        one and is told why."""
-        if key is not None:
-            await self._reclaim_if_idle(key, f"the previous one was reclaimed: {reason}")
-
     async def shutdown_thread(self, key: SessionKey) -> None:
         """The thread was cleared or deleted: stop its kernel (whichever worker runs it), forget
         its notices."""
@@ -415,13 +397,9 @@ class KernelRegistry(KernelReaper):
 
     async def _end_record(self, rec: KernelRecord) -> None:
         """Stop a kernel known only by its record (another worker's, or an orphan)."""
-        if self._attach is None:
-            log.warning("kernel %s of another worker cannot be reached by this backend; its owner ends it",
-                        rec.kernel_id)
-            return
         try:
-            backend = await self._attach(rec, False)
-            await backend.shutdown()
+            kernel = await self.backend.attach(rec.placement, rec.locator, connect=False)
+            await kernel.shutdown()
         except Exception as exc:
             log.warning("could not stop kernel %s: %s", rec.kernel_id, exc)
         # its slot and socket dir, only where this data directory keeps them
@@ -432,14 +410,12 @@ class KernelRegistry(KernelReaper):
     async def _let_go(self, session: KernelSession) -> None:
         """Drop a connection the table no longer backs: close it; end the kernel only when it is
         ours and still runs (nobody else did)."""
-        backend = session.backend
-        if not _attached(backend) and await backend.is_alive():
+        kernel = session.kernel
+        if not kernel.attached and await kernel.is_alive():
             await self._dispose(session)
             return
-        detach = getattr(backend, "detach", None)
         try:
-            if detach is not None:
-                await detach()
+            await kernel.detach()
         except Exception as exc:
             log.debug("closing a connection to kernel %s: %s", session.placement.kernel_id, exc)
 
@@ -455,24 +431,21 @@ class KernelRegistry(KernelReaper):
         self._save_gone(rec, notice, key)
 
     async def _dispose(self, session: KernelSession) -> None:
-        await self._dispose_backend(session.backend)
+        await self._dispose_kernel(session.kernel)
 
-    async def _dispose_backend(self, backend: KernelBackend) -> None:
+    async def _dispose_kernel(self, kernel: Kernel) -> None:
         try:
-            await backend.shutdown()
+            await kernel.shutdown()
         except Exception:
-            log.exception("kernel %s did not shut down cleanly", backend.placement.kernel_id)
-        slot = backend.placement.data_dir.parent
+            log.exception("kernel %s did not shut down cleanly", kernel.placement.kernel_id)
+        slot = kernel.placement.data_dir.parent
         shutil.rmtree(slot, ignore_errors=True)
-        shutil.rmtree(backend.placement.run_dir, ignore_errors=True)
+        shutil.rmtree(kernel.placement.run_dir, ignore_errors=True)
 
     # -- execution -----------------------------------------------------------------
-    async def session_for(self, key: SessionKey) -> tuple[KernelSession, list[str]]:
-        """The warm kernel of `key`, started (or restarted after a crash) when needed."""
-        async with self._hold(key, self._busy_wait_s):
-            return await self._session_for(key)
-
-    async def _session_for(self, key: SessionKey) -> tuple[KernelSession, list[str]]:
+    async def _warm_session(self, key: SessionKey) -> tuple[KernelSession, list[str]]:
+        """The warm kernel of `key` (whose lock the caller holds), started (or restarted after a
+        crash) when needed, and the notices of a fresh one."""
         ok, why = self._health
         if not ok:
             raise SandboxUnavailable(f"the Python sandbox is unavailable: {why}")
@@ -485,8 +458,8 @@ class KernelRegistry(KernelReaper):
             session = None
         if session is None and rec is not None and rec.kernel_id:
             session = await self._reach(key, rec)
-        if session is not None and not await session.backend.is_alive():
-            reason = await session.backend.death_reason()
+        if session is not None and not await session.kernel.is_alive():
+            reason = await session.kernel.death_reason()
             await self._forget(key, session, f"the previous one stopped: {reason}")
             session = None
         notices: list[str] = []
@@ -507,63 +480,91 @@ class KernelRegistry(KernelReaper):
             await self._end_record(rec)
             self._save_gone(rec, ORPHAN_NOTICE)
             return None
-        if self._attach is None or (rec.backend and rec.backend != self.backend_name):
+        if rec.backend and rec.backend != self.backend.name:
             await self._end_record(rec)
             self._save_gone(rec, "the previous one ran in another server worker, which this one cannot reach")
             return None
         try:
-            backend = await self._attach(rec, True)
+            kernel = await self.backend.attach(rec.placement, rec.locator)
         except Exception as exc:
             log.warning("cannot reach kernel %s of worker %s: %s", rec.kernel_id, rec.owner, exc)
             await self._end_record(rec)
             self._save_gone(rec, f"the previous one could not be reached from this server worker: {exc}")
             return None
-        backend.started_at = rec.started_at
+        kernel.started_at = rec.started_at
         log.info("worker %s attached to kernel %s of worker %s", self.worker.id, rec.kernel_id, rec.owner)
         slot = Path(rec.data_dir).parent
-        session = KernelSession(backend=backend, started_at=rec.started_at, last_used=rec.last_used, key=key,
+        session = KernelSession(kernel=kernel, started_at=rec.started_at, last_used=rec.last_used, key=key,
                                 seen_outputs=SeenOutputs(slot / SEEN_FILE))
         self.sessions[key] = session
         return session
 
-    async def execute(self, key: SessionKey, code: str, timeout_s: float | None = None) -> Execution:
+    async def execute(self, key: SessionKey, code: str, timeout_s: float | None = None, *,
+                      artifacts_dir: Path | None = None) -> ExecutionReport:
+        """Run `code` in the thread's warm kernel (one execution per thread at a time, across
+        workers). `artifacts_dir`: the thread's artifacts, linked into /data first (None: /data
+        is left as it is). The new files under /outputs are read before the kernel is let go."""
         timeout = self.settings.exec_timeout_s if timeout_s is None else timeout_s
         async with self._hold(key, self._busy_wait_s):
-            session, notices = await self._session_for(key)
+            session, notices = await self._warm_session(key)
             async with session.lock:
-                if isinstance(session.seen_outputs, SeenOutputs):
-                    session.seen_outputs.reload()
-                sync_data_links(self.artifacts_dir_for(key), session.placement.data_dir)
-                session.last_used = time.time()
-                code = session.backend.rewrite_paths(code)
-                try:
-                    result = await session.backend.execute(code, timeout)
-                finally:
-                    session.last_used = time.time()
-                if result.status == "timeout" and result.note:
-                    pass  # the backend already restarted a kernel that ignored the interrupt
-                elif result.status == "timeout":
-                    result.note = await self._after_timeout(key, session)
-                elif result.status == "died" or not await session.backend.is_alive():
-                    reason = await session.backend.death_reason()
-                    result.status = "died"
-                    result.note = (f"The Python kernel died ({reason}). Its variables are gone; the next "
-                                   "python call starts a fresh kernel.")
-                    await self._forget(key, session, f"the previous one stopped: {reason}")
-                else:
-                    await session.backend.collect_outputs()
+                result = await self._run(key, session, code, timeout, artifacts_dir)
+                report = ExecutionReport(result=result, notices=notices)
+                if result.status != "died":
+                    await self._read_outputs(session, report)
                 if self.sessions.get(key) is session:
                     self._touch(key, session)
-        return Execution(result=result, session=session, notices=notices)
+        return report
+
+    async def _run(self, key: SessionKey, session: KernelSession, code: str, timeout: float,
+                   artifacts_dir: Path | None) -> ExecutionResult:
+        """One execution on the session's kernel (caller holds it); after a timeout or a death
+        the kernel is made usable again or forgotten, and the result says so."""
+        if isinstance(session.seen_outputs, SeenOutputs):
+            session.seen_outputs.reload()
+        if artifacts_dir is not None:
+            sync_data_links(artifacts_dir, session.placement.data_dir)
+        kernel = session.kernel
+        session.last_used = time.time()
+        try:
+            result = await kernel.execute(kernel.rewrite_paths(code), timeout)
+        finally:
+            session.last_used = time.time()
+        if result.status == "timeout" and result.note:
+            pass  # the backend already restarted a kernel that ignored the interrupt
+        elif result.status == "timeout":
+            result.note = await self._after_timeout(key, session)
+        elif result.status == "died" or not await kernel.is_alive():
+            reason = await kernel.death_reason()
+            result.status = "died"
+            result.note = (f"The Python kernel died ({reason}). Its variables are gone; the next "
+                           "python call starts a fresh kernel.")
+            await self._forget(key, session, f"the previous one stopped: {reason}")
+        return result
+
+    async def _read_outputs(self, session: KernelSession, report: ExecutionReport) -> None:
+        """The new or changed files under the kernel's /outputs, into `report` (within the quota)."""
+        got = await session.kernel.read_outputs(session.seen_outputs, self.settings.outputs_mb << 20)
+        if got is None:
+            report.output_problems.append("(files under /outputs cannot be collected from this sandbox)")
+            return
+        report.outputs, report.output_problems = got
 
     async def _after_timeout(self, key: SessionKey, session: KernelSession) -> str:
         """The interrupt was sent. If the kernel is not responsive again, restart it."""
-        if await session.backend.is_alive():
-            probe = await session.backend.execute("None", 5)
+        if await session.kernel.is_alive():
+            probe = await session.kernel.execute("None", 5)
             if probe.status == "ok":
-                await session.backend.collect_outputs()
                 return ("The code was interrupted after the time limit; the kernel and its variables "
                         "are still there.")
         await self._forget(key, session, "the previous one did not stop after an interrupt and was restarted")
         return ("The code did not stop after an interrupt, so the kernel was shut down; the next python "
                 "call starts a fresh kernel without the earlier variables.")
+
+
+def _located(kernel: Kernel | None) -> dict[str, object]:
+    """The record fields that let another worker find `kernel` (none before it exists)."""
+    if kernel is None:
+        return {}
+    found = kernel.locator()
+    return {"pid": found.pid, "pid_start": found.pid_start, "container": found.container}

@@ -1,7 +1,7 @@
-"""What a kernel session is, apart from the registry that keeps them: the session
-and execution records the python tool sees, the notices of a fresh kernel, the
-/outputs files already collected (shared between workers through the kernel's
-slot), and purging a deleted user's slots and records.
+"""What a kernel session is, apart from the registry that keeps them: the session record, the
+report of one execution the python tool gets, the notices of a fresh kernel, the /outputs files
+already collected (shared between workers through the kernel's slot), and purging a deleted
+user's slots and records.
 """
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable
 
-from datadesk.sandbox.base import ExecutionResult, KernelBackend, KernelPlacement
-from datadesk.sandbox.kerneltable import KernelRecord, KernelTable, SessionKey
-
-BackendFactory = Callable[[KernelPlacement], KernelBackend]
-# (record, connect) -> a backend for a kernel another worker started; connect=False: only to stop it
-AttachFactory = Callable[[KernelRecord, bool], Awaitable[KernelBackend]]
+from datadesk.sandbox.base import ExecutionResult, Kernel, KernelPlacement
+from datadesk.sandbox.files import OutputFile
+from datadesk.sandbox.kerneltable import KernelTable, SessionKey
 
 SEEN_FILE = "seen_outputs.json"
 ORPHAN_NOTICE = "the previous one stopped with the server worker that ran it"
@@ -67,7 +63,9 @@ class SeenOutputs(dict):
 
 @dataclass
 class KernelSession:
-    backend: KernelBackend
+    """A kernel this worker talks to (started here or attached to), and the thread it serves."""
+
+    kernel: Kernel
     started_at: float
     last_used: float
     key: SessionKey | None = None
@@ -76,31 +74,25 @@ class KernelSession:
 
     @property
     def placement(self) -> KernelPlacement:
-        return self.backend.placement
+        return self.kernel.placement
 
 
 @dataclass
-class Execution:
-    """An execution as the python tool sees it: the result plus what to tell the model."""
+class ExecutionReport:
+    """One execution as the python tool sees it: the result, what to tell the model first (a
+    fresh kernel), and the new files under /outputs with problems in words. The files were read
+    while the execution still held the kernel, so no later execution can mix its files in."""
 
     result: ExecutionResult
-    session: KernelSession
     notices: list[str]
+    outputs: list[OutputFile] = field(default_factory=list)
+    output_problems: list[str] = field(default_factory=list)
 
 
 def fresh_kernel_notice(reason: str) -> str:
+    """What the model is told first when its thread got a new kernel (`reason`: why the old one went)."""
     return (f"NOTE: a new Python kernel was started ({reason}). Variables, imports and data loaded "
             "earlier are gone: reload what you need from /data.")
-
-
-def _fields(backend: KernelBackend) -> dict[str, object]:
-    """What the backend keeps in the table to find its kernel again (pid, container)."""
-    get = getattr(backend, "record_fields", None)
-    return dict(get()) if get is not None else {}
-
-
-def _attached(backend: KernelBackend) -> bool:
-    return bool(getattr(backend, "attached", False))
 
 
 def purge_user_slots(home: Path, user: str) -> list[str]:

@@ -18,11 +18,12 @@ from typing import Any, Callable
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
 from datadesk.offload.requery import RequeryService
-from datadesk.offload.store import ArtifactStore
+from datadesk.offload.store import ArtifactStore, artifacts_dir
 from datadesk.sandbox.base import ExecutionResult, SandboxError
 from datadesk.sandbox.execution import strip_ansi, trim_traceback
 from datadesk.sandbox.files import read_regular
-from datadesk.sandbox.registry import Execution, KernelRegistry
+from datadesk.sandbox.registry import KernelRegistry
+from datadesk.sandbox.sessions import ExecutionReport
 from datadesk.settings import Settings
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 
@@ -74,14 +75,14 @@ class PythonTool:
         timeout = min(float(timeout), self.settings.sandbox.exec_timeout_s) if isinstance(
             timeout, (int, float)) and timeout > 0 else self.settings.sandbox.exec_timeout_s
         try:
-            ex = await self.kernels.execute((ctx.workspace, ctx.user, ctx.thread), code, timeout)
+            ex = await self.kernels.execute((ctx.workspace, ctx.user, ctx.thread), code, timeout,
+                                            artifacts_dir=artifacts_dir(ctx.thread_dir))
         except SandboxError as exc:
             raise ToolError(str(exc)) from None
         produced: list[Artifact] = []
         lines: list[str] = [*problems, *ex.notices]
         lines += self._body(ex.result, ctx, produced)
-        if ex.result.status not in ("died",):
-            lines += await self._outputs(ex, ctx, produced)
+        lines += self._outputs(ex, ctx, produced)  # none when the kernel died
         meta: dict[str, Any] = {"status": ex.result.status, "duration_ms": round(ex.result.duration_ms, 1)}
         if produced:
             meta["artifacts"] = [{"id": a.id, "kind": a.kind, "format": a.format, "file": a.origin.filename,
@@ -139,13 +140,11 @@ class PythonTool:
             out.append(f"image: artifact {art.id} ({len(png):,} bytes PNG), shown to the user in the chat")
         return out
 
-    async def _outputs(self, ex: Execution, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
-        """Register new or changed regular files under /outputs as downloadable artifacts."""
-        got = await ex.session.backend.read_outputs(ex.session.seen_outputs, self.settings.sandbox.outputs_mb << 20)
-        if got is None:
-            return ["(files under /outputs cannot be collected from this sandbox)"]
-        files, lines = got
-        for f in files:
+    def _outputs(self, ex: ExecutionReport, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
+        """Register the new or changed regular files the execution wrote under /outputs (read by
+        the registry while it still held the kernel) as downloadable artifacts."""
+        lines = list(ex.output_problems)
+        for f in ex.outputs:
             name = f.relpath
             ext = Path(name).suffix.lstrip(".").lower()
             if not re.fullmatch(r"[a-z0-9]{1,8}", ext):
