@@ -8,7 +8,7 @@ import math
 import pytest
 
 from datadesk.llm import tokens
-from datadesk.llm.tokens import count_messages, count_tokens, count_tools
+from datadesk.llm.tokens import count_message, count_messages, count_tokens
 
 
 @pytest.fixture(autouse=True)
@@ -53,9 +53,18 @@ def test_content_parts_are_counted():
     assert count_messages([parts]) >= count_tokens("hello there") + count_tokens("again")
 
 
-def test_tools_schema_cost():
-    assert count_tools([]) == 0
-    assert count_tools([{"type": "function", "function": {"name": "sql_query", "description": "run SQL"}}]) > 5
+def test_one_formula_with_the_callers_counter():
+    """The context budget passes its own (cached) text counter: the formula stays the same."""
+    msg = {"role": "assistant", "content": "ok", "reasoning_content": "think first",
+           "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "sql_query", "arguments": "{}"}}]}
+    seen: list[str] = []
+
+    def counter(text: str) -> int:
+        seen.append(text)
+        return count_tokens(text)
+
+    assert count_message(msg, counter) == count_message(msg)
+    assert {"assistant", "ok", "think first", "sql_query", "{}"} <= set(seen)
 
 
 def test_encoding_is_loaded_once(monkeypatch):

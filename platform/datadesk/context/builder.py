@@ -33,6 +33,7 @@ from datadesk.context.compaction import Form, form_for, render_tool_result
 from datadesk.context.manifest import ContextManifest, last_manifest, seq_ranges
 from datadesk.context.profiles import ModelProfile, profile_for
 from datadesk.domain.records import Record
+from datadesk.llm.tokens import count_message
 from datadesk.settings import ContextSettings
 from datadesk.store.threads import Thread
 
@@ -146,17 +147,7 @@ class ContextBuilder:
 
     # -- tokens -----------------------------------------------------------------------
     def _msg_tokens(self, msg: dict[str, Any]) -> int:
-        total = 4
-        content = msg.get("content")
-        if isinstance(content, str):
-            total += self.count_text(content)
-        elif isinstance(content, list):
-            total += sum(self.count_text(p.get("text", "")) for p in content if p.get("type") == "text")
-        for call in msg.get("tool_calls") or ():
-            total += self.count_text(call["function"]["name"]) + self.count_text(call["function"]["arguments"]) + 4
-        if msg.get("reasoning_content"):
-            total += self.count_text(msg["reasoning_content"])
-        return total
+        return count_message(msg, self.count_text)  # the one message formula (llm.tokens)
 
     # -- build -------------------------------------------------------------------------
     def build(self, thread: Thread, *, model: str, system_prompt: str, tools: list[dict[str, Any]],

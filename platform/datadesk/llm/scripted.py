@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, Union
 from datadesk.domain.records import ToolCall, Usage
 from datadesk.llm.base import ModelDelta, ModelEvent, ModelReply
 from datadesk.llm.reply_json import extract_json
-from datadesk.llm.tokens import count_messages, count_tokens
+from datadesk.llm.tokens import count_messages, count_tokens, count_tool_call
 
 FINISHED_TEXT = "(script finished)"
 
@@ -129,7 +129,7 @@ class ScriptedModel:
             raise step.error
         usage = step.usage
         if usage is None:
-            out = count_tokens(step.text) + sum(count_tokens(c.arguments) + 4 for c in step.tool_calls)
+            out = count_tokens(step.text) + sum(count_tool_call(c.name, c.arguments) for c in step.tool_calls)
             prompt = count_messages(messages)
             usage = Usage(prompt_tokens=prompt, completion_tokens=out, total_tokens=prompt + out)
         yield ModelReply(

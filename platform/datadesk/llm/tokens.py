@@ -5,6 +5,10 @@ so no download). Exact counts differ between models; this is an estimate good
 enough for budgeting history, which is all the callers need. If the encoding
 cannot be loaded, counts fall back to `ceil(len(text) / 3.5)` and a warning is
 logged once, so a broken install degrades the budget instead of failing chats.
+
+`count_message` is the one formula for a message (framing, role, text, names,
+tool calls, reasoning): the context budget and the scripted model's usage both
+use it.
 """
 
 from __future__ import annotations
@@ -56,41 +60,38 @@ def count_tokens(text: str) -> int:
     return _encoder()(text)
 
 
-def _content_text(content: Any) -> str:
-    """Text of a message `content`: a string, or a list of parts (text parts counted)."""
+def _content_tokens(content: Any, count_text: Callable[[str], int]) -> int:
+    """Tokens of a message `content`: a string, or a list of parts (text parts counted;
+    images are priced by the caller, which knows the model)."""
     if content is None:
-        return ""
+        return 0
     if isinstance(content, str):
-        return content
+        return count_text(content)
     if isinstance(content, list):
-        pieces = []
-        for part in content:
-            if isinstance(part, dict):
-                pieces.append(str(part.get("text") or ""))
-            else:
-                pieces.append(str(part))
-        return "\n".join(pieces)
-    return json.dumps(content, ensure_ascii=False, default=str)
+        return sum(count_text(str(part.get("text") or "")) if isinstance(part, dict) else count_text(str(part))
+                   for part in content)
+    return count_text(json.dumps(content, ensure_ascii=False, default=str))
 
 
-def count_message(message: dict[str, Any]) -> int:
-    """Tokens of one Chat Completions message, framing included."""
+def count_tool_call(name: str, arguments: str, count_text: Callable[[str], int] = count_tokens) -> int:
+    """Tokens of one tool call: its name, its arguments and the call's framing (id, type)."""
+    return count_text(name) + count_text(arguments) + TOKENS_PER_MESSAGE
+
+
+def count_message(message: dict[str, Any], count_text: Callable[[str], int] = count_tokens) -> int:
+    """Tokens of one Chat Completions message, framing included: the one formula for a
+    message (the context budget passes its own cached `count_text`)."""
     total = TOKENS_PER_MESSAGE
-    total += count_tokens(str(message.get("role") or ""))
-    total += count_tokens(_content_text(message.get("content")))
-    if message.get("name"):
-        total += count_tokens(str(message["name"]))
-    if message.get("tool_call_id"):
-        total += count_tokens(str(message["tool_call_id"]))
+    total += count_text(str(message.get("role") or ""))
+    total += _content_tokens(message.get("content"), count_text)
+    for key in ("name", "tool_call_id", "reasoning_content"):
+        if message.get(key):
+            total += count_text(str(message[key]))
     for call in message.get("tool_calls") or []:
         fn = call.get("function") if isinstance(call, dict) else None
-        if isinstance(fn, dict):
-            total += count_tokens(str(fn.get("name") or ""))
-            total += count_tokens(str(fn.get("arguments") or ""))
-        elif isinstance(call, dict):  # a flat ToolCall-like dict
-            total += count_tokens(str(call.get("name") or ""))
-            total += count_tokens(str(call.get("arguments") or ""))
-        total += TOKENS_PER_MESSAGE  # id, type and the call's framing
+        if not isinstance(fn, dict):  # a flat ToolCall-like dict
+            fn = call if isinstance(call, dict) else {}
+        total += count_tool_call(str(fn.get("name") or ""), str(fn.get("arguments") or ""), count_text)
     return total
 
 
@@ -99,10 +100,3 @@ def count_messages(messages: list[dict[str, Any]]) -> int:
     if not messages:
         return 0
     return sum(count_message(m) for m in messages) + REPLY_PRIMING_TOKENS
-
-
-def count_tools(tools: list[dict[str, Any]]) -> int:
-    """Rough cost of tool schemas (providers render them into the prompt)."""
-    if not tools:
-        return 0
-    return count_tokens(json.dumps(tools, ensure_ascii=False, separators=(",", ":")))
