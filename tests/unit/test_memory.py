@@ -13,7 +13,7 @@ import pytest
 
 from datadesk.domain.records import Record
 from datadesk.llm.scripted import ScriptedModel, ScriptStep
-from datadesk.memory.extraction import MemoryExtractor
+from datadesk.memory.extraction import ExtractionResult, MemoryExtractor
 from datadesk.memory.model import Fact, Provenance, contradicts, normalise, render_memory_block, text_hash
 from datadesk.memory.secrets import contains_secret, find_secrets
 from datadesk.memory.store import (
@@ -729,6 +729,39 @@ def test_extraction_checks_the_user_still_exists(store: MemoryStore) -> None:
         WS, UID, _records(("user", "Reports in English please"))))
     assert res.added == [] and store.facts(WS, UID) == []
     assert not store.path(WS, UID).exists()  # nothing recreated for a deleted user
+
+
+def _extract_while(store: MemoryStore, meanwhile, **kw) -> ExtractionResult:
+    """Run one extraction whose model answers only after `meanwhile()` ran (between turn and write)."""
+
+    async def main():
+        gate = asyncio.Event()
+        model = ScriptedModel([ScriptStep(text=_facts_json("Reports in English"), gate=gate)])
+        job = asyncio.create_task(MemoryExtractor(store, model, **kw).extract(
+            WS, UID, _records(("user", "Reports in English please"))))
+        while not model.calls:  # the job is waiting on the model
+            await asyncio.sleep(0.001)
+        meanwhile()
+        gate.set()
+        return await job
+
+    return asyncio.run(main())
+
+
+def test_extraction_writes_nothing_when_the_user_turned_memory_off_meanwhile(store: MemoryStore) -> None:
+    res = _extract_while(store, lambda: store.set_user_enabled(WS, UID, False))
+    assert res.added == [] and res.skipped == ["memory was turned off"]
+    assert store.facts(WS, UID) == []
+
+
+def test_extraction_writes_nothing_when_the_workspace_turned_memory_off_meanwhile(store: MemoryStore) -> None:
+    flags = {"on": True}
+    res = _extract_while(store, lambda: flags.update(on=False), memory_on=lambda ws, uid: flags["on"])
+    assert res.added == [] and res.skipped == ["memory was turned off"]
+    assert store.facts(WS, UID) == []
+    # still on: the same job writes its candidate
+    assert [f.text for f in _extract_while(store, lambda: None, memory_on=lambda ws, uid: True).added] \
+        == ["Reports in English"]
 
 
 def test_extraction_is_serialized_per_user(store: MemoryStore) -> None:

@@ -18,10 +18,13 @@ What reaches the extraction model, and what comes back, is filtered by code:
 - the model must answer `{"facts": [{"text", "kind", "importance"}]}`; any
   other output gives no candidates (logged, without the text).
 
-Jobs are serialized per (workspace, user). Before writing, the job checks that
-the user still exists (and, optionally, that memory is still on); a text the
-user hard-deleted meanwhile is refused by the store (its hash is kept), so a
-late job never brings a deleted fact back.
+Jobs are serialized per (workspace, user). Before asking the model and again
+before each write, the job checks that the user still exists and that memory is
+still on: the user's own switch (memory panel, read from the store) and
+`memory_on(ws, uid)`, the workspace's `memory` / `memory_extraction` flags and the
+user's `memory` permission as the composition root sees them at that moment. A
+text the user hard-deleted meanwhile is refused by the store (its hash is kept),
+so a late job never brings a deleted fact back.
 """
 
 from __future__ import annotations
@@ -124,16 +127,26 @@ def _importance(value: object) -> int:
 class MemoryExtractor:
     """Runs extraction jobs; one at a time per (workspace, user)."""
 
-    def __init__(self, store: MemoryStore, model: ChatModel, settings: MemorySettings | None = None,
+    def __init__(self, store: MemoryStore, model: ChatModel, settings: MemorySettings | None = None, *,
                  user_exists: Callable[[str], bool] = lambda uid: True,
-                 enabled: Callable[[str, str], bool] | None = None, timeout_s: float = 120.0) -> None:
+                 memory_on: Callable[[str, str], bool] = lambda ws, uid: True, timeout_s: float = 120.0) -> None:
+        """`user_exists(uid)`: the user is still there (not deleted or revoked); `memory_on(ws, uid)`:
+        the workspace still has memory and extraction on and the user the `memory` permission."""
         self.store = store
         self.model = model
         self.settings = settings or store.settings
         self.user_exists = user_exists
-        self.enabled = enabled
+        self.memory_on = memory_on
         self.timeout_s = timeout_s
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def _stopped(self, ws: str, uid: str) -> str:
+        """Why this job must not write now ("" when it may): checked at the last moment."""
+        if not self.user_exists(uid):
+            return "the user no longer exists"
+        if not self.store.user_enabled(ws, uid) or not self.memory_on(ws, uid):
+            return "memory was turned off"
+        return ""
 
     def _lock(self, ws: str, uid: str) -> asyncio.Lock:
         return self._locks.setdefault((ws, uid), asyncio.Lock())
@@ -143,7 +156,7 @@ class MemoryExtractor:
         """Find candidate facts in the user's messages of a turn and store them as candidates."""
         texts = user_texts(messages)
         result = ExtractionResult()
-        if not texts or not self.user_exists(uid):
+        if not texts or self._stopped(ws, uid):
             return result
         limit = self.settings.extraction_max_candidates
         async with self._lock(ws, uid):
@@ -164,12 +177,10 @@ class MemoryExtractor:
                 if why:
                     result.skipped.append(why)
                     continue
-                # checked at the last moment: the user may have been deleted or turned memory off
-                if not self.user_exists(uid):
-                    result.skipped.append("the user no longer exists")
-                    break
-                if self.enabled is not None and not self.enabled(ws, uid):
-                    result.skipped.append("memory was turned off")
+                # the user may have been deleted, or memory turned off, while the model answered
+                stopped = self._stopped(ws, uid)
+                if stopped:
+                    result.skipped.append(stopped)
                     break
                 try:
                     fact = self.store.remember(
