@@ -33,7 +33,7 @@ def seed_run(harness_factory, summaries: bool, budget: int = 6_000):
         c.post(f"/api/threads/{tid}/messages", json={"content": SEED})
         for i in range(1, 16):
             c.post(f"/api/threads/{tid}/messages", json={"content": f"make the chart colours warmer ({i})"})
-            wait_until(lambda: not h.rt.summaries._tasks if hasattr(h.rt.summaries, "_tasks") else True)
+            wait_until(lambda: h.rt.summaries.pending == 0)  # this turn's summary job has finished
         c.post(f"/api/threads/{tid}/messages", json={"content": "recompute"})
         tdir = h.rt.threads.get(tid, "bob", ["demo"]).dir
     manifests = [json.loads(x) for x in (tdir / "context.jsonl").read_text().splitlines()]
@@ -63,7 +63,14 @@ def test_without_summaries_the_constraint_is_lost(harness_factory) -> None:
 
 
 def test_seed_scenario_without_any_trimming(harness_factory) -> None:
-    _, _, manifests = seed_run(harness_factory, summaries=False, budget=200_000)
+    model, _, manifests = seed_run(harness_factory, summaries=False, budget=200_000)
+    assert len(manifests) == len(model.calls) == 33  # 17 turns: a tool step and a reply each, but the last
+    assert all(m["trimmed_through_seq"] == 0 and m["first_seq"] == 1 for m in manifests), \
+        [(m["first_seq"], m["trimmed_through_seq"]) for m in manifests]
+    assert all(m.get("gap_through_seq") is None and m.get("summary") is None for m in manifests)
+    recompute = model.calls[-1]
+    assert SEED in [m.get("content") for m in recompute if m["role"] == "user"]  # the first turn is still there
+    assert "exclude holidays" in json.dumps(recompute).lower()
     mean = sum(m["estimated_tokens"] for m in manifests) / len(manifests)
     print(f"\nseed scenario, whole history (no trimming): mean request tokens {mean:,.0f}, "
           f"last {manifests[-1]['estimated_tokens']:,}")
@@ -72,11 +79,13 @@ def test_seed_scenario_without_any_trimming(harness_factory) -> None:
 def test_clear_during_a_summary_job_writes_nothing_back(harness_factory) -> None:
     gate = threading.Event()
     started = threading.Event()
+    answered = threading.Event()
 
     async def gated(messages, tools):
         started.set()
         while not gate.is_set():
             await asyncio.sleep(0.01)
+        answered.set()  # the job goes on to write, after the clear
         return faithful(messages, tools)
 
     model = ScriptedModel(then="ok")
@@ -92,8 +101,7 @@ def test_clear_during_a_summary_job_writes_nothing_back(harness_factory) -> None
         tdir = h.rt.threads.get(tid, "bob", ["demo"]).dir
         assert c.post(f"/api/threads/{tid}/clear").status_code == 200
         gate.set()
-        wait_until(lambda: True)
-        import time
-        time.sleep(0.5)
+        assert answered.wait(10), "the summary job was not left to finish"
+        wait_until(lambda: h.rt.summaries.pending == 0)  # it tried to write, and was refused
         assert not (tdir / "summary.json").exists()
         assert c.get(f"/api/threads/{tid}").json()["records"] == []
