@@ -302,6 +302,7 @@ class Bench:
                 res = await self.py(rt, c, "1+1")
                 assert not res.is_error, res.content
             backend = rt.kernels.sessions[key].kernel
+            data = c.thread_dir / "artifacts"  # what the python tool links into /data
 
             def ok_backend(r: Any) -> None:
                 assert r.status == "ok" and r.result == "2", r
@@ -313,7 +314,7 @@ class Bench:
             for _ in range(runs):  # interleaved, so drift hits all three alike
                 ms, p = await self.timed(lambda: backend.execute("1+1", 10), ok_backend)
                 a.append(ms); pa.append(p)
-                ms, p = await self.timed(lambda: rt.kernels.execute(key, "1+1", 10), ok_registry)
+                ms, p = await self.timed(lambda: rt.kernels.execute(key, "1+1", 10, artifacts_dir=data), ok_registry)
                 b.append(ms); pb.append(p)
                 ms, p = await self.timed(lambda: self.py(rt, c, "1+1"), check_two)
                 t.append(ms); pt.append(p)
@@ -449,7 +450,7 @@ class Bench:
             ex = await rt.kernels.execute(key, "import duckdb, os, time\n"
                                                "(duckdb.__version__, os.cpu_count(), "
                                                "duckdb.sql(\"SELECT current_setting('threads')\").fetchall()[0][0])",
-                                          60)
+                                          60, artifacts_dir=path.parent)
             assert ex.result.status == "ok", ex.result
             self.info["kernel_duckdb"] = dict(zip(("version", "cpu_count", "threads"),
                                                   ast.literal_eval(ex.result.result)))
@@ -461,7 +462,7 @@ class Bench:
             wall, inner = [], []
             for _ in range(runs + 1):
                 t0 = time.perf_counter()
-                ex = await rt.kernels.execute(key, code, 300)
+                ex = await rt.kernels.execute(key, code, 300, artifacts_dir=path.parent)
                 ms = (time.perf_counter() - t0) * 1000
                 assert ex.result.status == "ok", (ex.result.error, ex.result.note, ex.result.stderr)
                 kms, groups, count = ast.literal_eval(ex.result.result)

@@ -240,7 +240,7 @@ async def main():
     settings = msgspec.json.decode(sys.stdin.readline().encode(), type=Settings, dec_hook=lambda t, o: Path(o))
     reg = build_kernel_registry(settings, Layout(settings.home))
     await reg.start()
-    ex = await reg.execute(("demo", "u", "t1"), "x = 41", 30)
+    ex = await reg.execute(("demo", "u", "t1"), "x = 41", 30, artifacts_dir=None)
     print(json.dumps({"status": ex.result.status, "remote": reg.sessions[("demo", "u", "t1")].kernel.remote_id}),
           flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # until told to stop
@@ -273,7 +273,7 @@ def test_another_worker_attaches_to_the_gateway_kernel_its_owner_stops_it(gatewa
             reg = build_kernel_registry(settings, Layout(home))
             await reg.start()
             try:
-                ex = await reg.execute(("demo", "u", "t1"), "x + 1", 30)
+                ex = await reg.execute(("demo", "u", "t1"), "x + 1", 30, artifacts_dir=None)
                 kernel = reg.sessions[("demo", "u", "t1")].kernel  # the kernel that ran it
                 return ex.result.result, ex.notices, kernel.attached, kernel.remote_id
             finally:
@@ -378,7 +378,7 @@ def test_an_unreachable_gateway_is_sandbox_unavailable(home: Path) -> None:
 
     async def body():
         with pytest.raises(SandboxUnavailable) as info:
-            await rt.kernels.execute(KEY, "1")
+            await rt.kernels.execute(KEY, "1", artifacts_dir=None)
         return str(info.value)
 
     message = run_with(rt, body)

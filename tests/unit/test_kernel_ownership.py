@@ -128,7 +128,7 @@ WORKER = """
         async def run(cmd):
             try:
                 key = ("demo", cmd.get("user", "u"), cmd["tid"])
-                ex = await reg.execute(key, cmd["code"], 30)
+                ex = await reg.execute(key, cmd["code"], 30, artifacts_dir=None)
                 session = reg.sessions.get(key)  # the kernel that ran it (none after it died)
                 out = {"status": ex.result.status, "result": ex.result.result, "notices": ex.notices,
                        "attached": bool(session and session.kernel.attached),
@@ -215,7 +215,7 @@ def test_a_kernel_started_by_one_worker_is_used_by_the_other(tmp_path: Path) -> 
         before = rec.last_used
 
         async def body(reg):
-            ex = await reg.execute(("demo", "u", "t1"), "x + 1")
+            ex = await reg.execute(("demo", "u", "t1"), "x + 1", artifacts_dir=None)
             kernel = reg.sessions[("demo", "u", "t1")].kernel  # the kernel that ran it
             return ex.result.result, ex.notices, kernel.attached, kernel.pid
 
@@ -244,7 +244,7 @@ def test_a_dead_workers_kernel_is_an_orphan_ended_and_replaced_with_the_notice(t
         assert started["status"] == "ok" and pid_alive(pid)
 
         async def body(reg):
-            ex = await reg.execute(("demo", "u", "t1"), "'x' in globals()")
+            ex = await reg.execute(("demo", "u", "t1"), "'x' in globals()", artifacts_dir=None)
             return ex.result.result, ex.notices, reg.sessions[("demo", "u", "t1")].kernel.attached
 
         result, notices, attached = here(settings, body)
@@ -266,7 +266,7 @@ def test_caps_count_every_workers_kernels_and_busy_ones_are_never_reclaimed(tmp_
 
         async def body(reg):
             # the user's 2 kernels live in the other worker: t1 (idle) is reclaimed, t2 (busy) kept
-            first = await reg.execute(("demo", "u", "t3"), "3")
+            first = await reg.execute(("demo", "u", "t3"), "3", artifacts_dir=None)
             table = KernelTable(tmp_path)
             t1, t2 = table.load(("demo", "u", "t1")), table.load(("demo", "u", "t2"))
             return first.result.result, t1, t2

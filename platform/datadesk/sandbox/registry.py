@@ -500,10 +500,10 @@ class KernelRegistry(KernelReaper):
         return session
 
     async def execute(self, key: SessionKey, code: str, timeout_s: float | None = None, *,
-                      artifacts_dir: Path | None = None) -> ExecutionReport:
+                      artifacts_dir: Path | None) -> ExecutionReport:
         """Run `code` in the thread's warm kernel (one execution per thread at a time, across
-        workers). `artifacts_dir`: the thread's artifacts, linked into /data first (None: /data
-        is left as it is). The new files under /outputs are read before the kernel is let go."""
+        workers). `artifacts_dir`: the thread's artifacts folder, linked into /data first (None:
+        /data is left as it is). The new files under /outputs are read before the kernel is let go."""
         timeout = self.settings.exec_timeout_s if timeout_s is None else timeout_s
         async with self._hold(key, self._busy_wait_s):
             session, notices = await self._warm_session(key)
