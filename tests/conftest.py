@@ -136,6 +136,15 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> None
         time.sleep(interval)
 
 
+async def until(predicate, timeout: float = 10.0, interval: float = 0.002) -> None:
+    """`wait_until` inside an event loop: poll `predicate` (other tasks run meanwhile) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(interval)
+
+
 def run(coro):
     return asyncio.run(coro)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port, parse_sse
+from tests.conftest import free_port, parse_sse, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def test_fresh_serve_prints_login_url_and_runs_the_demo(server) -> None:
     assert kinds[-2:] == ["message.completed", "done"]
     answer = events[-2][1]["content"]
     assert "Demo model" in answer and "|" in answer  # a table of real numbers
-    time.sleep(0.3)
+    wait_until(lambda: "GET /login?code=" in log.read_text())  # the access log line is written
     logged = log.read_text()
     assert "GET /login?code=[REDACTED]" in logged
     assert code not in logged.split(url)[1]  # printed once at start, never in the access log

@@ -34,7 +34,7 @@ from datadesk.sandbox.kerneltable import KernelTable
 from datadesk.store.layout import Layout
 from datadesk.store.threadlog import ThreadLog
 from datadesk.store.users import UserStore
-from tests.conftest import free_port, parse_sse
+from tests.conftest import free_port, parse_sse, wait_until
 from tests.fakes.tool_loop import ToolLoopServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,7 +164,8 @@ def test_two_workers_hammering_the_same_threads(home: Path) -> None:
             t.start()
         for t in threads:
             t.join(300)
-        time.sleep(2)  # background summary jobs of the last turns
+        # no wait for the last turns' summary jobs: each worker drains them when it stops
+        # (Runtime.stop), and every summary check below runs after the workers are gone
         server_log = log.read_text()
     # -- every attempt: accepted (a stream that ends with done) or refused with 409 ----------------
     statuses = [s for tid in tids for s, _ in results[tid]]
@@ -229,7 +230,14 @@ def test_cancel_and_clear_reach_the_turn_on_either_worker(home: Path) -> None:
                         break
                 assert time.time() < deadline
                 time.sleep(0.1)
-            time.sleep(0.5)
+
+            def executing(round_: int = round_) -> bool:  # this round's python call is recorded, its kernel up
+                with httpx.Client(base_url=base, headers=headers, timeout=60) as c:
+                    records = c.get(f"/api/threads/{tid}").json()["records"]
+                return sum(1 for r in records if r.get("tool_calls")) > round_ and \
+                    any(k.thread == tid for k in KernelTable(home).kernels())
+
+            wait_until(executing, timeout=60, interval=0.1)
             with httpx.Client(base_url=base, headers=headers, timeout=60) as c:  # a new connection: either worker
                 if round_ < 2:
                     answer = c.post(f"/api/threads/{tid}/cancel").json()

@@ -18,6 +18,7 @@ from datadesk.llm.scripted import (
     parse_tool_result,
     tool_step,
 )
+from tests.conftest import until
 
 TOOLS = [{"type": "function", "function": {"name": "sql_query", "parameters": {"type": "object"}}}]
 
@@ -116,7 +117,7 @@ def test_delay_lets_a_cancel_land_mid_reply():
 
     async def go():
         task = asyncio.create_task(consume())
-        await asyncio.sleep(0.12)
+        await until(lambda: seen)  # the stream has begun
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -130,7 +131,8 @@ def test_gate_holds_the_step():
         gate = asyncio.Event()
         model = ScriptedModel([ScriptStep(text="released", gate=gate)])
         task = asyncio.create_task(_collect(model))
-        await asyncio.sleep(0.05)
+        await until(lambda: model.calls)  # the step is resolved: only the gate holds it now
+        await asyncio.sleep(0.05)  # time in which it must not finish
         assert not task.done()
         gate.set()
         return await asyncio.wait_for(task, 1)
