@@ -105,6 +105,10 @@ class Thread:
         """The epoch on disk now (a clear bumps it), or None without a meta file."""
         return read_epoch(self.dir)
 
+    def cleared_since(self, epoch: int | None) -> bool:
+        """Whether the thread was cleared (or deleted) since work that started in `epoch`."""
+        return epoch is not None and self.current_epoch() != epoch
+
     @contextlib.contextmanager
     def guarded(self, epoch: int | None) -> Iterator[None]:
         """Hold the thread lock while the thread is still in `epoch` (None: no epoch check);
@@ -113,7 +117,7 @@ class Thread:
         if not self.exists():
             raise LogClosed(f"thread {self.id} no longer exists")
         with self._lock:
-            if epoch is not None and self.current_epoch() != epoch:
+            if self.cleared_since(epoch):
                 raise LogClosed(f"thread {self.id} was cleared")
             yield
 

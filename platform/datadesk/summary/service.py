@@ -127,7 +127,7 @@ class SummaryService:
 
     async def _run(self, thread: Thread, upto_seq: int, epoch: int, focus: str | None,
                    synchronous: bool) -> ThreadSummary | None:
-        if thread.current_epoch() != epoch:
+        if thread.cleared_since(epoch):
             log.info("summary refresh of %s skipped: the thread was cleared", thread.id)
             return None
         previous = self.store.load_current(thread, epoch)
