@@ -149,6 +149,7 @@ def _runtime(home: Path):
     from datadesk.llm.scripted import ScriptedModel
     from datadesk.llm.tokens import count_tokens
     from datadesk.settings import Settings
+    from datadesk.store.threads import Thread
     from datadesk.tools.registry import ToolContext
     from tests.fakes.sandbox import FakeSandbox
 
@@ -156,8 +157,8 @@ def _runtime(home: Path):
     FakeSandbox(rt)
     tdir = home / "threads" / f"t{os.getpid()}"
     tdir.mkdir(parents=True)
-    ctx = ToolContext(workspace=WS, user="bench", thread=tdir.name, permissions=frozenset({"code_execution"}),
-                      workspace_dir=rt.layout.workspace_dir(WS), thread_dir=tdir, call_id="c1")
+    ctx = ToolContext(thread=Thread(tdir), workspace=WS, user="bench", permissions=frozenset({"code_execution"}),
+                      call_id="c1")
     count_tokens("warm up the encoder")  # loaded once per app, not per call
     return rt, ctx
 
@@ -235,7 +236,8 @@ async def _offload(rt, ctx, tool: str, arguments: str):
     t0 = time.perf_counter()
     result = await rt.tools.run(tool, arguments, ctx)
     t_tool = time.perf_counter() - t0
-    outcome = await rt.offload.process(rt.tools.get(tool).spec, arguments, result, ctx, OffloadCapability(True))
+    outcome = await rt.offload.process(rt.tools.get(tool).spec, result, ctx.thread,
+                                       ctx.origin("tool", tool, arguments), OffloadCapability(True))
     return outcome, t_tool, time.perf_counter() - t0
 
 
@@ -266,7 +268,7 @@ def _offload_case(home: Path, kind: str) -> dict[str, Any]:
     art = outcome.artifact
     if art is None:
         raise SystemExit(f"{kind}: no artifact was written: {outcome.result.content[:500]}")
-    path = ctx.thread_dir / "artifacts" / art.file
+    path = ctx.thread.artifacts_dir / art.file
     meta = pq.ParquetFile(path).metadata
     content = outcome.result.content
     return {
@@ -284,7 +286,7 @@ def case_breakdown(home: Path) -> dict[str, Any]:
     from datadesk.offload import preview
     from datadesk.offload.sink import file_digest
     from datadesk.offload.sink import ParquetSink
-    from datadesk.offload.stream import TabularStream
+    from datadesk.domain.tools import TabularStream
     from datadesk.llm.tokens import count_tokens
 
     rt, ctx = _runtime(home)
@@ -319,10 +321,10 @@ def case_breakdown(home: Path) -> dict[str, Any]:
     out["sha256_s"] = round(time.perf_counter() - t0, 4)
 
     # 4. pipeline.write_table (sink + preview head + metadata save) and the preview message.
-    origin = ArtifactOrigin(source="tool", user="bench", thread=ctx.thread, workspace=WS, tool="sql_query",
+    origin = ArtifactOrigin(source="tool", user="bench", thread=ctx.thread.id, workspace=WS, tool="sql_query",
                             arguments="{}", call_id="c1")
     t0 = time.perf_counter()
-    art, head, sch = rt.offload.write_table(ctx.thread_dir, "abreakdown", TabularStream(schema, iter(batches)),
+    art, head, sch = rt.offload.write_table(ctx.thread, "abreakdown", TabularStream(schema, iter(batches)),
                                             origin, "result")
     out["write_table_s"] = round(time.perf_counter() - t0, 4)
     s = rt.settings.offload

@@ -62,6 +62,7 @@ import msgspec  # noqa: E402
 from datadesk.chat.runtime import Runtime  # noqa: E402
 from datadesk.llm.scripted import ScriptedModel  # noqa: E402
 from datadesk.settings import Settings  # noqa: E402
+from datadesk.store.threads import Thread  # noqa: E402
 from datadesk.tools.registry import ToolContext, ToolResult  # noqa: E402
 
 GOAL_WARM_MS = 15.0
@@ -160,7 +161,7 @@ class Probe:
 
     def install(self, backend: str) -> None:
         import datadesk.sandbox.registry as registry_mod
-        from datadesk.offload.requery import RequeryService
+        from datadesk.tools.requery import RequeryService
         from datadesk.sandbox.messaging import KernelChannel
         from datadesk.sandbox.registry import KernelRegistry
 
@@ -237,8 +238,8 @@ class Bench:
     def ctx(rt: Runtime, tid: str) -> ToolContext:
         tdir = rt.layout.thread_dir(KEY_WS, KEY_USER, tid)
         (tdir / "artifacts").mkdir(parents=True, exist_ok=True)
-        return ToolContext(workspace=KEY_WS, user=KEY_USER, thread=tid, permissions=frozenset({"code_execution"}),
-                           workspace_dir=rt.layout.workspace_dir(KEY_WS), thread_dir=tdir, call_id="bench")
+        return ToolContext(thread=Thread(tdir), workspace=KEY_WS, user=KEY_USER,
+                           permissions=frozenset({"code_execution"}), call_id="bench")
 
     @staticmethod
     async def py(rt: Runtime, c: ToolContext, code: str) -> ToolResult:
@@ -302,7 +303,7 @@ class Bench:
                 res = await self.py(rt, c, "1+1")
                 assert not res.is_error, res.content
             backend = rt.kernels.sessions[key].kernel
-            data = c.thread_dir / "artifacts"  # what the python tool links into /data
+            data = c.thread.artifacts_dir  # what the python tool links into /data
 
             def ok_backend(r: Any) -> None:
                 assert r.status == "ok" and r.result == "2", r
@@ -358,7 +359,7 @@ class Bench:
                 await asyncio.sleep(0.3)  # let the host settle after the container start
                 pooled = reg.pool[0].placement.kernel_id
                 c = self.ctx(rt, f"p{i}")
-                key = (KEY_WS, KEY_USER, c.thread)
+                key = (KEY_WS, KEY_USER, c.thread.id)
                 if defer_refill:
                     reg._fill_pool = lambda: None  # type: ignore[method-assign]
                 try:
@@ -386,7 +387,7 @@ class Bench:
         try:
             for i in range(runs):
                 c = self.ctx(rt, f"c{i}")
-                key = (KEY_WS, KEY_USER, c.thread)
+                key = (KEY_WS, KEY_USER, c.thread.id)
                 ms, p = await self.timed(lambda: self.py(rt, c, "1+1"), check_two)
                 times.append(ms); profs.append(p)
                 backend = reg.sessions[key].kernel
@@ -436,7 +437,7 @@ class Bench:
             c = self.ctx(rt, "agg")
             key = (KEY_WS, KEY_USER, "agg")
             name = f"bench{rows}.parquet"
-            path = c.thread_dir / "artifacts" / name
+            path = c.thread.artifacts_dir / name
             t0 = time.perf_counter()
             con = duckdb.connect()
             con.execute(f"""COPY (SELECT i AS id, (i % 1000)::INTEGER AS g, random() AS v,

@@ -12,6 +12,7 @@ import msgspec
 from datadesk.chat.runtime import Runtime
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.settings import Settings
+from datadesk.store.threads import Thread
 from datadesk.tools.registry import ToolContext
 
 
@@ -25,8 +26,7 @@ def ctx(rt: Runtime, user: str = "alice", tid: str = "t1", perms=("code_executio
     """The tool context of a thread of `user` in the demo workspace."""
     tdir = rt.layout.thread_dir("demo", user, tid)
     (tdir / "artifacts").mkdir(parents=True, exist_ok=True)
-    return ToolContext(workspace="demo", user=user, thread=tid, permissions=frozenset(perms),
-                       workspace_dir=rt.layout.workspace_dir("demo"), thread_dir=tdir, call_id="c1")
+    return ToolContext(thread=Thread(tdir), workspace="demo", user=user, permissions=frozenset(perms), call_id="c1")
 
 
 async def py(rt: Runtime, c: ToolContext, code: str, **args):

@@ -88,16 +88,16 @@ def test_other_thread_of_the_same_user_cannot_requery_it(env) -> None:
 def test_requery_restores_and_reports_changes(env, home: Path) -> None:
     h, client, model = env
     tid, aid = make_artifact(h, client, model)
-    tdir = h.rt.threads.get(tid, "alice", ["demo"]).dir
-    before = h.rt.artifacts.load(tdir, aid)
-    h.rt.artifacts.expire(tdir, aid)
+    thread = h.rt.threads.get(tid, "alice", ["demo"])
+    before = h.rt.artifacts.load(thread, aid)
+    h.rt.artifacts.expire(thread, aid)
     r = client.get(f"/api/artifacts/{aid}/download", headers=h.auth("alice"))
     assert r.status_code == 410 and "requery_artifact" in r.json()["error"]
     # unchanged data: restored, same hash
     events = turn(h, client, model, "alice", tid, tool_step("requery_artifact", {"artifact_id": aid}), "x")
     report = json.loads(next(d for e, d in events if e == "tool.finished")["preview"])
     assert report["restored"] and not report["changed"] and report["rows_after"] == before.rows
-    assert (tdir / "artifacts" / f"{aid}.parquet").exists()
+    assert (thread.artifacts_dir / f"{aid}.parquet").exists()
     # the warehouse changes underneath: the endpoint re-runs the query and reports it
     con = duckdb.connect(str(home / "workspaces/demo/data/warehouse.duckdb"))
     con.execute("DELETE FROM readings WHERE building_id = 'B02' AND ts >= '2025-01-01'")

@@ -46,23 +46,23 @@ def test_outputs_through_exec_take_only_regular_files_within_the_quota(home: Pat
 
     files, again, dashes, changed = run_with(rt, body)
     assert not files.is_error, files.content
-    saved = {a["file"]: a for a in files.meta["artifacts"]}
+    saved = {a.file: a for a in files.meta.artifacts}
     assert set(saved) == {"rep/summary.csv", "rep/a/b/deep.txt", "odd name\nwith newline.txt", "hard.csv"}
-    art_dir = c.thread_dir / "artifacts"
-    assert (art_dir / f"{saved['rep/summary.csv']['id']}.csv").read_text() == "a,b\n1,2\n"
-    assert (art_dir / f"{saved['hard.csv']['id']}.csv").read_text() == "a,b\n1,2\n"  # a hard link is a file
-    assert (art_dir / f"{saved['rep/a/b/deep.txt']['id']}.txt").read_text() == "deep"
+    art_dir = c.thread.artifacts_dir
+    assert (art_dir / f"{saved['rep/summary.csv'].id}.csv").read_text() == "a,b\n1,2\n"
+    assert (art_dir / f"{saved['hard.csv'].id}.csv").read_text() == "a,b\n1,2\n"  # a hard link is a file
+    assert (art_dir / f"{saved['rep/a/b/deep.txt'].id}.txt").read_text() == "deep"
     for name in ("leak", "dirlink", "pipe"):
         assert f"/outputs/{name} is not a regular file" in files.content
     assert "/outputs/sparse.bin (10,737,418,240 bytes) exceeds the outputs quota" in files.content
-    assert "artifacts" not in again.meta  # unchanged files are not fetched again
+    assert again.meta.artifacts is None  # unchanged files are not fetched again
     assert "sparse.bin" not in again.content  # reported once, as on the /proc path
     # names that look like tar options are only names
-    assert sorted(a["file"] for a in dashes.meta["artifacts"]) == ["--checkpoint-action=exec=sh", "-C"]
+    assert sorted(a.file for a in dashes.meta.artifacts) == ["--checkpoint-action=exec=sh", "-C"]
     # a changed file is fetched again (its hard link too: the same inode)
-    again_saved = {a["file"]: a for a in changed.meta["artifacts"]}
+    again_saved = {a.file: a for a in changed.meta.artifacts}
     assert set(again_saved) == {"rep/summary.csv", "hard.csv"}
-    assert (art_dir / f"{again_saved['hard.csv']['id']}.csv").read_text() == "a,b\n3,4\n"
+    assert (art_dir / f"{again_saved['hard.csv'].id}.csv").read_text() == "a,b\n3,4\n"
 
 
 def test_exec_path_and_proc_path_agree(home: Path) -> None:

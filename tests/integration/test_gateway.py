@@ -145,15 +145,15 @@ def test_execute_stdout_result_error_and_chart(gateway: Gateway, home: Path, cap
     assert not out.is_error and "hello from the gateway" in out.content and "42" in out.content
     assert err.is_error and "ZeroDivisionError: division by zero" in err.content and "f()" in err.content
     assert "\x1b[" not in err.content and "ipykernel" not in err.content
-    (img,) = chart.meta["images"]
-    art = rt.artifacts.load(c.thread_dir, img)
-    assert (c.thread_dir / "artifacts" / art.file).read_bytes()[:4] == b"\x89PNG"
+    (img,) = chart.meta.images
+    art = rt.artifacts.load(c.thread, img)
+    assert (c.thread.artifacts_dir / art.file).read_bytes()[:4] == b"\x89PNG"
     kernel_env = json.loads(env.content.split("stdout:\n", 1)[1].strip())
     assert kernel_env["KERNEL_DATADESK_DATA_DIR"].startswith(str(kernel_view(home)))
     assert not any(TOKEN in v for v in kernel_env.values()) and "KG_AUTH_TOKEN" not in kernel_env
     assert "chars cut" in flood.content and "line 99999" in flood.content and "line 0" in flood.content
-    out_art = next(a for a in flood.meta["artifacts"] if a["file"] == "output.txt")
-    assert (c.thread_dir / "artifacts" / f"{out_art['id']}.txt").read_text().count("\n") == 100_000
+    out_art = next(a for a in flood.meta.artifacts if a.file == "output.txt")
+    assert (c.thread.artifacts_dir / f"{out_art.id}.txt").read_text().count("\n") == 100_000
     assert TOKEN not in caplog.text  # not in any log record, websocket debug included
 
 
@@ -187,7 +187,7 @@ def test_restart_gives_a_fresh_interpreter(gateway: Gateway, home: Path) -> None
     assert before == after_id  # the gateway's restart: same kernel, new process
     assert not after.is_error and "False" in after.content
     # the working dir (the outputs dir) is set again after the restart
-    assert [a["file"] for a in after.meta["artifacts"]] == ["after.txt"]
+    assert [a.file for a in after.meta.artifacts] == ["after.txt"]
 
 
 def test_kernel_killed_is_reported_and_replaced_with_notice(gateway: Gateway, home: Path) -> None:
@@ -299,7 +299,7 @@ def test_data_and_outputs_cross_through_the_path_mapping(gateway: Gateway, home:
     rt = make_rt(gateway, home)
     c = ctx(rt)
     origin = ArtifactOrigin(source="tool", user="alice", thread="t1", workspace="demo", call_id="c0")
-    art = rt.artifacts.save_bytes(c.thread_dir, b"region,sales\nnorth,3\nsouth,4\n", "csv", "result",
+    art = rt.artifacts.save_bytes(c.thread, b"region,sales\nnorth,3\nsouth,4\n", "csv", "result",
                                   "text/csv", origin)
 
     async def body():
@@ -315,8 +315,8 @@ def test_data_and_outputs_cross_through_the_path_mapping(gateway: Gateway, home:
     assert not read.is_error and "7" in read.content, read.content
     assert f"{kernel_view(home)}/sandbox/slots/" in read.content  # the kernel read it at the kernel-side path
     assert not wrote.is_error, wrote.content
-    files = {a["file"]: a for a in wrote.meta["artifacts"]}
-    assert (c.thread_dir / "artifacts" / f"{files['rep/summary.csv']['id']}.csv").read_text() == \
+    files = {a.file: a for a in wrote.meta.artifacts}
+    assert (c.thread.artifacts_dir / f"{files['rep/summary.csv'].id}.csv").read_text() == \
         "region,sales\nnorth,3\nsouth,4\n"
     assert "plain.txt" in files
     assert "leak is not a regular file" in wrote.content and "leak" not in files

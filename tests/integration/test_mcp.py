@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 import pytest
 
 from datadesk.tools.mcp import MCPManager, MCPServerConfig, exposed_tool_name, mask, masked_config
+from datadesk.store.threads import Thread
 from datadesk.tools.registry import ToolContext, ToolRegistry, ToolResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +40,7 @@ WS = "demo"
 def ctx(tmp_path: Path, ws: str = WS) -> ToolContext:
     tdir = tmp_path / "thread"
     tdir.mkdir(exist_ok=True)
-    return ToolContext(workspace=ws, user="ann", thread="t1", permissions=frozenset(), workspace_dir=tmp_path,
-                       thread_dir=tdir, call_id="c1")
+    return ToolContext(thread=Thread(tdir), workspace=ws, user="ann", permissions=frozenset(), call_id="c1")
 
 
 async def call(reg: ToolRegistry, c: ToolContext, tool: str, /, **args: Any) -> ToolResult:
@@ -143,7 +143,7 @@ def test_fake_server_end_to_end(tmp_path: Path, caplog: pytest.LogCaptureFixture
 
             r = await call(reg, c, "fake__echo", text="hello")
             assert (r.content, r.is_error) == ("hello", False)
-            assert r.meta["mcp_server"] == "fake" and r.meta["mcp_tool"] == "echo"
+            assert r.meta.mcp_server == "fake" and r.meta.mcp_tool == "echo"
 
             r = await call(reg, c, "fake__rows", n=20000)
             assert not r.is_error and len(r.content) > 500_000
@@ -151,7 +151,7 @@ def test_fake_server_end_to_end(tmp_path: Path, caplog: pytest.LogCaptureFixture
             assert len(rows) == 20000 and rows[-1]["id"] == 19999
 
             r = await call(reg, c, "fake__image")
-            assert not r.is_error and r.meta["images"] == ["a_img1"]
+            assert not r.is_error and r.meta.images == ["a_img1"]
             assert "image: artifact a_img1" in r.content
             assert saved[0][1] == "image/png" and saved[0][0].startswith(b"\x89PNG")
 

@@ -92,6 +92,7 @@ from datadesk.llm.tokens import count_tokens
 from datadesk.offload.pipeline import OffloadCapability
 from datadesk.settings import Settings
 from datadesk.store import warehouse
+from datadesk.store.threads import Thread
 from datadesk.tools.registry import ToolContext
 from tests.fakes.sandbox import FakeSandbox
 
@@ -104,8 +105,8 @@ rt = Runtime(settings=Settings(home=home), model=ScriptedModel([]))
 FakeSandbox(rt)
 tdir = home / f"thread-{os.getpid()}"
 tdir.mkdir()
-ctx = ToolContext(workspace=WS, user="alice", thread="t1", permissions=frozenset({"code_execution"}),
-                  workspace_dir=rt.layout.workspace_dir(WS), thread_dir=tdir, call_id="c1")
+ctx = ToolContext(thread=Thread(tdir), workspace=WS, user="alice", permissions=frozenset({"code_execution"}),
+                  call_id="c1")
 count_tokens("load the encoder")  # part of the app, loaded once
 arguments = json.dumps({"sql": "SELECT * FROM orders"})
 
@@ -120,7 +121,8 @@ except OSError:
 
 async def offload():
     result = await rt.tools.run("sql_query", arguments, ctx)
-    return await rt.offload.process(rt.tools.get("sql_query").spec, arguments, result, ctx, OffloadCapability(True))
+    return await rt.offload.process(rt.tools.get("sql_query").spec, result, ctx.thread,
+                                    ctx.origin("tool", "sql_query", arguments), OffloadCapability(True))
 
 t0 = time.perf_counter()
 outcome = asyncio.run(offload())

@@ -81,15 +81,15 @@ def test_chart_and_outputs_become_artifacts(home: Path, backend: str) -> None:
 
     chart, files, again = run_with(rt, body)
     assert not chart.is_error, chart.content
-    (img,) = chart.meta["images"]
-    art = rt.artifacts.load(c.thread_dir, img)
-    assert art.kind == "deliverable" and (c.thread_dir / "artifacts" / art.file).read_bytes()[:4] == b"\x89PNG"
+    (img,) = chart.meta.images
+    art = rt.artifacts.load(c.thread, img)
+    assert art.kind == "deliverable" and (c.thread.artifacts_dir / art.file).read_bytes()[:4] == b"\x89PNG"
     assert not files.is_error, files.content
-    saved = [a for a in files.meta["artifacts"] if a["file"] == "rep/summary.csv"]
-    assert saved and (c.thread_dir / "artifacts" / f"{saved[0]['id']}.csv").read_text() == "a,b\n1,2\n"
+    saved = [a for a in files.meta.artifacts if a.file == "rep/summary.csv"]
+    assert saved and (c.thread.artifacts_dir / f"{saved[0].id}.csv").read_text() == "a,b\n1,2\n"
     assert "leak is not a regular file" in files.content and "pipe is not a regular file" in files.content
-    assert all(a["file"] not in ("leak", "pipe") for a in files.meta["artifacts"])
-    assert "artifacts" not in again.meta  # unchanged files are not registered twice
+    assert all(a.file not in ("leak", "pipe") for a in files.meta.artifacts)
+    assert again.meta.artifacts is None  # unchanged files are not registered twice
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -112,8 +112,8 @@ def test_errors_timeouts_floods_and_exit(home: Path, backend: str) -> None:
     assert loop.is_error and "TIMEOUT" in loop.content
     assert alive.content.count("42") == 1 and not alive.is_error
     assert "chars cut" in flood.content and "line 299999" in flood.content and "line 0" in flood.content
-    out_art = next(a for a in flood.meta["artifacts"] if a["file"] == "output.txt")
-    full = (c.thread_dir / "artifacts" / f"{out_art['id']}.txt").read_text()
+    out_art = next(a for a in flood.meta.artifacts if a.file == "output.txt")
+    full = (c.thread.artifacts_dir / f"{out_art.id}.txt").read_text()
     assert full.count("\n") == 300_000
     assert exit_.is_error and "SystemExit" in exit_.content
     assert "41" in after.content  # the kernel survived sys.exit
@@ -206,8 +206,8 @@ def test_pool_and_per_user_cap(home: Path, backend: str) -> None:
 def test_other_threads_data_is_not_visible_and_expired_paths_offer_requery(home: Path) -> None:
     rt = make_rt(home, "local")
     mine, other = ctx(rt, tid="t1"), ctx(rt, tid="t2")
-    (other.thread_dir / "artifacts" / "aotherthread0001.txt").write_text("secret of t2")
-    (mine.thread_dir / "artifacts" / "amine00000000001.txt").write_text("mine")
+    (other.thread.artifacts_dir / "aotherthread0001.txt").write_text("secret of t2")
+    (mine.thread.artifacts_dir / "amine00000000001.txt").write_text("mine")
 
     async def body():
         own = await py(rt, mine, "print(open('/data/amine00000000001.txt').read())")
@@ -237,10 +237,11 @@ def test_pooled_kernel_sees_only_its_threads_data_and_expired_paths_offer_requer
             from tests.fakes.sandbox import FakeSandbox  # noqa: F401  (real python tool registered)
             from datadesk.offload.pipeline import OffloadCapability
 
-            out = await rt.offload.process(rt.tools.get("sql_query").spec, sql, raw, c, OffloadCapability(True))
+            out = await rt.offload.process(rt.tools.get("sql_query").spec, raw, c.thread,
+                                           c.origin("tool", "sql_query", sql), OffloadCapability(True))
             aid = out.artifact.id
             read = await py(rt, c, f"import pandas as pd\nlen(pd.read_parquet('/data/{aid}.parquet'))")
-            rt.artifacts.expire(c.thread_dir, aid)
+            rt.artifacts.expire(c.thread, aid)
             expired = await py(rt, c, f"import os\nos.path.exists('/data/{aid}.parquet')")
             return aid, read, expired
         finally:

@@ -25,7 +25,7 @@ def box(tmp_path_factory, demo_warehouse_dir):
     loop = asyncio.new_event_loop()
     loop.run_until_complete(rt.start())
     mine, other = ctx(rt, tid="t1"), ctx(rt, tid="t2")
-    (other.thread_dir / "artifacts" / "aother00000000001.txt").write_text("t2 secret")
+    (other.thread.artifacts_dir / "aother00000000001.txt").write_text("t2 secret")
     loop.run_until_complete(py(rt, other, "z = 'other thread alive'"))
     run = lambda code, **kw: loop.run_until_complete(py(rt, mine, code, **kw))  # noqa: E731
     yield rt, run, lambda code: loop.run_until_complete(py(rt, other, code))

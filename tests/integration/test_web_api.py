@@ -36,7 +36,7 @@ def env(harness_factory):
 def save(h, tid: str, user: str, data: bytes, ext: str, media: str, filename: str | None):
     handle = h.rt.threads.get(tid, user, ["demo"])
     origin = ArtifactOrigin(source="python", user=user, thread=tid, workspace="demo", filename=filename)
-    return h.rt.artifacts.save_bytes(handle.dir, data, ext, "deliverable", media, origin)
+    return h.rt.artifacts.save_bytes(handle, data, ext, "deliverable", media, origin)
 
 
 def test_rename_validates_and_keeps_the_log(env) -> None:
@@ -95,7 +95,7 @@ def test_view_images_inline_reports_rendered_and_everything_else_refused(env) ->
     # another user's artifact is not found; an expired one says so
     assert client.get(f"/api/artifacts/{md.id}/view", headers=h.auth("bob")).status_code == 404
     handle = h.rt.threads.get(tid, "alice", ["demo"])
-    h.rt.artifacts.expire(handle.dir, md.id)
+    h.rt.artifacts.expire(handle, md.id)
     assert client.get(f"/api/artifacts/{md.id}/view", headers=auth).status_code == 410
 
 

@@ -17,6 +17,7 @@ from datadesk.llm.scripted import ScriptedModel
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload.pipeline import OffloadCapability
 from datadesk.settings import OffloadSettings, SandboxSettings, Settings
+from datadesk.store.threads import Thread
 from datadesk.tools.registry import ToolContext, ToolResult, ToolSpec
 from tests.fakes.sandbox import FakeSandbox
 
@@ -34,8 +35,14 @@ def rt(home: Path) -> Runtime:
 def ctx(rt: Runtime, tid: str = "t1") -> ToolContext:
     tdir = rt.layout.thread_dir("demo", "alice", tid)
     tdir.mkdir(parents=True, exist_ok=True)
-    return ToolContext(workspace="demo", user="alice", thread=tid, permissions=frozenset({"code_execution"}),
-                       workspace_dir=rt.layout.workspace_dir("demo"), thread_dir=tdir, call_id="c1")
+    return ToolContext(thread=Thread.at(tdir), workspace="demo", user="alice",
+                       permissions=frozenset({"code_execution"}), call_id="c1")
+
+
+def process(rt: Runtime, spec: ToolSpec | None, arguments: str, result: ToolResult, c: ToolContext, cap):
+    """The pipeline on the result of a call of `spec` with `arguments` in `c`'s thread."""
+    origin = c.origin("tool", spec.name if spec else None, arguments)
+    return rt.offload.process(spec, result, c.thread, origin, cap, c.epoch)
 
 
 def sql(rt: Runtime, query: str, cap=YES):
@@ -44,7 +51,7 @@ def sql(rt: Runtime, query: str, cap=YES):
 
     async def go():
         result = await rt.tools.run("sql_query", args, c)
-        return await rt.offload.process(rt.tools.get("sql_query").spec, args, result, c, cap)
+        return await process(rt, rt.tools.get("sql_query").spec, args, result, c, cap)
 
     return asyncio.run(go()), c
 
@@ -52,11 +59,11 @@ def sql(rt: Runtime, query: str, cap=YES):
 def text_tool(rt: Runtime, text: str, cap=YES):
     spec = ToolSpec(name="mcp__fetch", description="", parameters={}, read_only=True)
     c = ctx(rt)
-    return asyncio.run(rt.offload.process(spec, "{}", ToolResult(text), c, cap)), c
+    return asyncio.run(process(rt, spec, "{}", ToolResult(text), c, cap)), c
 
 
 def data_file(c: ToolContext, out) -> Path:
-    return c.thread_dir / "artifacts" / out.artifact.file
+    return c.thread.artifacts_dir / out.artifact.file
 
 
 def test_type_fidelity_from_sql(rt: Runtime) -> None:
@@ -115,7 +122,7 @@ def test_truncated_text_without_python(rt: Runtime) -> None:
     out, c = text_tool(rt, "line\n" * 10_000, cap=NO)
     assert out.artifact is None and len(out.result.content) <= 8_000
     assert "of 50,000 chars" in out.result.content and "code_execution" in out.result.content
-    assert not (c.thread_dir / "artifacts").exists() or not list((c.thread_dir / "artifacts").glob("a*"))
+    assert not (c.thread.artifacts_dir).exists() or not list((c.thread.artifacts_dir).glob("a*"))
 
 
 def test_byte_ceiling_marks_partial_with_exact_rows(home: Path) -> None:
@@ -143,7 +150,7 @@ def test_disk_full_gives_truncated_form_and_leaves_nothing(rt: Runtime, monkeypa
     monkeypatch.setattr(sink_mod.ParquetSink, "add", full)
     out, c = sql(rt, "SELECT * FROM readings")
     assert out.artifact is None and "No space left on device" in out.result.content
-    adir = c.thread_dir / "artifacts"
+    adir = c.thread.artifacts_dir
     assert not adir.exists() or [p.name for p in adir.iterdir() if p.name != ".lock"] == []
 
 
@@ -157,7 +164,7 @@ def test_empty_result_is_not_offloaded(rt: Runtime) -> None:
 def test_first_party_tools_are_never_offloaded(rt: Runtime) -> None:
     spec = ToolSpec(name="remember", description="", parameters={}, offloadable=False)
     c = ctx(rt)
-    out = asyncio.run(rt.offload.process(spec, "{}", ToolResult("m" * 50_000), c, YES))
+    out = asyncio.run(process(rt, spec, "{}", ToolResult("m" * 50_000), c, YES))
     assert out.artifact is None and len(out.result.content) == 50_000
 
 
@@ -167,17 +174,17 @@ def test_artifact_files_are_readable_by_the_sandbox_user(rt: Runtime) -> None:
 
 
 def test_a_result_finishing_after_a_clear_leaves_nothing(rt: Runtime) -> None:
-    import dataclasses
+    import msgspec
 
-    c = dataclasses.replace(ctx(rt, "tclear"), epoch=0)
-    (c.thread_dir / "meta.json").write_text('{"id": "tclear", "workspace": "demo", "owner": "alice", '
+    c = msgspec.structs.replace(ctx(rt, "tclear"), epoch=0)
+    (c.thread.dir / "meta.json").write_text('{"id": "tclear", "workspace": "demo", "owner": "alice", '
                                             '"title": "t", "created": 0, "updated": 0, "epoch": 1}')
     args = json.dumps({"sql": "SELECT * FROM readings"})
 
     async def go():
         result = await rt.tools.run("sql_query", args, c)
-        return await rt.offload.process(rt.tools.get("sql_query").spec, args, result, c, YES)
+        return await process(rt, rt.tools.get("sql_query").spec, args, result, c, YES)
 
     out = asyncio.run(go())
     assert out.result.is_error and "cleared" in out.result.content
-    assert [p.name for p in (c.thread_dir / "artifacts").iterdir() if p.name != ".lock"] == []
+    assert [p.name for p in (c.thread.artifacts_dir).iterdir() if p.name != ".lock"] == []

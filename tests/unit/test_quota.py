@@ -16,6 +16,7 @@ from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
 from datadesk.offload.store import ArtifactStore, new_artifact_id
 from datadesk.settings import OffloadSettings
 from datadesk.store.layout import Layout
+from datadesk.store.threads import Thread
 
 
 class World:
@@ -26,10 +27,10 @@ class World:
         self.quota = ArtifactQuota(self.settings, self.store)
         self.pipeline = OffloadPipeline(self.settings, self.store, count_tokens)
 
-    def thread(self, user: str, tid: str, ws: str = "demo") -> Path:
+    def thread(self, user: str, tid: str, ws: str = "demo") -> Thread:
         d = self.layout.thread_dir(ws, user, tid)
         d.mkdir(parents=True, exist_ok=True)
-        return d
+        return Thread(d)
 
     def add(self, user: str, tid: str, size: int, kind: str = "result", used: float | None = None,
             enforce: bool = True):
@@ -41,7 +42,7 @@ class World:
             art = msgspec.structs.replace(art, last_used=used)
             self.store.save(tdir, art)
         if enforce and kind != "deliverable":
-            self.quota.after_create("demo", user, tdir, art)
+            self.quota.after_create(art)
         return art
 
     def status(self, user: str, tid: str) -> dict[str, str]:
@@ -56,7 +57,7 @@ def test_count_limit_per_thread_evicts_lru_and_keeps_tombstones(tmp_path: Path) 
     assert [status[a.id] for a in arts] == ["expired", "expired", "ready", "ready", "ready"]
     tomb = w.store.load(w.thread("alice", "t1"), arts[0].id)
     assert tomb.expired_at and tomb.rows is None and tomb.origin.tool == "sql_query"
-    assert not (w.thread("alice", "t1") / "artifacts" / arts[0].file).exists()
+    assert not (w.thread("alice", "t1").artifacts_dir / arts[0].file).exists()
 
 
 def test_bytes_limit_per_user_across_threads(tmp_path: Path) -> None:

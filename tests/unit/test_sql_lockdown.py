@@ -24,6 +24,7 @@ import pytest
 from datadesk.settings import SQLSettings
 from datadesk.store.demo import create_demo_warehouse
 from datadesk.store.warehouse import SQLError, SQLRefused, Warehouse, check_statement
+from datadesk.store.threads import Thread
 from datadesk.tools.registry import ToolContext, ToolRegistry
 from datadesk.tools.sql import register_sql_tool, render_result
 
@@ -214,9 +215,8 @@ def test_concurrent_queries_share_the_locked_instance(wh):
 
 
 def make_ctx(home: Home) -> ToolContext:
-    thread_dir = home.ws / "users" / "alice" / "threads" / "t1"
-    return ToolContext(workspace="ws", user="alice", thread="t1", permissions=frozenset(),
-                       workspace_dir=home.ws, thread_dir=thread_dir, call_id="c1")
+    thread = Thread(home.ws / "users" / "alice" / "threads" / "t1")
+    return ToolContext(thread=thread, workspace="ws", user="alice", permissions=frozenset(), call_id="c1")
 
 
 def make_registry(home: Home, settings: SQLSettings, **wh_kw) -> ToolRegistry:

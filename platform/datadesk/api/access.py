@@ -32,5 +32,5 @@ def find_thread(rt: Runtime, user: User, tid: str) -> Thread:
 def find_artifact(rt: Runtime, user: User, aid: str) -> tuple[Thread, Artifact]:
     """The user's artifact `aid` and the thread it belongs to (ArtifactNotFound, a 404, otherwise)."""
     check_id(aid, "artifact")
-    tdir, art = rt.artifacts.find(aid, user.id, user.workspaces)
-    return rt.threads.get(tdir.name, user.id, user.workspaces), art
+    thread, art = rt.artifacts.find(aid, user.id, user.workspaces)
+    return rt.threads.get(thread.id, user.id, user.workspaces), art

@@ -67,7 +67,7 @@ def _data_file(rt: Runtime, user: User, aid: str) -> tuple[Thread, Artifact, Pat
     handle, art = find_artifact(rt, user, aid)
     if not art.available:
         raise HTTPException(status_code=410, detail=expired_message(art))
-    path = rt.artifacts.data_path(handle.dir, art)
+    path = rt.artifacts.data_path(handle, art)
     if not regular_file(path):
         raise HTTPException(status_code=410, detail=f"the data file of artifact {aid} is missing")
     return handle, art, path
@@ -106,7 +106,7 @@ def _report_page(rt: Runtime, handle: Thread, art: Artifact, path: Path) -> str:
     anything else (other hosts, other threads, paths with '..') is dropped."""
     text = read_regular(path, MAX_VIEW_BYTES).decode("utf-8", "replace")
     by_name: dict[str, Artifact] = {}
-    for other in sorted(rt.artifacts.list(handle.dir), key=lambda a: a.created):
+    for other in sorted(rt.artifacts.list(handle), key=lambda a: a.created):
         if other.origin.source == "python" and other.origin.filename and other.format in INLINE_IMAGES \
                 and other.available:
             by_name[other.origin.filename] = other  # the newest file of that name wins
@@ -124,7 +124,7 @@ def _report_page(rt: Runtime, handle: Thread, art: Artifact, path: Path) -> str:
         if target is None or ".." in name.split("/"):
             return None
         try:
-            data = read_regular(rt.artifacts.data_path(handle.dir, target), MAX_VIEW_BYTES)
+            data = read_regular(rt.artifacts.data_path(handle, target), MAX_VIEW_BYTES)
         except OSError:  # swept or replaced meanwhile: the page shows the alt text
             return None
         if len(data) > budget:
@@ -144,7 +144,7 @@ class ArtifactController(Controller):
     @get("/threads/{tid:str}/artifacts")
     async def list_artifacts(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> list[ArtifactOut]:
         handle = find_thread(rt, user, tid)
-        return [artifact_out(rt, handle.id, a) for a in rt.artifacts.list(handle.dir)]
+        return [artifact_out(rt, handle.id, a) for a in rt.artifacts.list(handle)]
 
     @get("/artifacts/{aid:str}")
     async def get_artifact(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> ArtifactOut:
@@ -155,7 +155,7 @@ class ArtifactController(Controller):
     async def download(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep,
                        format: FromQuery[str | None] = None) -> Stream:
         handle, art, path = _data_file(rt, user, aid)
-        rt.artifacts.touch(handle.dir, [aid])
+        rt.artifacts.touch(handle, [aid])
         if format not in (None, "csv", "parquet", "original"):
             raise ClientException(f"unknown format {format!r}: use csv or parquet (default: as stored)")
         if format == "csv":
@@ -186,7 +186,7 @@ class ArtifactController(Controller):
                 f"artifact {aid} is {art.format}: it cannot be shown in the browser, download it instead "
                 f"(/api/artifacts/{aid}/download)"))
         page = await asyncio.to_thread(_report_page, rt, handle, art, path)
-        rt.artifacts.touch(handle.dir, [aid])
+        rt.artifacts.touch(handle, [aid])
         return Response(page.encode(), media_type="text/html; charset=utf-8",
                         headers={**headers, "Content-Security-Policy": SANDBOX_CSP})
 

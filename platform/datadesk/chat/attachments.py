@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from datadesk.chat.turns import TurnRegistry
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
-from datadesk.domain.records import Record
+from datadesk.domain.records import Record, UserRecordMeta, record_meta
 from datadesk.domain.users import User
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload import preview
@@ -76,7 +76,8 @@ class Attachments:
             text = self.note(user, thread, art, head, schema, filename)
             thread.append(lambda seq: Record(
                 seq=seq, role="user", ts=time.time(), turn_id=turn.turn_id, content=text,
-                meta={"kind": "upload", "artifact": art.id, "filename": filename, "image": art.format in IMAGES},
+                meta=record_meta(UserRecordMeta(kind="upload", artifact=art.id, filename=filename,
+                                                image=art.format in IMAGES)),
             ), thread.epoch)
             return art
         finally:
@@ -112,8 +113,8 @@ class Attachments:
         """The file at `tmp` (consumed) as an artifact of the thread, older cache data making room."""
         origin = ArtifactOrigin(source="upload", user=user.id, thread=thread.id, workspace=thread.workspace,
                                 filename=filename)
-        art, head, schema = await asyncio.to_thread(ingest_upload, self.offload, thread.dir, tmp, filename, origin)
-        self.quota.after_create(thread.workspace, user.id, thread.dir, art)
+        art, head, schema = await asyncio.to_thread(ingest_upload, self.offload, thread, tmp, filename, origin)
+        self.quota.after_create(art)
         return art, head, schema
 
     def note(self, user: User, thread: Thread, art: Artifact, head: pa.Table | None,

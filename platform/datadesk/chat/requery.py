@@ -14,9 +14,9 @@ import msgspec
 
 from datadesk.chat.turns import TurnRegistry
 from datadesk.domain.ids import new_id
-from datadesk.domain.records import Record, ToolCall
+from datadesk.domain.records import AssistantRecordMeta, Record, ToolCall, ToolRecordMeta, record_meta
 from datadesk.domain.users import User
-from datadesk.offload.requery import RequeryService
+from datadesk.tools.requery import RequeryService
 from datadesk.store.layout import Layout
 from datadesk.store.threads import Thread
 from datadesk.tools.registry import ToolContext
@@ -38,19 +38,18 @@ class UserRequery:
         turn = self.turns.reserve(thread.id, user.id)
         try:
             call_id = new_id("call_")
-            ctx = ToolContext(workspace=thread.workspace, user=user.id, thread=thread.id,
-                              permissions=user.permission_set,
-                              workspace_dir=self.layout.workspace_dir(thread.workspace),
-                              thread_dir=thread.dir, call_id=call_id)
-            report = await self.requery.requery(thread.dir, aid, ctx)
+            ctx = ToolContext(thread=thread, workspace=thread.workspace, user=user.id,
+                              permissions=user.permission_set, call_id=call_id)
+            report = await self.requery.requery(aid, ctx)
             args = msgspec.json.encode({"artifact_id": aid}).decode()
             thread.append(lambda seq: Record(seq=seq, role="assistant", ts=time.time(), turn_id=turn.turn_id,
                                              tool_calls=[ToolCall(call_id, TOOL_NAME, args)],
-                                             meta={"via": "api"}), thread.epoch)
+                                             meta=record_meta(AssistantRecordMeta(via="api"))), thread.epoch)
             thread.append(lambda seq: Record(seq=seq, role="tool", ts=time.time(), turn_id=turn.turn_id,
                                              tool_call_id=call_id, name=TOOL_NAME,
                                              content=msgspec.json.encode(report).decode(),
-                                             meta={"via": "api", "requery": report}), thread.epoch)
-            return report
+                                             meta=record_meta(ToolRecordMeta(requery=report, via="api"))),
+                          thread.epoch)
+            return msgspec.to_builtins(report)
         finally:
             self.turns.release(turn)

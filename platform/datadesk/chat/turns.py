@@ -39,7 +39,7 @@ from typing import Any, AsyncIterator
 
 from filelock import FileLock, Timeout
 
-from datadesk.domain.events import TurnEvent
+from datadesk.domain.events import EventPayload, TurnEvent
 from datadesk.domain.ids import check_id, new_id
 from datadesk.sandbox.ownership import acquire_async, file_lock, pid_alive, proc_start
 from datadesk.store.files import read_json_object, write_json
@@ -71,8 +71,8 @@ class RunningTurn:
     background: bool = False
     locks: list[FileLock] = field(default_factory=list)  # thread lock, user slot (cross-process)
 
-    def emit(self, type_: str, **data: object) -> None:
-        self.queue.put_nowait(TurnEvent(type=type_, data=dict(data)))
+    def emit(self, payload: EventPayload) -> None:
+        self.queue.put_nowait(TurnEvent(payload))
 
     @property
     def finished(self) -> bool:

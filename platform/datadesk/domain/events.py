@@ -1,24 +1,98 @@
-"""Events streamed to the client during a turn (sent as SSE, DESIGN section 4)."""
+"""Events streamed to the client during a turn (sent as SSE, DESIGN section 4).
+
+Each event type has its payload struct; its class attribute `type` is the SSE event name
+and its fields are the JSON keys the client reads. `EVENT_PAYLOADS` lists them all.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
-EVENT_TYPES = (
-    "message.delta",
-    "tool.started",
-    "tool.finished",
-    "artifact.created",
-    "message.completed",
-    "error",
-    "done",
-)
+from datadesk.domain.records import ArtifactRef, OutputFile, ToolRecordMeta, Usage
 
 
-class TurnEvent(msgspec.Struct):
-    """One event of a running turn: `type` is one of EVENT_TYPES, `data` its JSON payload."""
+class EventPayload(msgspec.Struct):
+    """Base of the event payloads: `type` is the SSE event name."""
 
-    type: str
-    data: dict[str, Any]
+    type: ClassVar[str]
+
+
+class MessageDelta(EventPayload):
+    """A piece of the answer as it streams."""
+
+    type: ClassVar[str] = "message.delta"
+    text: str
+
+
+class ToolStarted(EventPayload):
+    type: ClassVar[str] = "tool.started"
+    call_id: str
+    name: str
+    arguments: str  # raw JSON, as the model sent it
+
+
+class ToolFinished(EventPayload, omit_defaults=True):
+    """A call's result: `preview` is what the model got (cut for the card); `meta` only when set."""
+
+    type: ClassVar[str] = "tool.finished"
+    call_id: str
+    name: str
+    ok: bool
+    seq: int
+    duration_ms: float
+    preview: str
+    meta: ToolRecordMeta | None = None
+
+
+class ArtifactCreated(EventPayload):
+    """A result saved as an artifact, or a chart or file the code wrote."""
+
+    type: ClassVar[str] = "artifact.created"
+    call_id: str
+    artifact: ArtifactRef | OutputFile
+
+
+class MessageCompleted(EventPayload):
+    type: ClassVar[str] = "message.completed"
+    seq: int
+    content: str
+    model: str | None
+    usage: Usage | None
+
+
+class TurnError(EventPayload):
+    """Why the turn (or a step of it) failed: `kind` is context, model, step_limit, cancelled,
+    thread_gone or internal."""
+
+    type: ClassVar[str] = "error"
+    kind: str
+    message: str
+
+
+class TurnDone(EventPayload):
+    """Always the last event of a turn."""
+
+    type: ClassVar[str] = "done"
+    turn_id: str
+    status: str
+
+
+EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (
+    MessageDelta, ToolStarted, ToolFinished, ArtifactCreated, MessageCompleted, TurnError, TurnDone)
+
+
+class TurnEvent(msgspec.Struct, frozen=True):
+    """One event of a running turn: its typed payload; `type` and `data` are its SSE form."""
+
+    payload: EventPayload
+
+    @property
+    def type(self) -> str:
+        return self.payload.type
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The JSON payload as sent (a fresh dict: the SSE layer may add keys such as `html`)."""
+        return msgspec.to_builtins(self.payload)

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from datadesk.domain.artifacts import Artifact
+
 Role = Literal["user", "assistant", "tool"]
 # ok: completed; error: failed with a message the model saw; cancelled: the
 # step was stopped (cancel endpoint or client disconnect) before it finished.
@@ -55,7 +57,125 @@ class Record(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
     model: str | None = None
     usage: Usage | None = None
     provider_fields: dict[str, Any] | None = None
+    # as stored: a dict, written only from the role's meta struct (`record_meta`); `typed_meta` reads it
     meta: dict[str, Any] | None = None
+
+
+# -- what a record's `meta` holds, per role -------------------------------------------------
+class ArtifactRef(msgspec.Struct):
+    """The artifact a tool result was saved as (tool records, `tool.finished`, `artifact.created`)."""
+
+    id: str
+    status: str
+    rows: int | None
+    columns: int | None
+    bytes: int
+    format: str
+    path: str  # where the sandbox reads it (/data/<file>)
+
+    @classmethod
+    def of(cls, art: Artifact) -> "ArtifactRef":
+        return cls(id=art.id, status=art.status, rows=art.rows, columns=art.columns, bytes=art.bytes,
+                   format=art.format, path=art.sandbox_path)
+
+
+class OutputFile(msgspec.Struct):
+    """An artifact that code produced: a chart, a file under /outputs, the full output text."""
+
+    id: str
+    kind: str
+    format: str
+    file: str | None  # its name under /outputs (None for a chart)
+    bytes: int
+    path: str
+
+    @classmethod
+    def of(cls, art: Artifact) -> "OutputFile":
+        return cls(id=art.id, kind=art.kind, format=art.format, file=art.origin.filename, bytes=art.bytes,
+                   path=art.sandbox_path)
+
+
+class RequeryReport(msgspec.Struct):
+    """What restoring an expired artifact found: whether it came back and whether the data changed."""
+
+    artifact: str
+    restored: bool
+    path: str | None
+    rows_before: int | None
+    rows_after: int | None
+    schema_equal: bool
+    content_equal: bool
+    original_time: str | None
+    requeried_time: str | None
+    changed: bool
+
+
+class ToolRecordMeta(msgspec.Struct, omit_defaults=True):
+    """`meta` of a tool record (and `ToolResult.meta`): only the facts a call has are set.
+
+    Per tool: sql `rows`; offload `artifact` or `rows`/`chars` + `truncated`, `offload_failed`;
+    python `status` (of the run), `artifacts`, `images`; remember/forget `fact`, `status` (of
+    the fact); load_skill `skill`, `file`; read_tool_result `call_id`, `offset`, `end`; compact
+    `covers_through_seq`; requery_artifact `requery`; MCP `mcp_server`, `mcp_tool`, `images`.
+    `via: "api"` marks a call the API made on the user's request, not the model.
+    """
+
+    duration_ms: float | None = None
+    status: str | None = None
+    rows: int | None = None
+    chars: int | None = None
+    truncated: bool = False
+    offload_failed: bool = False
+    artifact: ArtifactRef | None = None
+    artifacts: list[OutputFile] | None = None
+    images: list[str] | None = None
+    fact: str | None = None
+    skill: str | None = None
+    file: str | None = None
+    call_id: str | None = None
+    offset: int | None = None
+    end: int | None = None
+    covers_through_seq: int | None = None
+    requery: RequeryReport | None = None
+    mcp_server: str | None = None
+    mcp_tool: str | None = None
+    via: str | None = None
+
+
+class AssistantRecordMeta(msgspec.Struct, omit_defaults=True):
+    """`meta` of an assistant record: why it failed (`error`, its `kind`), or `via: "api"`."""
+
+    error: str | None = None
+    kind: str | None = None
+    via: str | None = None
+
+
+class UserRecordMeta(msgspec.Struct, omit_defaults=True):
+    """`meta` of a user record that announces an upload (`kind: "upload"`): the artifact id."""
+
+    kind: str | None = None
+    artifact: str | None = None
+    filename: str | None = None
+    image: bool | None = None
+
+
+RecordMeta = ToolRecordMeta | AssistantRecordMeta | UserRecordMeta
+_META_OF_ROLE: dict[str, type[RecordMeta]] = {
+    "tool": ToolRecordMeta, "assistant": AssistantRecordMeta, "user": UserRecordMeta}
+
+
+def record_meta(meta: RecordMeta) -> dict[str, Any] | None:
+    """The stored form of a record's meta (None when nothing is set): the same keys as ever."""
+    return msgspec.to_builtins(meta) or None
+
+
+def typed_meta(rec: Record) -> RecordMeta:
+    """A record's meta as the struct of its role (an old or odd entry reads as an empty one)."""
+    kind = _META_OF_ROLE[rec.role]
+    try:
+        return msgspec.convert(rec.meta or {}, kind)
+    except msgspec.ValidationError:
+        return kind()
 
 
 class ThreadMeta(msgspec.Struct, omit_defaults=True):

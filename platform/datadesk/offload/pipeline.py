@@ -10,7 +10,9 @@ For each tool result:
 - small results are passed through unchanged.
 
 Writing runs in a worker thread, batch by batch, so neither the event loop
-nor the app's memory carries the whole result.
+nor the app's memory carries the whole result. The pipeline knows nothing of
+the tool layer: it gets the `Thread` to write into, the artifact's origin
+(who, which call) and the epoch the work started in.
 """
 
 from __future__ import annotations
@@ -20,22 +22,22 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import msgspec
 import pyarrow as pa
 
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin, ColumnSchema
-from datadesk.domain.records import short_arguments
+from datadesk.domain.records import ArtifactRef, ToolRecordMeta, short_arguments
+from datadesk.domain.tools import TabularStream, ToolResult, ToolSpec
 from datadesk.offload import preview
 from datadesk.offload.sink import ParquetSink
-from datadesk.offload.store import ArtifactStore, artifacts_dir, new_artifact_id
-from datadesk.offload.stream import TabularStream
+from datadesk.offload.store import ArtifactStore, new_artifact_id
 from datadesk.offload.pyrepr import looks_like_repr_rows, repr_batches
 from datadesk.offload.tabular import TabularParseError, csv_batches, detect_text, json_batches
 from datadesk.settings import OffloadSettings
 from datadesk.store.files import write_atomic
-from datadesk.tools.registry import ToolContext, ToolResult, ToolSpec
+from datadesk.store.threads import Thread
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +98,16 @@ class OffloadPipeline:
     """Decides, per tool result, between pass-through, artifact and truncation."""
 
     def __init__(self, settings: OffloadSettings, store: ArtifactStore, count: Callable[[str], int],
-                 on_created: Callable[[str, str, Path, Artifact], None] | None = None) -> None:
+                 on_created: Callable[[Artifact], object] | None = None) -> None:
         self.settings = settings
         self.store = store
         self.count = count
-        self.on_created = on_created  # quota enforcement hook: (workspace, user, thread_dir, artifact)
+        self.on_created = on_created  # quota enforcement hook, called with each new cache artifact
 
-    async def process(self, spec: ToolSpec | None, arguments: str, result: ToolResult, ctx: ToolContext,
-                      cap: OffloadCapability) -> OffloadOutcome:
+    async def process(self, spec: ToolSpec | None, result: ToolResult, thread: Thread, origin: ArtifactOrigin,
+                      cap: OffloadCapability, epoch: int | None = None) -> OffloadOutcome:
+        """Pass `result` of the call described by `origin` through, or offload it into `thread`'s
+        artifacts (refused when the thread was cleared since `epoch`), or truncate it."""
         offloadable = spec is not None and spec.offloadable and not result.is_error
         if not offloadable:
             if result.table is not None:
@@ -112,66 +116,59 @@ class OffloadPipeline:
         if result.table is None and len(result.content) <= self.settings.threshold_chars:
             return OffloadOutcome(result)
         try:
-            return await asyncio.to_thread(self._process_sync, spec, arguments, result, ctx, cap)
+            return await asyncio.to_thread(self._process_sync, spec, result, thread, origin, cap, epoch)
         except Exception as exc:  # the stream failed mid-way (timeout, engine error): say so
             log.warning("reading the result of %s failed: %s", spec.name, exc)
             return OffloadOutcome(ToolResult(content=f"{spec.name} failed while reading its result: {exc}",
                                              is_error=True, meta=result.meta))
 
     # -- worker thread ------------------------------------------------------------
-    def _process_sync(self, spec: ToolSpec, arguments: str, result: ToolResult, ctx: ToolContext,
-                      cap: OffloadCapability) -> OffloadOutcome:
-        source = f"{spec.name}({short_arguments(arguments, 300)})"
+    def _process_sync(self, spec: ToolSpec, result: ToolResult, thread: Thread, origin: ArtifactOrigin,
+                      cap: OffloadCapability, epoch: int | None) -> OffloadOutcome:
+        source = f"{spec.name}({short_arguments(origin.arguments or '', 300)})"
         table = result_table(result)
         try:
             if table is not None:
                 try:
-                    return self._table(spec, arguments, result, table, ctx, cap, source)
+                    return self._table(spec, result, table, thread, origin, cap, source, epoch)
                 except TabularParseError as exc:
                     if result.table is not None:
                         raise
                     log.info("result of %s is not tabular after all (%s): kept as text", spec.name, exc)
-            return self._text(spec, arguments, result, ctx, cap, source)
+            return self._text(result, thread, origin, cap, source, epoch)
         finally:
             if table is not None:
                 table.close()
 
-    def _origin(self, spec: ToolSpec, arguments: str, ctx: ToolContext) -> ArtifactOrigin:
-        return ArtifactOrigin(source="tool", user=ctx.user, thread=ctx.thread, workspace=ctx.workspace,
-                              tool=spec.name, arguments=arguments, call_id=ctx.call_id)
-
-    def _table(self, spec: ToolSpec, arguments: str, result: ToolResult, table: TabularStream,
-               ctx: ToolContext, cap: OffloadCapability, source: str) -> OffloadOutcome:
+    def _table(self, spec: ToolSpec, result: ToolResult, table: TabularStream, thread: Thread,
+               origin: ArtifactOrigin, cap: OffloadCapability, source: str, epoch: int | None) -> OffloadOutcome:
         if not cap.can_offload:
             return OffloadOutcome(self._truncated_table(result, table, cap.reason))
-        aid = new_artifact_id()
         try:
-            art, head, schema = self.write_table(ctx.thread_dir, aid, table, self._origin(spec, arguments, ctx),
-                                                 "result", epoch=ctx.epoch)
+            art, head, schema = self.write_table(thread, new_artifact_id(), table, origin, "result", epoch=epoch)
         except OSError as exc:
             log.warning("offload of %s failed: %s", spec.name, exc)
             reason = f"saving the full result failed: {exc.strerror or exc}"
             return OffloadOutcome(ToolResult(content=f"NOTICE: {reason}. The result is not available; "
                                              "narrow the query with filters, aggregation or LIMIT.",
-                                             meta={**result.meta, "offload_failed": True}))
+                                             meta=_with(result, offload_failed=True)))
         if art is None:
             return OffloadOutcome(ToolResult(content=preview.render_empty(table.schema, spec.name),
-                                             meta={**result.meta, "rows": 0}))
-        self._created(ctx, art)
-        content = preview.render_table_artifact(
-            art, schema, head, source, self.count, self.settings.max_tokens, self.settings.preview_rows, self.settings.preview_cell_chars,
-            self.settings.max_columns,
-        )
-        return OffloadOutcome(ToolResult(content=content, meta={**result.meta, **artifact_ref(art)}), art)
+                                             meta=_with(result, rows=0)))
+        self._created(art)
+        s = self.settings
+        content = preview.render_table_artifact(art, schema, head, source, self.count, s.max_tokens, s.preview_rows,
+                                                s.preview_cell_chars, s.max_columns)
+        return OffloadOutcome(ToolResult(content=content, meta=_with(result, artifact=ArtifactRef.of(art))), art)
 
-    def write_table(self, thread_dir: Path, aid: str, table: TabularStream, origin: ArtifactOrigin,
+    def write_table(self, thread: Thread, aid: str, table: TabularStream, origin: ArtifactOrigin,
                     kind: str, existing: Artifact | None = None, epoch: int | None = None
                     ) -> tuple[Artifact | None, pa.Table, pa.Schema | None]:
         """Stream `table` into `artifacts/<aid>.parquet`: (artifact, preview head, schema).
 
         The artifact is None when the result has no rows (nothing is kept).
         """
-        adir = artifacts_dir(thread_dir)
+        adir = thread.artifacts_dir
         adir.mkdir(parents=True, exist_ok=True)
         final = adir / f"{aid}.parquet"
         head: list[pa.RecordBatch] = []
@@ -203,7 +200,7 @@ class OffloadPipeline:
                             "ceiling; writing stopped") if res.partial else None,
             requeried_at=now if existing else None,
         )
-        self.store.save(thread_dir, art, epoch)
+        self.store.save(thread, art, epoch)
         return art, head_table, res.schema
 
     def _truncated_table(self, result: ToolResult, table: TabularStream, reason: str) -> ToolResult:
@@ -216,38 +213,37 @@ class OffloadPipeline:
                 rows.extend(batch.slice(0, 500 - len(rows)).to_pylist())
             total += batch.num_rows
         if total == 0:
-            return ToolResult(content=preview.render_empty(schema, "query"), meta={**result.meta, "rows": 0})
+            return ToolResult(content=preview.render_empty(schema, "query"), meta=_with(result, rows=0))
         content = preview.render_truncated_table(schema or pa.schema([]), rows, total, reason,
                                                  self.settings.threshold_chars)
-        return ToolResult(content=content, meta={**result.meta, "rows": total, "truncated": True})
+        return ToolResult(content=content, meta=_with(result, rows=total, truncated=True))
 
-    def _text(self, spec: ToolSpec, arguments: str, result: ToolResult, ctx: ToolContext,
-              cap: OffloadCapability, source: str) -> OffloadOutcome:
+    def _text(self, result: ToolResult, thread: Thread, origin: ArtifactOrigin, cap: OffloadCapability,
+              source: str, epoch: int | None) -> OffloadOutcome:
         text = result.content
         if not cap.can_offload:
             return OffloadOutcome(ToolResult(
                 content=preview.render_truncated_text(text, cap.reason, self.settings.threshold_chars),
-                meta={**result.meta, "chars": len(text), "truncated": True}))
-        aid = new_artifact_id()
+                meta=_with(result, chars=len(text), truncated=True)))
         try:
-            art = self.write_text(ctx.thread_dir, aid, text, self._origin(spec, arguments, ctx), "result",
-                                  epoch=ctx.epoch)
+            art = self.write_text(thread, new_artifact_id(), text, origin, "result", epoch=epoch)
         except OSError as exc:
             reason = f"saving the full result failed: {exc.strerror or exc}"
             return OffloadOutcome(ToolResult(
                 content=preview.render_truncated_text(text, reason, self.settings.threshold_chars),
-                meta={**result.meta, "offload_failed": True}))
-        self._created(ctx, art)
+                meta=_with(result, offload_failed=True)))
+        self._created(art)
         content = preview.render_text_artifact(art, text[:1_500], source, self.count, self.settings.max_tokens)
-        return OffloadOutcome(ToolResult(content=content, meta={**result.meta, **artifact_ref(art)}), art)
+        return OffloadOutcome(ToolResult(content=content, meta=_with(result, artifact=ArtifactRef.of(art))), art)
 
-    def write_text(self, thread_dir: Path, aid: str, text: str, origin: ArtifactOrigin, kind: str,
+    def write_text(self, thread: Thread, aid: str, text: str, origin: ArtifactOrigin, kind: str,
                    existing: Artifact | None = None, epoch: int | None = None) -> Artifact:
+        """Save `text` as `artifacts/<aid>.txt` (cut at the size ceiling, marked partial)."""
         data = text.encode("utf-8", errors="replace")
         partial = len(data) > self.settings.result_max_bytes
         if partial:
             data = data[: self.settings.result_max_bytes]
-        path = artifacts_dir(thread_dir) / f"{aid}.txt"
+        path = thread.artifacts_dir / f"{aid}.txt"
         write_atomic(path, data)
         now = time.time()
         art = Artifact(
@@ -258,18 +254,35 @@ class OffloadPipeline:
             partial_reason="the text passed the size ceiling; the rest was not saved" if partial else None,
             requeried_at=now if existing else None,
         )
-        self.store.save(thread_dir, art, epoch)
+        self.store.save(thread, art, epoch)
         return art
 
-    def _created(self, ctx: ToolContext, art: Artifact) -> None:
+    def restore(self, thread: Thread, art: Artifact, result: ToolResult) -> Artifact | None:
+        """Write the data of a re-run of `art`'s origin call under the same id (None: no rows).
+        When the format changed (text <-> table), the old data file goes."""
+        table = result_table(result)
+        try:
+            if table is not None:
+                new, _, _ = self.write_table(thread, art.id, table, art.origin, art.kind, existing=art)
+            else:
+                new = self.write_text(thread, art.id, result.content, art.origin, art.kind, existing=art)
+        finally:
+            if table is not None:
+                table.close()
+        if new is not None and new.file != art.file:
+            old = self.store.data_path(thread, art)
+            if old.exists():
+                old.unlink()
+        return new
+
+    def _created(self, art: Artifact) -> None:
         if self.on_created is not None:
             try:
-                self.on_created(ctx.workspace, ctx.user, ctx.thread_dir, art)
+                self.on_created(art)
             except Exception:
                 log.exception("quota enforcement after %s failed", art.id)
 
 
-def artifact_ref(art: Artifact) -> dict[str, Any]:
-    """The artifact reference carried by tool records and `tool.finished` events."""
-    return {"artifact": {"id": art.id, "status": art.status, "rows": art.rows, "columns": art.columns,
-                         "bytes": art.bytes, "format": art.format, "path": art.sandbox_path}}
+def _with(result: ToolResult, **facts: Any) -> ToolRecordMeta:
+    """The result's meta with what the pipeline learned added (rows, artifact, truncated, ...)."""
+    return msgspec.structs.replace(result.meta, **facts)

@@ -22,6 +22,7 @@ from filelock import FileLock, Timeout
 from datadesk.domain.artifacts import Artifact
 from datadesk.offload.store import ArtifactStore
 from datadesk.settings import OffloadSettings
+from datadesk.store.threads import Thread
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class QuotaExceeded(Exception):
 class Entry:
     workspace: str
     user: str
-    thread_dir: Path
+    thread: Thread
     art: Artifact
 
 
@@ -53,9 +54,10 @@ class ArtifactQuota:
         self.store = store
         self._lock = FileLock(str(store.layout.home / ".artifact-sweep.lock"))
 
-    def after_create(self, workspace: str, user: str, thread_dir: Path, art: Artifact) -> list[Eviction]:
-        """Called when a cache artifact was written: the new one is kept, older data makes room."""
-        return self.enforce(trigger_user=user, protect={art.id}, wait=True)
+    def after_create(self, art: Artifact) -> list[Eviction]:
+        """Called when a cache artifact was written: the new one is kept, older data makes room,
+        its user's own first (`art.origin.user`, who caused it)."""
+        return self.enforce(trigger_user=art.origin.user, protect={art.id}, wait=True)
 
     def enforce(self, trigger_user: str | None = None, protect: Iterable[str] = (),
                 wait: bool = False) -> list[Eviction]:
@@ -89,7 +91,7 @@ class ArtifactQuota:
         evicted: list[Eviction] = []
 
         def evict(e: Entry, reason: str) -> None:
-            if self.store.expire(e.thread_dir, e.art.id) is not None:
+            if self.store.expire(e.thread, e.art.id) is not None:
                 evicted.append(Eviction(e.art.id, e.user, reason))
                 log.info("evicted artifact %s of %s (%s)", e.art.id, e.user, reason)
 
@@ -115,7 +117,7 @@ class ArtifactQuota:
 
         by_thread: dict[Path, list[Entry]] = defaultdict(list)
         for e in live:
-            by_thread[e.thread_dir].append(e)
+            by_thread[e.thread.dir].append(e)
         for group in by_thread.values():
             trim(group, s.thread_max_count, s.thread_max_bytes, "thread quota")
 

@@ -1,5 +1,7 @@
 """Artifact files and their metadata, per thread (`threads/<tid>/artifacts/`).
 
+Every call names the `Thread` whose artifacts it reads or writes; its folder comes from
+the thread, and an epoch-guarded write runs under `thread.guarded(epoch)`.
 Data files are written by the caller to a temp name and renamed in; the
 metadata `<aid>.json` is written atomically after the data. Nothing here
 follows links: artifact files are opened only when they are regular files.
@@ -22,17 +24,14 @@ from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.ids import check_id, new_id
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
-from datadesk.store.threadlog import LogClosed, ThreadLog, current_epoch
+from datadesk.store.threadlog import LogClosed
+from datadesk.store.threads import Thread
 
 log = logging.getLogger(__name__)
 
 
 class ArtifactNotFound(LookupError):
     """No such artifact for this user (another user's artifact is also 'not found')."""
-
-
-def artifacts_dir(thread_dir: Path) -> Path:
-    return thread_dir / "artifacts"
 
 
 def new_artifact_id() -> str:
@@ -54,53 +53,56 @@ class ArtifactStore:
         self.layout = layout
 
     # -- per thread ------------------------------------------------------------
-    def lock(self, thread_dir: Path) -> FileLock:
-        d = artifacts_dir(thread_dir)
+    def lock(self, thread: Thread) -> FileLock:
+        """The lock of the thread's artifact metadata (touch and expire read-modify-write under it)."""
+        d = thread.artifacts_dir
         d.mkdir(parents=True, exist_ok=True)
         return FileLock(str(d / ".lock"))
 
-    def save(self, thread_dir: Path, art: Artifact, epoch: int | None = None) -> None:
-        """Write the metadata. With `epoch`, under the thread lock: when the thread was cleared
-        since the work started, the data file is removed and LogClosed raised, so nothing
+    def save(self, thread: Thread, art: Artifact, epoch: int | None = None) -> None:
+        """Write the metadata. With `epoch`, under `thread.guarded(epoch)`: when the thread was
+        cleared since the work started, the data file is removed and LogClosed raised, so nothing
         from before a clear survives it."""
         check_id(art.id, "artifact")
+        meta = thread.artifacts_dir / f"{art.id}.json"
         if epoch is None:
-            write_json(artifacts_dir(thread_dir) / f"{art.id}.json", art)
+            write_json(meta, art)
             return
-        with ThreadLog(thread_dir / "log.jsonl").lock():
-            if current_epoch(thread_dir) != epoch:
-                try:
-                    (artifacts_dir(thread_dir) / art.file).unlink()
-                except FileNotFoundError:
-                    pass
-                raise LogClosed(f"thread {thread_dir.name} was cleared")
-            write_json(artifacts_dir(thread_dir) / f"{art.id}.json", art)
+        try:
+            with thread.guarded(epoch):
+                write_json(meta, art)
+        except LogClosed:
+            try:
+                (thread.artifacts_dir / art.file).unlink()
+            except FileNotFoundError:
+                pass
+            raise
 
-    def save_bytes(self, thread_dir: Path, data: bytes, ext: str, kind: str, media_type: str,
+    def save_bytes(self, thread: Thread, data: bytes, ext: str, kind: str, media_type: str,
                    origin: ArtifactOrigin, epoch: int | None = None) -> Artifact:
         """A new artifact holding `data` as `<aid>.<ext>` (charts, files, tool images)."""
         aid = new_artifact_id()
-        path = artifacts_dir(thread_dir) / f"{aid}.{ext}"
+        path = thread.artifacts_dir / f"{aid}.{ext}"
         write_atomic(path, data)
         now = time.time()
         art = Artifact(id=aid, kind=kind, format="jpeg" if ext == "jpg" else ext, file=path.name,
                        origin=origin, created=now, last_used=now, bytes=len(data),
                        sha256=hashlib.sha256(data).hexdigest(), media_type=media_type)
-        self.save(thread_dir, art, epoch)
+        self.save(thread, art, epoch)
         return art
 
-    def load(self, thread_dir: Path, aid: str) -> Artifact:
+    def load(self, thread: Thread, aid: str) -> Artifact:
         check_id(aid, "artifact")
-        path = artifacts_dir(thread_dir) / f"{aid}.json"
+        path = thread.artifacts_dir / f"{aid}.json"
         if not regular_file(path):
             raise ArtifactNotFound(f"artifact {aid} not found in this thread")
         return msgspec.convert(read_json(path), Artifact)
 
-    def data_path(self, thread_dir: Path, art: Artifact) -> Path:
-        return artifacts_dir(thread_dir) / art.file
+    def data_path(self, thread: Thread, art: Artifact) -> Path:
+        return thread.artifacts_dir / art.file
 
-    def list(self, thread_dir: Path) -> list[Artifact]:
-        d = artifacts_dir(thread_dir)
+    def list(self, thread: Thread) -> list[Artifact]:
+        d = thread.artifacts_dir
         if not d.is_dir():
             return []
         out = []
@@ -113,51 +115,46 @@ class ArtifactStore:
         out.sort(key=lambda a: a.created)
         return out
 
-    def touch(self, thread_dir: Path, aids: list[str]) -> None:
+    def touch(self, thread: Thread, aids: list[str]) -> None:
         """Mark artifacts as used now (LRU eviction keeps recently used data)."""
         now = time.time()
-        with self.lock(thread_dir):
+        with self.lock(thread):
             for aid in aids:
                 try:
-                    art = self.load(thread_dir, aid)
+                    art = self.load(thread, aid)
                 except (ArtifactNotFound, ValueError):
                     continue
-                self.save(thread_dir, msgspec.structs.replace(art, last_used=now))
+                self.save(thread, msgspec.structs.replace(art, last_used=now))
 
-    def expire(self, thread_dir: Path, aid: str, status: str = "expired") -> Artifact | None:
-        """Delete the data file, keep the metadata as a tombstone. Under the thread's lock."""
-        with self.lock(thread_dir):
+    def expire(self, thread: Thread, aid: str, status: str = "expired") -> Artifact | None:
+        """Delete the data file, keep the metadata as a tombstone. Under the artifacts lock."""
+        with self.lock(thread):
             try:
-                art = self.load(thread_dir, aid)
+                art = self.load(thread, aid)
             except ArtifactNotFound:
                 return None
             if not art.available:
                 return art
             try:
-                self.data_path(thread_dir, art).unlink()
+                self.data_path(thread, art).unlink()
             except FileNotFoundError:
                 pass
             art = msgspec.structs.replace(art, status=status, expired_at=time.time())
-            self.save(thread_dir, art)
+            self.save(thread, art)
             return art
 
     # -- per user ----------------------------------------------------------------
-    def find(self, aid: str, owner: str, workspaces: list[str]) -> tuple[Path, Artifact]:
-        """The thread dir and artifact `aid` of `owner`, searched across their threads."""
+    def find(self, aid: str, owner: str, workspaces: list[str]) -> tuple[Thread, Artifact]:
+        """The thread and artifact `aid` of `owner`, searched across their threads."""
         check_id(aid, "artifact")
         for ws in workspaces:
-            root = self.layout.threads_dir(ws, owner)
-            if not root.is_dir():
-                continue
-            for tdir in root.iterdir():
-                if tdir.name.startswith(".") or not tdir.is_dir() or tdir.is_symlink():
-                    continue
-                if regular_file(artifacts_dir(tdir) / f"{aid}.json"):
-                    return tdir, self.load(tdir, aid)
+            for thread in self._threads(self.layout.threads_dir(ws, owner)):
+                if regular_file(thread.artifacts_dir / f"{aid}.json"):
+                    return Thread.at(thread.dir), self.load(thread, aid)
         raise ArtifactNotFound(f"artifact {aid} not found")
 
-    def walk(self) -> Iterator[tuple[str, str, Path, Artifact]]:
-        """Every artifact on this host: (workspace, user, thread_dir, artifact)."""
+    def walk(self) -> Iterator[tuple[str, str, Thread, Artifact]]:
+        """Every artifact on this host: (workspace, user, thread, artifact)."""
         root = self.layout.workspaces_dir
         if not root.is_dir():
             return
@@ -166,11 +163,15 @@ class ArtifactStore:
             if not users.is_dir():
                 continue
             for udir in users.iterdir():
-                threads = udir / "threads"
-                if not threads.is_dir():
-                    continue
-                for tdir in threads.iterdir():
-                    if tdir.name.startswith(".") or not tdir.is_dir():
-                        continue
-                    for art in self.list(tdir):
-                        yield wsdir.name, udir.name, tdir, art
+                for thread in self._threads(udir / "threads"):
+                    for art in self.list(thread):
+                        yield wsdir.name, udir.name, thread, art
+
+    @staticmethod
+    def _threads(root: Path) -> Iterator[Thread]:
+        """The thread folders under a user's `threads/` (not deleted ones, not links)."""
+        if not root.is_dir():
+            return
+        for tdir in root.iterdir():
+            if not tdir.name.startswith(".") and tdir.is_dir() and not tdir.is_symlink():
+                yield Thread(tdir)

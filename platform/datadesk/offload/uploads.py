@@ -15,11 +15,12 @@ from pathlib import Path
 import pyarrow as pa
 
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
+from datadesk.domain.tools import TabularStream
 from datadesk.offload.pipeline import OffloadPipeline
 from datadesk.offload.sink import file_digest
-from datadesk.offload.store import artifacts_dir, new_artifact_id
-from datadesk.offload.stream import TabularStream
+from datadesk.offload.store import new_artifact_id
 from datadesk.offload.tabular import TabularParseError, file_batches, sniff_file
+from datadesk.store.threads import Thread
 
 TABULAR = ("csv", "tsv", "xlsx", "parquet", "json")
 IMAGES = {"png": "image/png", "jpeg": "image/jpeg", "gif": "image/gif", "webp": "image/webp"}
@@ -29,15 +30,15 @@ class UploadError(ValueError):
     """The uploaded file cannot be used; the message says why (format, line, sheet, encoding)."""
 
 
-def ingest_upload(pipeline: OffloadPipeline, thread_dir: Path, tmp: Path, filename: str,
+def ingest_upload(pipeline: OffloadPipeline, thread: Thread, tmp: Path, filename: str,
                   origin: ArtifactOrigin) -> tuple[Artifact, pa.Table | None, pa.Schema | None]:
-    """Turn the uploaded file at `tmp` into an artifact; `tmp` is consumed either way."""
+    """Turn the uploaded file at `tmp` into an artifact of `thread`; `tmp` is consumed either way."""
     try:
         fmt = sniff_file(tmp)
         if fmt == "xls":
             raise UploadError(f"{filename}: legacy .xls files are not supported; save it as .xlsx")
         if fmt in IMAGES:
-            return _image(pipeline, thread_dir, tmp, fmt, origin), None, None
+            return _image(pipeline, thread, tmp, fmt, origin), None, None
         if fmt not in TABULAR:
             raise UploadError(f"{filename}: unsupported or unrecognised file type (by content); accepted: "
                               "CSV, TSV, Excel (.xlsx), Parquet, JSON, PNG, JPEG, GIF, WebP")
@@ -45,7 +46,7 @@ def ingest_upload(pipeline: OffloadPipeline, thread_dir: Path, tmp: Path, filena
             schema, batches = file_batches(tmp, fmt)
             aid = new_artifact_id()
             with TabularStream(schema, batches) as table:
-                art, head, full_schema = pipeline.write_table(thread_dir, aid, table, origin, "upload")
+                art, head, full_schema = pipeline.write_table(thread, aid, table, origin, "upload")
         except TabularParseError as exc:
             raise UploadError(f"{filename}: {exc}") from None
         except pa.ArrowException as exc:
@@ -60,15 +61,15 @@ def ingest_upload(pipeline: OffloadPipeline, thread_dir: Path, tmp: Path, filena
             pass
 
 
-def _image(pipeline: OffloadPipeline, thread_dir: Path, tmp: Path, fmt: str, origin: ArtifactOrigin) -> Artifact:
+def _image(pipeline: OffloadPipeline, thread: Thread, tmp: Path, fmt: str, origin: ArtifactOrigin) -> Artifact:
     aid = new_artifact_id()
     ext = "jpg" if fmt == "jpeg" else fmt
-    final = artifacts_dir(thread_dir) / f"{aid}.{ext}"
+    final = thread.artifacts_dir / f"{aid}.{ext}"
     digest, size = file_digest(tmp)
     os.chmod(tmp, 0o644)  # readable by the sandbox user, like every artifact
     os.replace(tmp, final)
     now = time.time()
     art = Artifact(id=aid, kind="upload", format=fmt, file=final.name, origin=origin, created=now,
                    last_used=now, bytes=size, sha256=digest, media_type=IMAGES[fmt])
-    pipeline.store.save(thread_dir, art)
+    pipeline.store.save(thread, art)
     return art

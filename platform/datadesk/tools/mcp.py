@@ -40,6 +40,7 @@ from typing import Any, Callable
 import anyio
 import anyio.to_thread
 
+from datadesk.domain.records import ToolRecordMeta
 from datadesk.tools.mcp_config import (  # noqa: F401  (re-exported: the public names live here too)
     _ENV_REF, _SECRET_KEY, _BACKOFF_MAX_S, _HEALTHY_S, _MAX_DESCRIPTION, _MAX_STDERR_LINE, _PASSED_ENV, MCPConfigError, MCPServerConfig,
     _describe, exposed_tool_name, mask, masked_config, redact, resolve_values,
@@ -474,9 +475,7 @@ class MCPManager:
         is_error = bool(getattr(result, "is_error", False))
         if not content:
             content = "the tool reported an error without a message" if is_error else "(no output)"
-        meta: dict[str, Any] = {"mcp_server": srv.name, "mcp_tool": info.real}
-        if images:
-            meta["images"] = images
+        meta = ToolRecordMeta(mcp_server=srv.name, mcp_tool=info.real, images=images or None)
         data = None
         if structured is not None:
             try:

@@ -13,19 +13,23 @@ from __future__ import annotations
 import mimetypes
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Callable
+
+import msgspec
 
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
+from datadesk.domain.records import OutputFile, ToolRecordMeta
 from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
-from datadesk.offload.requery import RequeryService
-from datadesk.offload.store import ArtifactStore, artifacts_dir
+from datadesk.offload.store import ArtifactStore
 from datadesk.sandbox.base import ExecutionResult, SandboxError
 from datadesk.sandbox.execution import strip_ansi, trim_traceback
 from datadesk.sandbox.files import read_regular
 from datadesk.sandbox.registry import KernelRegistry
 from datadesk.sandbox.sessions import ExecutionReport
 from datadesk.settings import Settings
+from datadesk.tools.arguments import ToolArguments
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
+from datadesk.tools.requery import RequeryService
 
 TOOL_NAME = "python"
 MAX_CODE_CHARS = 100_000
@@ -40,6 +44,16 @@ DESCRIPTION = (
     "charts shown with plt.show() appear in the chat. No network access. "
     "Output is cut to head and tail when long."
 )
+
+
+class RunPython(ToolArguments):
+    """Arguments of `python`."""
+
+    code: Annotated[str, msgspec.Meta(description="Python code to run in the kernel")]
+    timeout_s: Annotated[float, msgspec.Meta(description="optional shorter time limit in seconds")] | None = None
+
+    hints = {"code": "`code` must be a non-empty string of Python code",
+             "timeout_s": "`timeout_s` must be a number of seconds"}
 
 
 def _cap(text: str, head: int, tail: int) -> str:
@@ -60,48 +74,42 @@ class PythonTool:
         self.quota = quota
         self.requery = requery
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        code = args.get("code")
-        if not isinstance(code, str) or not code.strip():
-            raise ToolError("`code` must be a non-empty string of Python code")
+    async def __call__(self, args: RunPython, ctx: ToolContext) -> ToolResult:
+        code = args.code
+        if not code.strip():
+            raise ToolError(RunPython.hints["code"])
         if len(code) > MAX_CODE_CHARS:
             raise ToolError(f"code is too long ({len(code):,} chars; limit {MAX_CODE_CHARS:,})")
         refs = sorted(set(_DATA_REF.findall(code)))
-        problems = await self.requery.ensure_available(ctx.thread_dir, refs, ctx,
-                                                       auto=self.auto_requery(ctx.workspace))
+        problems = await self.requery.ensure_available(refs, ctx, auto=self.auto_requery(ctx.workspace))
         if refs:
-            self.store.touch(ctx.thread_dir, refs)  # named by code = used: keeps it in the cache
-        timeout = args.get("timeout_s")
-        timeout = min(float(timeout), self.settings.sandbox.exec_timeout_s) if isinstance(
-            timeout, (int, float)) and timeout > 0 else self.settings.sandbox.exec_timeout_s
+            self.store.touch(ctx.thread, refs)  # named by code = used: keeps it in the cache
+        timeout = args.timeout_s
+        timeout = min(timeout, self.settings.sandbox.exec_timeout_s) if timeout is not None and timeout > 0 \
+            else self.settings.sandbox.exec_timeout_s
         try:
-            ex = await self.kernels.execute((ctx.workspace, ctx.user, ctx.thread), code, timeout,
-                                            artifacts_dir=artifacts_dir(ctx.thread_dir))
+            ex = await self.kernels.execute((ctx.workspace, ctx.user, ctx.thread.id), code, timeout,
+                                            artifacts_dir=ctx.thread.artifacts_dir)
         except SandboxError as exc:
             raise ToolError(str(exc)) from None
         produced: list[Artifact] = []
         lines: list[str] = [*problems, *ex.notices]
         lines += self._body(ex.result, ctx, produced)
         lines += self._outputs(ex, ctx, produced)  # none when the kernel died
-        meta: dict[str, Any] = {"status": ex.result.status, "duration_ms": round(ex.result.duration_ms, 1)}
-        if produced:
-            meta["artifacts"] = [{"id": a.id, "kind": a.kind, "format": a.format, "file": a.origin.filename,
-                                  "bytes": a.bytes, "path": a.sandbox_path} for a in produced]
-            images = [a.id for a in produced if a.format == "png" and a.kind == "deliverable"]
-            if images:
-                meta["images"] = images
+        images = [a.id for a in produced if a.format == "png" and a.kind == "deliverable"]
+        meta = ToolRecordMeta(status=ex.result.status, duration_ms=round(ex.result.duration_ms, 1),
+                              artifacts=[OutputFile.of(a) for a in produced] or None, images=images or None)
         return ToolResult(content="\n".join(line for line in lines if line) or "(no output)",
                           is_error=ex.result.status != "ok", meta=meta)
 
     def _origin(self, ctx: ToolContext, filename: str | None = None) -> ArtifactOrigin:
-        return ArtifactOrigin(source="python", user=ctx.user, thread=ctx.thread, workspace=ctx.workspace,
-                              call_id=ctx.call_id, filename=filename)
+        return ctx.origin("python", filename=filename)
 
     def _save(self, ctx: ToolContext, data: bytes, ext: str, kind: str, media: str,
               filename: str | None) -> Artifact:
         if kind == "deliverable":
             self.quota.check_deliverable(ctx.user, len(data))
-        return self.store.save_bytes(ctx.thread_dir, data, ext, kind, media, self._origin(ctx, filename),
+        return self.store.save_bytes(ctx.thread, data, ext, kind, media, self._origin(ctx, filename),
                                      ctx.epoch)
 
     def _body(self, r: ExecutionResult, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
@@ -166,18 +174,11 @@ def register_python_tool(registry: ToolRegistry, tool: PythonTool) -> None:
         ToolSpec(
             name=TOOL_NAME,
             description=DESCRIPTION,
-            parameters={
-                "type": "object",
-                "properties": {
-                    "code": {"type": "string", "description": "Python code to run in the kernel"},
-                    "timeout_s": {"type": "number", "description": "optional shorter time limit in seconds"},
-                },
-                "required": ["code"],
-                "additionalProperties": False,
-            },
+            parameters=RunPython.schema(),
             permission="code_execution",
             offloadable=False,
             read_only=False,
         ),
         tool,
+        RunPython,
     )

@@ -1,7 +1,10 @@
 """The tool registry: specs, permissions, and a uniform way to run a call.
 
-Built-in tools (`sql_query`, later python/memory/skills) and MCP tools all
-register here, so the turn loop never special-cases one of them.
+Built-in tools (`sql_query`, python, memory, skills, history, artifacts) and MCP tools
+all register here, so the turn loop never special-cases one of them. A built-in tool
+registers with its arguments Struct (tools/arguments.py): the registry decodes and
+validates the call's JSON against it and the handler gets the typed struct. An MCP tool
+registers without one: its server's schema is sent as is and its handler gets the dict.
 
 Errors: a tool signals a problem the model can act on by raising `ToolError`
 (bad arguments, bad SQL, a refused statement). Any other exception is turned
@@ -12,88 +15,32 @@ the turn loop.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import msgspec
 
-from datadesk.offload.stream import TabularStream
+from datadesk.domain.tools import ToolError, ToolResult, ToolSpec
+from datadesk.tools.arguments import InvalidArguments, ToolArguments, arguments_schema, parse_arguments
+from datadesk.tools.context import ToolContext, TurnFacts
+
+__all__ = ["PERMISSIONS", "Handler", "Tool", "ToolContext", "ToolError", "ToolRegistry", "ToolResult",
+           "ToolSpec", "TurnFacts"]
 
 log = logging.getLogger(__name__)
 
 PERMISSIONS = ("code_execution", "memory", "admin")
 
-
-class ToolError(Exception):
-    """A failure the model can read and act on (bad arguments, bad SQL, refused statement)."""
-
-
-class ToolSpec(msgspec.Struct, frozen=True):
-    """What the registry knows about a tool.
-
-    - `permission`: required user permission (one of PERMISSIONS) or None.
-    - `offloadable`: its raw result may be offloaded to an artifact when large
-      (False for first-party tools with an explicit return contract).
-    - `read_only`: safe to re-run (used by re-query of expired artifacts).
-    """
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    permission: str | None = None
-    offloadable: bool = True
-    read_only: bool = False
-    source: str = "builtin"  # builtin | mcp:<server>
-    workspace: str | None = None  # None: every workspace; else only that workspace's requests
-    annotations: dict[str, Any] | None = None  # e.g. MCP tool annotations (readOnlyHint, ...)
-
-    def openai_schema(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
-
-
-@dataclass
-class ToolContext:
-    """Who is calling and where: passed to every tool handler."""
-
-    workspace: str
-    user: str
-    thread: str
-    permissions: frozenset[str]
-    workspace_dir: Path
-    thread_dir: Path
-    call_id: str = ""
-    epoch: int | None = None  # the thread's epoch when the turn started (clear bumps it)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class ToolResult:
-    """The raw outcome of a tool call. `content` is what the model reads."""
-
-    content: str
-    is_error: bool = False
-    data: Any = None  # structured form for callers (small results only)
-    meta: dict[str, Any] = field(default_factory=dict)
-    # A large tabular result, streamed: the offload pipeline writes it to an
-    # artifact (or counts it for the truncated form) and replaces `content`.
-    table: TabularStream | None = None
-
-
-Handler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult]]
+# A handler gets the arguments as its tool's ToolArguments struct (built-in tools) or as the
+# decoded JSON object (MCP tools), and the context of the call.
+Handler = Callable[[Any, ToolContext], Awaitable[ToolResult]]
 
 
 @dataclass
 class Tool:
     spec: ToolSpec
     handler: Handler
+    arguments: type[ToolArguments] | None = None  # None: the handler gets the dict
 
 
 class ToolRegistry:
@@ -106,13 +53,17 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[tuple[str, str], Tool] = {}
 
-    def register(self, spec: ToolSpec, handler: Handler) -> None:
+    def register(self, spec: ToolSpec, handler: Handler, arguments: type[ToolArguments] | None = None) -> None:
+        """Add a tool. With `arguments`, `spec.parameters` must be its schema (`arguments_schema`):
+        one declaration, for the model and for validation."""
         key = (spec.workspace or "", spec.name)
         if key in self._tools or ("", spec.name) in self._tools:
             raise ValueError(f"tool {spec.name!r} is already registered")
         if spec.permission is not None and spec.permission not in PERMISSIONS:
             raise ValueError(f"tool {spec.name!r}: unknown permission {spec.permission!r}")
-        self._tools[key] = Tool(spec, handler)
+        if arguments is not None and spec.parameters != arguments_schema(arguments):
+            raise ValueError(f"tool {spec.name!r}: parameters differ from its {arguments.__name__} declaration")
+        self._tools[key] = Tool(spec, handler, arguments)
 
     def unregister(self, name: str, workspace: str | None = None) -> None:
         self._tools.pop((workspace or "", name), None)
@@ -159,7 +110,11 @@ class ToolRegistry:
                 is_error=True,
             )
         try:
-            return await tool.handler(args, ctx)
+            typed = parse_arguments(name, args, tool.arguments) if tool.arguments is not None else args
+        except InvalidArguments as exc:
+            return ToolResult(str(exc), is_error=True)
+        try:
+            return await tool.handler(typed, ctx)
         except ToolError as exc:
             return ToolResult(f"{name} failed: {exc}", is_error=True)
         except Exception as exc:  # a tool bug must not break the turn

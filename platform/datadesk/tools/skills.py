@@ -12,10 +12,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
+import msgspec
+
+from datadesk.domain.records import ToolRecordMeta
 from datadesk.sandbox.files import read_regular
 from datadesk.store.layout import Layout
+from datadesk.tools.arguments import ToolArguments
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
@@ -74,40 +78,48 @@ class SkillCatalog:
         return next((s for s in self.skills(ws) if s.name == name), None)
 
 
+class LoadSkill(ToolArguments):
+    """Arguments of `load_skill`."""
+
+    name: str
+    file: Annotated[str, msgspec.Meta(description="optional file next to it")] | None = None
+
+    hints = {"name": "`name` must be the name of a skill from the catalog",
+             "file": "`file` must be the plain name of a file next to the skill"}
+
+
 def register_skill_tool(registry: ToolRegistry, catalog: SkillCatalog) -> None:
-    async def load_skill(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        name = args.get("name")
-        if not isinstance(name, str) or not name:
-            raise ToolError("`name` must be the name of a skill from the catalog")
+    async def load_skill(args: LoadSkill, ctx: ToolContext) -> ToolResult:
+        name, file = args.name, args.file
+        if not name:
+            raise ToolError(LoadSkill.hints["name"])
         skill = catalog.get(ctx.workspace, name)
         if skill is None:
             names = ", ".join(s.name for s in catalog.skills(ctx.workspace)) or "none"
             raise ToolError(f"no skill named {name!r} in this workspace; skills: {names}")
-        file = args.get("file")
         if file is None:
             files = sorted(p.name for p in skill.folder.iterdir() if p.name != "SKILL.md" and p.is_file()
                            and not p.is_symlink())
             extra = f"\n\n(files next to this skill: {', '.join(files)}; load one with load_skill(name, file))" \
                 if files else ""
-            return ToolResult(content=f"# Skill: {skill.name}\n{skill.body}{extra}", meta={"skill": skill.name})
-        if not isinstance(file, str) or "/" in file or "\\" in file or file.startswith(".") or file == "SKILL.md":
-            raise ToolError("`file` must be the plain name of a file next to the skill")
+            return ToolResult(content=f"# Skill: {skill.name}\n{skill.body}{extra}",
+                              meta=ToolRecordMeta(skill=skill.name))
+        if "/" in file or "\\" in file or file.startswith(".") or file == "SKILL.md":
+            raise ToolError(LoadSkill.hints["file"])
         try:
             data = read_regular(skill.folder / file, MAX_FILE_BYTES)
         except OSError as exc:
             raise ToolError(f"cannot read {file!r} of skill {name!r}: {exc.strerror or exc}") from None
-        return ToolResult(content=data.decode("utf-8", "replace"), meta={"skill": skill.name, "file": file})
+        return ToolResult(content=data.decode("utf-8", "replace"), meta=ToolRecordMeta(skill=skill.name, file=file))
 
     registry.register(
         ToolSpec(
             name="load_skill",
             description="Load the instructions of a workspace skill listed in the system message (or a file "
                         "next to it).",
-            parameters={"type": "object",
-                        "properties": {"name": {"type": "string"},
-                                       "file": {"type": "string", "description": "optional file next to it"}},
-                        "required": ["name"], "additionalProperties": False},
+            parameters=LoadSkill.schema(),
             offloadable=False, read_only=True,
         ),
         load_skill,
+        LoadSkill,
     )

@@ -9,20 +9,20 @@ a `TabularStream` for the offload pipeline, which writes them to Parquet.
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-import msgspec
-
-from datadesk.settings import SQLSettings
 import asyncio
 import itertools
 import sys
+from typing import Annotated, Any, Callable
 
+import msgspec
 import pyarrow as pa
 
-from datadesk.offload.stream import TabularStream
+from datadesk.domain.records import ToolRecordMeta
+from datadesk.domain.tools import TabularStream, ToolError, ToolResult, ToolSpec
+from datadesk.settings import SQLSettings
 from datadesk.store.warehouse import QueryResult, SQLError, Warehouse, check_statement, jsonable
-from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
+from datadesk.tools.arguments import ToolArguments
+from datadesk.tools.registry import ToolContext, ToolRegistry
 
 TOOL_NAME = "sql_query"
 
@@ -43,18 +43,15 @@ def _description(settings: SQLSettings) -> str:
     )
 
 
-def _parameters() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {
-            "sql": {
-                "type": "string",
-                "description": "One DuckDB SQL statement (no trailing second statement).",
-            }
-        },
-        "required": ["sql"],
-        "additionalProperties": False,
-    }
+SQL_HINT = "`sql` must be a non-empty string holding one read-only SQL statement"
+
+
+class SqlQuery(ToolArguments):
+    """Arguments of `sql_query`."""
+
+    sql: Annotated[str, msgspec.Meta(description="One DuckDB SQL statement (no trailing second statement).")]
+
+    hints = {"sql": SQL_HINT}
 
 
 def render_result(result: QueryResult, max_chars: int) -> str:
@@ -131,10 +128,10 @@ def _first_rows(wh: Warehouse, sql: str, threshold_chars: int, stream_timeout_s:
             content = render_result(result, sys.maxsize)
             if len(content) <= threshold_chars and rows:
                 stream.close()
-                return ToolResult(content=content, data=result.to_dict(), meta={"rows": rows})
+                return ToolResult(content=content, data=result.to_dict(), meta=ToolRecordMeta(rows=rows))
             if not rows:
                 stream.close()
-                return ToolResult(content=content, data=result.to_dict(), meta={"rows": 0})
+                return ToolResult(content=content, data=result.to_dict(), meta=ToolRecordMeta(rows=0))
             return ToolResult(content="", table=TabularStream(stream.schema, iter(head), stream.close))
         return ToolResult(content="", table=TabularStream(stream.schema, itertools.chain(head, it), stream.close))
     except BaseException:
@@ -151,10 +148,10 @@ def register_sql_tool(
 ) -> None:
     """Register `sql_query`; `warehouse_for` picks the caller's workspace warehouse."""
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        sql = args.get("sql")
-        if not isinstance(sql, str) or not sql.strip():
-            raise ToolError("`sql` must be a non-empty string holding one read-only SQL statement")
+    async def handler(args: SqlQuery, ctx: ToolContext) -> ToolResult:
+        sql = args.sql
+        if not sql.strip():
+            raise ToolError(SQL_HINT)
         wh = warehouse_for(ctx)
         try:
             check_statement(sql)  # refuse on the loop, before any thread or connection
@@ -166,10 +163,11 @@ def register_sql_tool(
         ToolSpec(
             name=TOOL_NAME,
             description=_description(settings),
-            parameters=_parameters(),
+            parameters=SqlQuery.schema(),
             permission=None,
             offloadable=True,
             read_only=True,
         ),
         handler,
+        SqlQuery,
     )

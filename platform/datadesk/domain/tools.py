@@ -1,0 +1,94 @@
+"""Tool records: what a tool is (`ToolSpec`), what a call returns (`ToolResult`, a large table
+as a `TabularStream`) and the failure a tool reports to the model (`ToolError`).
+
+Plain types shared by the registry (tools/), the offload pipeline (offload/) and the turn loop
+(chat/), so none of those has to import another to speak about a tool call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator
+
+import msgspec
+import pyarrow as pa
+
+from datadesk.domain.records import ToolRecordMeta
+
+
+class ToolError(Exception):
+    """A failure the model can read and act on (bad arguments, bad SQL, refused statement)."""
+
+
+class ToolSpec(msgspec.Struct, frozen=True):
+    """What the registry knows about a tool.
+
+    - `parameters`: the JSON schema of its arguments, as sent to the model (built-in tools
+      derive it from their arguments Struct; MCP tools keep their server's schema).
+    - `permission`: required user permission (one of tools.registry.PERMISSIONS) or None.
+    - `offloadable`: its raw result may be offloaded to an artifact when large
+      (False for first-party tools with an explicit return contract).
+    - `read_only`: safe to re-run (used by re-query of expired artifacts).
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    permission: str | None = None
+    offloadable: bool = True
+    read_only: bool = False
+    source: str = "builtin"  # builtin | mcp:<server>
+    workspace: str | None = None  # None: every workspace; else only that workspace's requests
+    annotations: dict[str, Any] | None = None  # e.g. MCP tool annotations (readOnlyHint, ...)
+
+    def openai_schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+class TabularStream:
+    """A tabular result as Arrow record batches, read once and never loaded whole.
+    Always `close()` it (or use `with`): it may hold a database cursor."""
+
+    def __init__(self, schema: pa.Schema | None, batches: Iterable[pa.RecordBatch],
+                 close: Callable[[], None] | None = None) -> None:
+        self.schema = schema
+        self._batches = batches
+        self._close = close
+        self._closed = False
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        return iter(self._batches)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._close is not None:
+                self._close()
+
+    def __enter__(self) -> "TabularStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ToolResult(msgspec.Struct):
+    """The raw outcome of a tool call. `content` is what the model reads.
+
+    - `data`: a structured form for callers (small results only);
+    - `meta`: what the tool record keeps about the call (rows, artifacts, ...);
+    - `table`: a large tabular result, streamed: the offload pipeline writes it to an
+      artifact (or counts it for the truncated form) and replaces `content`.
+    """
+
+    content: str
+    is_error: bool = False
+    data: Any = None
+    meta: ToolRecordMeta = msgspec.field(default_factory=ToolRecordMeta)
+    table: TabularStream | None = None
