@@ -1,7 +1,7 @@
 """Events streamed to the client during a turn (sent as SSE, DESIGN section 4).
 
-Each event type has its payload struct; its class attribute `type` is the SSE event name
-and its fields are the JSON keys the client reads. `EVENT_PAYLOADS` lists them all.
+Each event type has its payload struct (a subclass of `EventPayload`): its class attribute
+`type` is the SSE event name and its fields are the JSON keys the client reads.
 """
 
 from __future__ import annotations
@@ -77,10 +77,6 @@ class TurnDone(EventPayload):
     type: ClassVar[str] = "done"
     turn_id: str
     status: str
-
-
-EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (
-    MessageDelta, ToolStarted, ToolFinished, ArtifactCreated, MessageCompleted, TurnError, TurnDone)
 
 
 class TurnEvent(msgspec.Struct, frozen=True):

@@ -57,7 +57,7 @@ class Record(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
     model: str | None = None
     usage: Usage | None = None
     provider_fields: dict[str, Any] | None = None
-    # as stored: a dict, written only from the role's meta struct (`record_meta`); `typed_meta` reads it
+    # as stored: a dict, written only from the role's meta struct through `record_meta`
     meta: dict[str, Any] | None = None
 
 
@@ -160,22 +160,12 @@ class UserRecordMeta(msgspec.Struct, omit_defaults=True):
 
 
 RecordMeta = ToolRecordMeta | AssistantRecordMeta | UserRecordMeta
-_META_OF_ROLE: dict[str, type[RecordMeta]] = {
-    "tool": ToolRecordMeta, "assistant": AssistantRecordMeta, "user": UserRecordMeta}
 
 
 def record_meta(meta: RecordMeta) -> dict[str, Any] | None:
-    """The stored form of a record's meta (None when nothing is set): the same keys as ever."""
+    """The stored form of a record's meta (None when nothing is set): the keys it always had,
+    so old logs read the same. Read it back typed with `msgspec.convert(rec.meta, <its struct>)`."""
     return msgspec.to_builtins(meta) or None
-
-
-def typed_meta(rec: Record) -> RecordMeta:
-    """A record's meta as the struct of its role (an old or odd entry reads as an empty one)."""
-    kind = _META_OF_ROLE[rec.role]
-    try:
-        return msgspec.convert(rec.meta or {}, kind)
-    except msgspec.ValidationError:
-        return kind()
 
 
 class ThreadMeta(msgspec.Struct, omit_defaults=True):

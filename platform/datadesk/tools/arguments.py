@@ -60,19 +60,19 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
 
 
 def _plain(schema: dict[str, Any], top: bool = False) -> dict[str, Any]:
+    options = schema.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        schema = {**next(o for o in options if o != {"type": "null"}),
+                  **{k: v for k, v in schema.items() if k != "anyOf"}}
     if schema.get("type") == "object" and "properties" in schema:
         out: dict[str, Any] = {"type": "object",
                                "properties": {k: _plain(v) for k, v in schema["properties"].items()}}
         if schema.get("required"):
             out["required"] = list(schema["required"])
         out["additionalProperties"] = False
-        if not top and "description" in schema:
+        if not top and "description" in schema:  # the top Struct's docstring is for the code's readers
             out["description"] = schema["description"]
         return out
-    options = schema.get("anyOf")
-    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
-        schema = {**next(o for o in options if o != {"type": "null"}),
-                  **{k: v for k, v in schema.items() if k != "anyOf"}}
     body = {k: v for k, v in schema.items() if k not in ("title", "default", "description")}
     ordered = {"type": body.pop("type")} if "type" in body else {}
     ordered.update(body)
