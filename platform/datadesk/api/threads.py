@@ -87,28 +87,15 @@ class ThreadController(Controller):
 
     @delete("/{tid:str}", status_code=204)
     async def delete_thread(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> None:
-        handle = find_thread(rt, user, tid)
-        # the running turn is cancelled wherever it runs; no turn starts until the thread is gone
-        async with rt.turns.exclusive(handle.id, deleting=True):
-            if rt.kernels is not None:  # its kernel goes with it
-                await rt.kernels.shutdown_thread((handle.meta.workspace, user.id, handle.id))
-            rt.threads.delete(handle)
+        await rt.lifecycle.delete(find_thread(rt, user, tid), user)
 
     @post("/{tid:str}/clear", status_code=200)
     async def clear_thread(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
         """Clear chat: cancel the running turn, bump the epoch, delete the log, summary,
         manifests, artifacts and outputs, shut the kernel down. Memory stays."""
         handle = find_thread(rt, user, tid)
-        # the running turn is cancelled wherever it runs; no turn starts until the clear is done
-        async with rt.turns.exclusive(handle.id):
-            removed = rt.threads.clear(handle)
-            kernel = False
-            if rt.kernels is not None:
-                key = (handle.meta.workspace, user.id, handle.id)
-                kernel = rt.kernels.has_kernel(key)
-                await rt.kernels.shutdown_thread(key)
-        return {"thread": handle.id, "epoch": handle.meta.epoch, "removed": {**removed, "kernel": kernel},
-                "memory": "kept"}
+        removed = await rt.lifecycle.clear(handle, user)
+        return {"thread": handle.id, "epoch": handle.meta.epoch, "removed": removed, "memory": "kept"}
 
     @get("/{tid:str}/context")
     async def get_context(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from datadesk.chat.attachments import Attachments
+from datadesk.chat.lifecycle import ThreadLifecycle
 from datadesk.chat.requery import UserRequery
 from datadesk.chat.turns import TurnRegistry
 from datadesk.llm.base import ChatModel
@@ -165,6 +166,7 @@ class Runtime:
             self.sandbox_health = self.kernels.health
             register_python_tool(self.tools, PythonTool(settings, self.kernels, self.artifacts, self.quota,
                                                         self.requery, self._auto_requery))
+        self.lifecycle = ThreadLifecycle(self.threads, self.turns, self.kernels)  # clear chat, delete thread
 
     async def start(self) -> None:
         """Start background work (kernel pool, reaper, MCP servers); called by the app at startup."""
