@@ -14,7 +14,7 @@ import pytest
 from litestar.testing import TestClient
 
 from datadesk.llm.scripted import ScriptedModel, tool_step
-from datadesk.tools.registry import ToolResult, ToolSpec
+from datadesk.domain.tools import ToolResult, ToolSpec
 from tests.conftest import parse_sse
 from tests.fakes.sandbox import FakeSandbox
 
@@ -196,7 +196,7 @@ def test_bad_uploads_get_a_clear_error_and_leave_nothing(env, name, data, needle
     r = _upload(client, h, tid, name, data)
     assert r.status_code == 400, r.text
     assert needle.lower() in r.json()["error"].lower()
-    adir = h.rt.threads.get(tid, "alice", ["demo"]).dir / "artifacts"
+    adir = h.rt.threads.get(tid, "alice", ["demo"]).artifacts_dir
     leftovers = [p.name for p in adir.iterdir() if p.name != ".lock"] if adir.exists() else []
     assert leftovers == []
     assert client.get(f"/api/threads/{tid}", headers=h.auth("alice")).json()["records"] == []

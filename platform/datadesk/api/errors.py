@@ -18,13 +18,13 @@ from litestar.exceptions import HTTPException
 from datadesk.chat.attachments import MessageTooLong
 from datadesk.chat.turns import TooManyTurns, TurnConflict
 from datadesk.domain.ids import InvalidId
+from datadesk.domain.tools import ToolError
 from datadesk.memory.store import DuplicateFact, FactNotFound, FactStateError, MemoryInputError
 from datadesk.offload.store import ArtifactNotFound
 from datadesk.offload.uploads import UploadError
 from datadesk.store.threads import ThreadNotFound
 from datadesk.store.users import UserError
 from datadesk.store.workspaces import WorkspaceConfigError
-from datadesk.tools.registry import ToolError
 
 log = logging.getLogger(__name__)
 

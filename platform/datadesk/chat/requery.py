@@ -16,10 +16,9 @@ from datadesk.chat.turns import TurnRegistry
 from datadesk.domain.ids import new_id
 from datadesk.domain.records import AssistantRecordMeta, Record, ToolCall, ToolRecordMeta, record_meta
 from datadesk.domain.users import User
-from datadesk.tools.requery import RequeryService
-from datadesk.store.layout import Layout
 from datadesk.store.threads import Thread
-from datadesk.tools.registry import ToolContext
+from datadesk.tools.context import ToolContext
+from datadesk.tools.requery import RequeryService
 
 TOOL_NAME = "requery_artifact"
 
@@ -27,10 +26,9 @@ TOOL_NAME = "requery_artifact"
 class UserRequery:
     """Restores an expired artifact on the user's request and records it as a tool call pair."""
 
-    def __init__(self, requery: RequeryService, turns: TurnRegistry, layout: Layout) -> None:
+    def __init__(self, requery: RequeryService, turns: TurnRegistry) -> None:
         self.requery = requery
         self.turns = turns
-        self.layout = layout
 
     async def run(self, thread: Thread, user: User, aid: str) -> dict[str, Any]:
         """Re-run the origin call of artifact `aid` (409 while a turn runs on the thread) and

@@ -139,7 +139,7 @@ class Runtime:
         self.attachments = Attachments(
             self.offload, self.quota, self.turns, settings.offload, settings.context.max_message_tokens,
             lambda user, ws: self.offload_capability(user, ws, self.permitted_tools(user, ws)))
-        self.user_requery = UserRequery(self.requery, self.turns, self.layout)
+        self.user_requery = UserRequery(self.requery, self.turns)
         register_sql_tool(self.tools, self.warehouse_for, settings.sql, settings.offload.threshold_chars,
                           settings.offload.stream_timeout_s)
         register_artifact_tools(self.tools, self.requery)
