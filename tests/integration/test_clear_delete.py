@@ -50,7 +50,7 @@ def test_clear_during_a_running_turn_resurrects_nothing(harness_factory) -> None
         assert c.get(f"/api/threads/{tid}").json()["records"] == []
         assert c.get(f"/api/threads/{tid}/artifacts").json() == []
         leftovers = sorted(p.name for p in tdir.iterdir())
-        assert leftovers in (["meta.json"], ["log.jsonl.lock", "meta.json"]), leftovers
+        assert leftovers in (["meta.json"], ["meta.json", "thread.lock"]), leftovers
         # the thread works again from a clean slate
         events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "again"}).text)
         assert events[-1][1]["status"] == "ok"

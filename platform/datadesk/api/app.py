@@ -1,11 +1,10 @@
-"""The composition root: one place registers controllers, dependencies and error handlers."""
+"""The HTTP app: controllers, dependencies, middleware and error handlers over one `Runtime`
+(the composition root of the services, in chat/runtime.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
-from typing import Any
 
 from litestar import Litestar, Response, get
 from litestar.datastructures import State
@@ -42,26 +41,6 @@ def create_app(rt: Runtime) -> Litestar:
         check_throttle_handler=lambda request: bool(request.route_handler.opt.get("login")),
     )
 
-    sweeper: list[asyncio.Task[None]] = []
-
-    async def sweep_forever() -> None:
-        """The cache sweeper: TTL and quotas, enforced while the app runs."""
-        while True:
-            await asyncio.sleep(rt.settings.offload.sweep_interval_s)
-            try:
-                await asyncio.to_thread(rt.quota.sweep_round, rt.settings.offload.sweep_interval_s)
-            except Exception:
-                log.exception("artifact sweep failed")
-
-    async def on_startup() -> None:
-        sweeper.append(asyncio.create_task(sweep_forever(), name="artifact-sweeper"))
-        await rt.start()
-
-    async def on_shutdown() -> None:
-        for task in sweeper:
-            task.cancel()
-        await rt.stop()
-
     csrf_key = load_key(rt.layout.home)
     app = Litestar(
         route_handlers=[
@@ -79,8 +58,8 @@ def create_app(rt: Runtime) -> Litestar:
         request_max_body_size=rt.settings.server.max_body_bytes,
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
                                      render_plugins=[SwaggerRenderPlugin()]),
-        on_startup=[on_startup],
-        on_shutdown=[on_shutdown],
+        on_startup=[rt.start],
+        on_shutdown=[rt.stop],
         state=State({"runtime": rt, "csrf_key": csrf_key}),
     )
     return app

@@ -14,6 +14,7 @@ from datadesk.chat.attachments import Attachments
 from datadesk.chat.lifecycle import ThreadLifecycle
 from datadesk.chat.requery import UserRequery
 from datadesk.chat.turns import TurnRegistry
+from datadesk.llm import configured_model
 from datadesk.llm.base import ChatModel
 from datadesk.settings import Settings
 from datadesk.store.layout import Layout
@@ -25,16 +26,19 @@ from datadesk.domain.users import User
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload.pipeline import OffloadCapability, OffloadPipeline
 from datadesk.offload.quota import ArtifactQuota
-from datadesk.offload.requery import RequeryService
+from datadesk.tools.requery import RequeryService
 from datadesk.offload.store import ArtifactStore
+from datadesk.sandbox.backends import build_kernel_registry
 from datadesk.sandbox.registry import KernelRegistry
 from datadesk.context.builder import ContextBuilder
 from datadesk.context.calibration import Calibration
+from datadesk.context.request import MemoryScope, RequestAssembler, TurnRequest
+from datadesk.store.threads import Thread
 from datadesk.offload.store import ArtifactNotFound
 from datadesk.sandbox.files import read_regular
 from datadesk.tools.artifacts import register_artifact_tools
 from datadesk.memory.extraction import MemoryExtractor
-from datadesk.memory.store import MemoryStore
+from datadesk.memory.store import MemoryStore, memory_access
 from datadesk.summary.service import SummaryService
 from datadesk.tools.mcp import MCPManager
 from datadesk.tools.memory import memory_gate, register_memory_tools
@@ -65,61 +69,21 @@ def validate_mcp_config(path: Path, cfg: WorkspaceConfig) -> dict[str, Any]:
     return servers
 
 
-def build_kernel_registry(settings: Settings, layout: Layout) -> KernelRegistry:
-    """The kernel registry for the configured backend (`local`, `docker` or `gateway`)."""
-    sb = settings.sandbox
-
-    def artifacts_for(key: tuple[str, str, str]):
-        ws, user, tid = key
-        return layout.thread_dir(ws, user, tid) / "artifacts"
-
-    if sb.backend == "local":
-        from datadesk.sandbox.local import LocalKernel
-
-        # RLIMIT_AS counts reserved address space: an idle kernel with pandas and pyarrow
-        # already reserves ~1.1 GB, so the local limit is memory_mb on top of that.
-        memory = (sb.memory_mb + 1536) << 20
-        factory = lambda placement: LocalKernel(placement, memory_bytes=memory,  # noqa: E731
-                                                ready_timeout_s=sb.start_timeout_s)
-
-        async def attach_local(rec, connect: bool):  # another worker's kernel (same host)
-            return await LocalKernel.attach(rec.placement, rec.pid, rec.pid_start, connect=connect,
-                                            memory_bytes=memory, ready_timeout_s=sb.start_timeout_s)
-
-        return KernelRegistry(sb, layout.home, factory, artifacts_for, attach=attach_local, backend_name="local")
-    if sb.backend == "docker":
-        from datadesk.sandbox.docker import DockerKernel, DockerSandbox
-
-        docker = DockerSandbox(sb, layout.home)
-
-        async def attach_docker(rec, connect: bool):  # another worker's container
-            return await DockerKernel.attach(rec.placement, docker, rec.container, rec.started_at, connect)
-
-        return KernelRegistry(sb, layout.home, docker.kernel, artifacts_for, health_check=docker.health,
-                              attach=attach_docker, sweep_orphans=docker.remove_orphans, backend_name="docker")
-    if sb.backend == "gateway":
-        from datadesk.sandbox.gateway import GatewayKernel, GatewaySandbox
-
-        gateway = GatewaySandbox(sb, layout.home)  # checks the gateway_* settings (SettingsError)
-
-        async def attach_gateway(rec, connect: bool):  # another worker's kernel on the gateway
-            return await GatewayKernel.attach(rec.placement, gateway, connect, rec.started_at)
-
-        return KernelRegistry(sb, layout.home, gateway.kernel, artifacts_for, health_check=gateway.health,
-                              attach=attach_gateway, sweep_orphans=gateway.remove_orphans, backend_name="gateway")
-    raise ValueError(f"sandbox.backend must be local, docker, gateway or none, not {sb.backend!r}")
-
 log = logging.getLogger(__name__)
 
 
 class Runtime:
-    """Everything the API and the turn loop share. Tests build one with their own model.
+    """The composition root: builds every service once from Settings and hands each what it
+    uses. The HTTP app (api/app.py) and the command line (cli.py) only ever build this.
+    Tests build one with their own model.
 
     A plain class (not a dataclass) so web frameworks treat it as an opaque dependency.
     """
 
-    def __init__(self, settings: Settings, model: ChatModel, summary_model: ChatModel | None = None) -> None:
+    def __init__(self, settings: Settings, model: ChatModel | None = None,
+                 summary_model: ChatModel | None = None) -> None:
         self.settings = settings
+        model = model or configured_model(settings)  # the configured LLM, else the labelled demo
         self.model = model
         self.summary_model = summary_model or model  # the same LLM unless told otherwise
         self.layout = Layout(settings.home)
@@ -153,12 +117,14 @@ class Runtime:
         register_memory_tools(self.tools, self.memory,
                               memory_gate(self.memory, lambda ws: self.workspace(ws)[0].memory))
         self.extractor = MemoryExtractor(self.memory, self.summary_model, settings.memory,
-                                         user_exists=self._user_active)
+                                         user_exists=self._user_active, memory_on=self._extraction_on)
         self._background: set[asyncio.Task[Any]] = set()
         self.mcp = MCPManager(self.tools, save_image=self._save_tool_image)
         self.calibration = Calibration(self.layout.home / "calibration.json", settings.context.calibration_margin)
         self.context = ContextBuilder(settings.context, count_tokens, self.calibration,
                                       self._artifact_status, self._image_bytes)
+        self.requests = RequestAssembler(self.context, self.summaries, settings.summary, self.memory,
+                                         self.calibration)
         self.kernels: KernelRegistry | None = None
         self.sandbox_health: Callable[[], tuple[bool, str]] = lambda: (False, "the sandbox is not running")
         if settings.sandbox.backend != "none":
@@ -169,7 +135,9 @@ class Runtime:
         self.lifecycle = ThreadLifecycle(self.threads, self.turns, self.kernels)  # clear chat, delete thread
 
     async def start(self) -> None:
-        """Start background work (kernel pool, reaper, MCP servers); called by the app at startup."""
+        """Start background work (artifact sweeper, kernel pool, reaper, MCP servers); called by the
+        app at startup."""
+        self._spawn(self._sweep_forever(), "artifact-sweeper")
         if self.kernels is not None:
             await self.kernels.start()
         for ws in self.validate_workspaces():
@@ -187,14 +155,25 @@ class Runtime:
         if self.kernels is not None:
             await self.kernels.stop()
 
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _sweep_forever(self) -> None:
+        """The cache sweeper: TTL and quotas, enforced while the app runs."""
+        every = self.settings.offload.sweep_interval_s
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await asyncio.to_thread(self.quota.sweep_round, every)
+            except Exception:
+                log.exception("artifact sweep failed")
+
     def _save_tool_image(self, ctx: ToolContext, data: bytes, mime: str) -> str:
         """An image a tool returned (MCP): kept as an artifact, sent to vision models as an image."""
-        from datadesk.domain.artifacts import ArtifactOrigin
-
         ext = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}.get(mime, "png")
-        origin = ArtifactOrigin(source="tool", user=ctx.user, thread=ctx.thread, workspace=ctx.workspace,
-                                call_id=ctx.call_id)
-        return self.artifacts.save_bytes(ctx.thread_dir, data, ext, "result", mime, origin, ctx.epoch).id
+        return self.artifacts.save_bytes(ctx.thread, data, ext, "result", mime, ctx.origin("tool"), ctx.epoch).id
 
     def mcp_status(self, ws: str) -> list[dict[str, Any]]:
         """MCP servers of a workspace with state, tools and masked config ([] without MCP)."""
@@ -214,21 +193,31 @@ class Runtime:
         flag = self.workspace(ws)[0].auto_requery
         return self.settings.offload.auto_requery if flag is None else flag
 
+    def _extraction_on(self, ws: str, uid: str) -> bool:
+        """The workspace's memory flags and the user's permission, as they are now."""
+        cfg, _ = self.workspace(ws)
+        user = self.users.get(uid)
+        return bool(user and cfg.memory_extraction and memory_access(cfg.memory, user.permissions, ws)[0])
+
     def _user_active(self, uid: str) -> bool:
         user = self.users.get(uid)
         return user is not None and not user.revoked
 
-    def memory_preamble(self, user: User, handle: Any) -> tuple[str, list[str]] | None:
-        """The memory block for this user's thread, with the injected fact ids (None when off/empty)."""
-        ws = handle.meta.workspace
+    def turn_request(self, user: User, thread: Thread, epoch: int, turn_id: str,
+                     specs: list[ToolSpec]) -> TurnRequest:
+        """What every request of this turn is made of (context.request builds each one)."""
+        ws = thread.meta.workspace
         cfg, _ = self.workspace(ws)
-        if not self.memory.allowed(ws, user.id, cfg.memory, user.permissions)[0]:
-            return None
-        project = getattr(handle.meta, "project", None)
-        facts = self.memory.active(ws, user.id, project)
-        if not facts:
-            return None
-        return self.memory.block(ws, user.id, project), [f.id for f in facts]
+        memory = MemoryScope(workspace=ws, user=user.id, project=thread.meta.project, workspace_on=cfg.memory,
+                             permissions=user.permission_set)
+        return TurnRequest(thread=thread, epoch=epoch, model=self.model.name, turn_id=turn_id,
+                           tools=[s.openai_schema() for s in specs], workspace_prompt=cfg.prompt,
+                           skills_catalog=self.skills.catalog_text(ws), memory=memory)
+
+    @property
+    def model_reports_usage(self) -> bool:
+        """Whether the model's reported usage is real (the scripted model only estimates it)."""
+        return bool(getattr(self.model, "reports_real_usage", True))
 
     def after_turn(self, user: User, handle: Any, records: list[Any]) -> None:
         """Background memory extraction (off by default; a workspace flag), never awaited."""
@@ -236,9 +225,7 @@ class Runtime:
         cfg, _ = self.workspace(ws)
         if not cfg.memory_extraction or not self.memory.allowed(ws, user.id, cfg.memory, user.permissions)[0]:
             return
-        task = asyncio.create_task(self.extractor.extract(ws, user.id, records, thread=handle.id))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(self.extractor.extract(ws, user.id, records, thread=handle.id), f"memory-extract:{handle.id}")
 
     def workspace(self, ws: str) -> tuple[WorkspaceConfig, Warehouse]:
         """The config and warehouse of a workspace (read once, then cached)."""
@@ -256,18 +243,18 @@ class Runtime:
                 hit = self._workspaces[ws] = (cfg, wh)
             return hit
 
-    def _artifact_status(self, thread_dir: Path, aid: str) -> str | None:
+    def _artifact_status(self, thread: Thread, aid: str) -> str | None:
         try:
-            return self.artifacts.load(thread_dir, aid).status
+            return self.artifacts.load(thread, aid).status
         except (ArtifactNotFound, ValueError):
             return None
 
-    def _image_bytes(self, thread_dir: Path, aid: str) -> bytes | None:
+    def _image_bytes(self, thread: Thread, aid: str) -> bytes | None:
         try:
-            art = self.artifacts.load(thread_dir, aid)
+            art = self.artifacts.load(thread, aid)
             if not art.available or art.format not in ("png", "jpeg", "gif", "webp"):
                 return None
-            return read_regular(self.artifacts.data_path(thread_dir, art), 20 << 20)
+            return read_regular(self.artifacts.data_path(thread, art), 20 << 20)
         except (ArtifactNotFound, ValueError, OSError):
             return None
 

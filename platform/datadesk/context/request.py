@@ -140,11 +140,11 @@ class RequestAssembler:
         except OSError:
             log.warning("could not write the context manifest of %s", turn.thread.id)
 
-    def due_summary(self, turn: TurnRequest, built: BuiltContext | None) -> int | None:
+    def due_summary(self, thread: Thread, built: BuiltContext | None) -> int | None:
         """After the reply: the seq to summarize through when a background refresh is due."""
         if built is None or not self.summary_settings.enabled:
             return None
         m = built.manifest
         upto = max(m.trimmed_through_seq, m.over_budget_through_seq)
-        return upto if self.summaries.due(turn.thread, upto, m.water) else None
+        return upto if self.summaries.due(thread, upto, m.water) else None
 
