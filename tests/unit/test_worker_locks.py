@@ -223,6 +223,7 @@ SUMMARY_JOB = """
     from datadesk.settings import SummarySettings
     from datadesk.summary.service import SummaryService
     from datadesk.summary.store import SummaryStore
+    from datadesk.store.threads import Thread
     from datadesk.summary.summarizer import Summarizer
     from tests.unit.test_summary import faithful
 
@@ -237,7 +238,7 @@ SUMMARY_JOB = """
     async def main():
         settings = SummarySettings()
         svc = SummaryService(SummaryStore(), Summarizer(ScriptedModel(then=slow), settings, count_tokens), settings)
-        got = await svc.refresh(tdir, int(sys.argv[4]), 0, synchronous=mode == "sync")
+        got = await svc.refresh(Thread.at(tdir), int(sys.argv[4]), 0, synchronous=mode == "sync")
         print("covers", got.covers_through_seq if got else None, flush=True)
 
     asyncio.run(main())
@@ -252,8 +253,8 @@ def test_a_summary_job_runs_once_across_processes(tmp_path: Path) -> None:
     tdir = make_thread(tmp_path)
     last = chat(tdir, *[(f"question {i}, constraint: exclude holidays", f"answer {i}") for i in range(6)])
     calls = tmp_path / "calls.txt"
-    jobs = [child(SUMMARY_JOB, str(tdir), str(calls), "bg", str(last)) for _ in range(3)]
-    jobs.append(child(SUMMARY_JOB, str(tdir), str(calls), "sync", str(last)))
+    jobs = [child(SUMMARY_JOB, str(tdir.dir), str(calls), "bg", str(last)) for _ in range(3)]
+    jobs.append(child(SUMMARY_JOB, str(tdir.dir), str(calls), "sync", str(last)))
     outs = []
     try:
         for j in jobs:
@@ -266,7 +267,7 @@ def test_a_summary_job_runs_once_across_processes(tmp_path: Path) -> None:
     assert len(calls.read_text().splitlines()) == 1  # one model call for this coverage, in all four
     assert outs[-1] == f"covers {last}"  # the synchronous one waited for the job and got its result
     assert SummaryStore().load(tdir).covers_through_seq == last
-    assert not (tdir / "summary.revisions.jsonl").exists()  # written once: nothing was replaced
+    assert not (tdir.dir / "summary.revisions.jsonl").exists()  # written once: nothing was replaced
 
 
 SWEEPER = """
