@@ -62,14 +62,6 @@ class FileAndThreadLock:
             self._tlock.release()
 
 
-def read_epoch(thread_dir: Path) -> int | None:
-    """The epoch in a thread's `meta.json` (bumped by every clear), or None without one."""
-    try:
-        return int(msgspec.json.decode((thread_dir / "meta.json").read_bytes()).get("epoch", 0))
-    except (FileNotFoundError, msgspec.DecodeError, AttributeError, ValueError, TypeError):
-        return None
-
-
 class LogClosed(Exception):
     """The thread was deleted or cleared while something tried to append to it."""
 
@@ -79,11 +71,11 @@ class ThreadLog:
 
     def __init__(self, path: Path, lock: FileAndThreadLock | None = None,
                  epoch_of: Callable[[], int | None] | None = None) -> None:
-        """`lock` and `epoch_of` come from the owning `Thread` (its lock, its epoch); a log
-        opened on its own gets a lock file beside it and reads the epoch from `meta.json`."""
+        """`lock` and `epoch_of` come from the owning `Thread` (its lock, its epoch on disk); a log
+        opened on its own gets a lock file beside it and cannot guard appends by epoch."""
         self.path = Path(path)
         self._lock = lock or FileAndThreadLock(Path(str(self.path) + ".lock"))
-        self._epoch_of = epoch_of or (lambda: read_epoch(self.path.parent))
+        self._epoch_of = epoch_of
 
     # -- writing -----------------------------------------------------------
     def lock(self) -> FileAndThreadLock:
@@ -102,7 +94,7 @@ class ThreadLog:
         if not self.path.parent.is_dir():
             raise LogClosed(f"thread {self.path.parent.name} no longer exists")
         with self._lock:
-            if epoch is not None and self._epoch_of() != epoch:
+            if epoch is not None and (self._epoch_of is None or self._epoch_of() != epoch):
                 raise LogClosed(f"thread {self.path.parent.name} was cleared")
             last = self._repair_and_last()
             record = make(last.seq + 1 if last else 1)
@@ -206,5 +198,3 @@ class ThreadLog:
             log.warning("skipping an unreadable line in %s", self.path)
             return None
 
-
-current_epoch = read_epoch  # TEMPORARY while callers move to Thread.guarded (removed before landing)

@@ -18,7 +18,7 @@ from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
 from datadesk.domain.records import Record
 from datadesk.store.jsonl import lines_from_end
-from datadesk.store.threadlog import FileAndThreadLock, LogClosed, ThreadLog, read_epoch
+from datadesk.store.threadlog import FileAndThreadLock, LogClosed, ThreadLog
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,10 @@ class Thread:
 
     def current_epoch(self) -> int | None:
         """The epoch on disk now (a clear bumps it), or None without a meta file."""
-        return read_epoch(self.dir)
+        try:
+            return int(msgspec.json.decode((self.dir / META_FILE).read_bytes()).get("epoch", 0))
+        except (FileNotFoundError, msgspec.DecodeError, AttributeError, ValueError, TypeError):
+            return None
 
     def cleared_since(self, epoch: int | None) -> bool:
         """Whether the thread was cleared (or deleted) since work that started in `epoch`."""
