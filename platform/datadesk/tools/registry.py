@@ -38,6 +38,8 @@ Handler = Callable[[Any, ToolContext], Awaitable[ToolResult]]
 
 @dataclass
 class Tool:
+    """A registered tool: what the model is told, what runs, and how its arguments are read."""
+
     spec: ToolSpec
     handler: Handler
     arguments: type[ToolArguments] | None = None  # None: the handler gets the dict
