@@ -43,7 +43,7 @@ def test_views_over_parquet_and_csv_files_next_to_the_duckdb_tables(harness_fact
     cfg = Layout(home).workspace_config("demo")
     cfg.write_text(cfg.read_text() + '\n[views]\nsales = "data/sales/*.parquet"\ntargets = "data/targets.csv"\n')
     h = harness_factory(ScriptedModel(then="ok"))
-    wh = h.rt.workspace("demo")[1]
+    wh = h.rt.workspaces.warehouse("demo")
     assert wh.query_sync("SELECT sum(amount) FROM sales").rows == [[33]]
     assert wh.query_sync("SELECT count(*) FROM readings").rows == [[190_560]]  # the DuckDB file too
     assert wh.query_sync("SELECT target FROM targets WHERE region = 's'").rows == [[50]]

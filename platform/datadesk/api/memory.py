@@ -59,7 +59,7 @@ def _store(rt: RuntimeDep) -> MemoryStore:
 def _workspace(rt: RuntimeDep, user: User, workspace: str | None) -> str:
     """The workspace of the request, checked: member (else 404), flag and permission (else 403)."""
     ws = member_workspace(user, workspace)
-    cfg, _ = rt.workspace(ws)
+    cfg = rt.workspaces.config(ws)
     ok, why = memory_access(cfg.memory, user.permissions, ws)
     if not ok:
         raise PermissionDeniedException(why)

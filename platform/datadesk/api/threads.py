@@ -135,7 +135,7 @@ class ThreadController(Controller):
         # too long for the model: never sent raw (a pasted table becomes an artifact, else a 413)
         text = await rt.attachments.message_text(handle, user, text)
         background = rt.settings.chat.finish_in_background if data.background is None else data.background
-        turn = await start_turn(rt, handle, user, text, background)
+        turn = await start_turn(rt.turn_services, rt.turns, handle, user, text, background)
         return ServerSentEvent(_stream(turn), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

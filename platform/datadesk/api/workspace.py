@@ -24,7 +24,7 @@ class WorkspaceController(Controller):
         if not user.can("admin"):
             raise PermissionDeniedException("the workspace view is for admins")
         ws = member_workspace(user, workspace)
-        cfg, wh = rt.workspace(ws)
+        cfg, wh = rt.workspaces.get(ws)
         try:
             tables = [msgspec.to_builtins(t) for t in wh.describe()]
             warehouse_error = None
@@ -38,7 +38,7 @@ class WorkspaceController(Controller):
             "mcp": rt.mcp_status(ws),
             "skills": [{"name": s.name, "description": s.description} for s in rt.skills.skills(ws)],
             "flags": {"memory": cfg.memory, "memory_extraction": cfg.memory_extraction,
-                      "auto_requery": rt._auto_requery(ws)},
+                      "auto_requery": rt.auto_requery(ws)},
             "disabled_tools": cfg.disabled_tools,
             "tool_permissions": cfg.tool_permissions,
             "tools": [{"name": s.name, "source": s.source, "read_only": s.read_only, "permission": s.permission}

@@ -12,39 +12,58 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from datadesk.chat.runtime import Runtime
-from datadesk.chat.turns import RunningTurn
+from datadesk.chat.policy import TurnPolicy
+from datadesk.chat.turns import RunningTurn, TurnRegistry
 from datadesk.context.builder import BuiltContext, ContextTooLarge
+from datadesk.context.request import RequestAssembler
 from datadesk.domain.events import (ArtifactCreated, MessageCompleted, MessageDelta, ToolFinished, ToolStarted,
                                     TurnDone, TurnError)
 from datadesk.domain.ids import ID_PATTERN, new_id
 from datadesk.domain.records import ArtifactRef, AssistantRecordMeta, Record, ToolCall, record_meta
 from datadesk.domain.users import User
-from datadesk.llm.base import ModelDelta, ModelError, ModelReply
-from datadesk.offload.pipeline import OffloadCapability
+from datadesk.llm.base import ChatModel, ModelDelta, ModelError, ModelReply
+from datadesk.offload.pipeline import OffloadCapability, OffloadPipeline
+from datadesk.settings import ChatSettings
 from datadesk.store.threadlog import LogClosed
-from datadesk.store.threads import Thread
-from datadesk.tools.registry import ToolContext, ToolResult, TurnFacts
+from datadesk.store.threads import Thread, ThreadStore
+from datadesk.summary.service import SummaryService
+from datadesk.tools.registry import ToolContext, ToolRegistry, ToolResult, TurnFacts
 
 log = logging.getLogger(__name__)
 
 PREVIEW_CHARS = 16_000  # the tool card shows the whole preview the model got (<2,000 tokens when offloaded)
 
 
+@dataclass(frozen=True)
+class TurnServices:
+    """Exactly what a turn uses, handed over by the composition root (chat/runtime.py)."""
+
+    model: ChatModel
+    requests: RequestAssembler  # builds each step's request, records its manifest
+    tools: ToolRegistry
+    offload: OffloadPipeline  # large tool results -> artifacts (or the truncated form)
+    summaries: SummaryService  # the background refresh after the reply
+    threads: ThreadStore  # title and `updated` of the thread
+    policy: TurnPolicy  # permitted tools, offload capability, request parts, memory extraction
+    settings: ChatSettings
+    calibrate: bool = True  # the model's reported usage is real: learn the token correction
+
+
 class TurnLoop:
     """Runs one turn of one thread, emitting events on `turn` and appending records."""
 
-    def __init__(self, rt: Runtime, turn: RunningTurn, handle: Thread, user: User) -> None:
-        self.rt = rt
+    def __init__(self, services: TurnServices, turn: RunningTurn, thread: Thread, user: User) -> None:
+        self.services = services
         self.turn = turn
-        self.handle = handle
+        self.thread = thread
         self.user = user
-        self.epoch = handle.meta.epoch  # the epoch seen at the start (a clear bumps it)
-        self.settings = rt.settings.chat
+        self.epoch = thread.meta.epoch  # the epoch seen at the start (a clear bumps it)
+        self.settings = services.settings
         self.user_seq = 0  # seq of this turn's user record
         self.tool_output_seen = False  # whether a tool result came back earlier in this turn
         self.allowed: set[str] = set()  # tool names permitted in this turn
@@ -53,18 +72,18 @@ class TurnLoop:
     def _append(self, **fields: Any) -> Record:
         fields.setdefault("turn_id", self.turn.turn_id)
         # a clear during this turn makes every later append fail (LogClosed)
-        return self.handle.append(lambda seq: Record(seq=seq, ts=time.time(), **fields), epoch=self.epoch)
+        return self.thread.append(lambda seq: Record(seq=seq, ts=time.time(), **fields), epoch=self.epoch)
 
     async def run(self, text: str) -> None:
         status = "ok"
         try:
             user_rec = self._append(role="user", content=text)
             self.user_seq = user_rec.seq
-            if self.handle.meta.title == "New chat":
-                self.rt.threads.touch(self.handle, title=text.strip().splitlines()[0][:80] or None)
+            if self.thread.meta.title == "New chat":
+                self.services.threads.touch(self.thread, title=text.strip().splitlines()[0][:80] or None)
             status = await self._steps()
             self._after_reply()
-            self.rt.after_turn(self.user, self.handle, [user_rec])  # memory extraction: user words only
+            self.services.policy.after_turn(self.user, self.thread, [user_rec])  # memory extraction: user words only
         except asyncio.CancelledError:
             status = "cancelled"
             self.turn.emit(TurnError(kind="cancelled", message="the turn was cancelled; what completed is kept"))
@@ -77,18 +96,18 @@ class TurnLoop:
             self.turn.emit(TurnError(kind="internal", message=f"internal error ({type(exc).__name__})"))
         finally:
             try:
-                self.rt.threads.touch(self.handle)
+                self.services.threads.touch(self.thread)
             except Exception:
                 pass
             self.turn.emit(TurnDone(turn_id=self.turn.turn_id, status=status))
 
     async def _steps(self) -> str:
-        specs = self.rt.permitted_tools(self.user, self.handle.meta.workspace)
+        specs = self.services.policy.permitted_tools(self.user, self.thread.meta.workspace)
         self.allowed = {s.name for s in specs}
-        request = self.rt.turn_request(self.user, self.handle, self.epoch, self.turn.turn_id, specs)
+        request = self.services.policy.turn_request(self.user, self.thread, self.epoch, self.turn.turn_id, specs)
         for step in range(1, self.settings.max_steps + 1):
             try:
-                built = await self.rt.requests.build(request, step)
+                built = await self.services.requests.build(request, step)
             except ContextTooLarge as exc:
                 self._append(role="assistant", status="error", content="",
                              meta=record_meta(AssistantRecordMeta(error=str(exc), kind="context")))
@@ -99,20 +118,20 @@ class TurnLoop:
             try:
                 reply = await self._call_model(built.messages, built.tools)
             finally:  # also when cancelled: what was sent is recorded
-                self.rt.requests.record(request, built, reply.usage if reply else None, replied=reply is not None,
-                                        calibrate=self.rt.model_reports_usage)
+                self.services.requests.record(request, built, reply.usage if reply else None, replied=reply is not None,
+                                        calibrate=self.services.calibrate)
             if reply is None:
                 return "error"
             if not reply.tool_calls:
-                rec = self._append(role="assistant", content=reply.content, model=reply.model or self.rt.model.name,
+                rec = self._append(role="assistant", content=reply.content, model=reply.model or self.services.model.name,
                                    usage=reply.usage, provider_fields=reply.provider_fields)
                 self.turn.emit(MessageCompleted(seq=rec.seq, content=rec.content, model=rec.model, usage=rec.usage))
                 return "ok"
             calls = _unique_ids(reply.tool_calls)
             self._append(role="assistant", content=reply.content, tool_calls=calls,
-                         model=reply.model or self.rt.model.name, usage=reply.usage,
+                         model=reply.model or self.services.model.name, usage=reply.usage,
                          provider_fields=reply.provider_fields)
-            cap = self.rt.offload_capability(self.user, self.handle.meta.workspace, specs)
+            cap = self.services.policy.offload_capability(self.user, self.thread.meta.workspace, specs)
             await self._run_tools(calls, cap)
         rec = self._append(role="assistant", status="error",
                            content=f"I stopped after {self.settings.max_steps} tool rounds without a final answer.",
@@ -122,14 +141,14 @@ class TurnLoop:
 
     def _after_reply(self) -> None:
         """Schedule the summary refresh when due; the reply never waits for it."""
-        upto = self.rt.requests.due_summary(self.handle, self.last_built)
+        upto = self.services.requests.due_summary(self.thread, self.last_built)
         if upto is not None:
-            self.rt.summaries.schedule(self.handle, upto, self.epoch)
+            self.services.summaries.schedule(self.thread, upto, self.epoch)
 
     async def _call_model(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply | None:
         parts: list[str] = []
         try:
-            async for ev in self.rt.model.stream(messages, tools):
+            async for ev in self.services.model.stream(messages, tools):
                 if isinstance(ev, ModelDelta):
                     parts.append(ev.text)
                     self.turn.emit(MessageDelta(text=ev.text))
@@ -138,11 +157,11 @@ class TurnLoop:
             raise ModelError("the model stream ended without a reply")
         except asyncio.CancelledError:
             self._append(role="assistant", content="".join(parts), status="cancelled",
-                         model=self.rt.model.name)
+                         model=self.services.model.name)
             raise
         except ModelError as exc:
             self._append(role="assistant", content="".join(parts), status="error",
-                         model=self.rt.model.name,
+                         model=self.services.model.name,
                          meta=record_meta(AssistantRecordMeta(error=str(exc), kind=type(exc).__name__)))
             self.turn.emit(TurnError(kind="model", message=str(exc)))
             return None
@@ -150,12 +169,12 @@ class TurnLoop:
     async def _run_tools(self, calls: list[ToolCall], cap: OffloadCapability) -> None:
         recorded: set[str] = set()
         facts = TurnFacts(user_seq=self.user_seq, after_tool_output=self.tool_output_seen, user_asked=True,
-                          project=self.handle.meta.project)
+                          project=self.thread.meta.project)
 
         async def one(call: ToolCall) -> None:
             self.turn.emit(ToolStarted(call_id=call.id, name=call.name, arguments=call.arguments))
             started = time.perf_counter()
-            ctx = ToolContext(thread=self.handle, workspace=self.handle.meta.workspace, user=self.user.id,
+            ctx = ToolContext(thread=self.thread, workspace=self.thread.meta.workspace, user=self.user.id,
                               permissions=self.user.permission_set, call_id=call.id, epoch=self.epoch, facts=facts)
             try:
                 if call.name not in self.allowed:
@@ -164,12 +183,12 @@ class TurnLoop:
                                         f"{', '.join(sorted(self.allowed)) or 'none'}", is_error=True)
                 else:
                     result = await asyncio.wait_for(
-                        self.rt.tools.run(call.name, call.arguments, ctx), self.settings.tool_timeout_s
+                        self.services.tools.run(call.name, call.arguments, ctx), self.settings.tool_timeout_s
                     )
             except asyncio.TimeoutError:
                 result = ToolResult(f"{call.name} timed out after {self.settings.tool_timeout_s:g} s", is_error=True)
-            tool = self.rt.tools.get(call.name, self.handle.meta.workspace)
-            outcome = await self.rt.offload.process(tool.spec if tool else None, result, self.handle,
+            tool = self.services.tools.get(call.name, self.thread.meta.workspace)
+            outcome = await self.services.offload.process(tool.spec if tool else None, result, self.thread,
                                                     ctx.origin("tool", call.name, call.arguments), cap, self.epoch)
             result = outcome.result
             if outcome.artifact is not None:
@@ -209,17 +228,18 @@ def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:
     return out
 
 
-async def start_turn(rt: Runtime, handle: Thread, user: User, text: str, background: bool) -> RunningTurn:
+async def start_turn(services: TurnServices, turns: TurnRegistry, thread: Thread, user: User, text: str,
+                     background: bool) -> RunningTurn:
     """Reserve the thread (409/429 if not possible) and start the turn task."""
-    turn = rt.turns.reserve(handle.id, user.id)
+    turn = turns.reserve(thread.id, user.id)
     turn.background = background
-    loop = TurnLoop(rt, turn, handle, user)
+    loop = TurnLoop(services, turn, thread, user)
 
     async def runner() -> None:
         try:
             await loop.run(text)
         finally:
-            rt.turns.release(turn)
+            turns.release(turn)
 
     turn.task = asyncio.create_task(runner(), name=f"turn-{turn.turn_id}")
     return turn

@@ -169,3 +169,19 @@ def _describe(exc: BaseException) -> str:
 
 
 # -- stderr → log --------------------------------------------------------------------
+
+
+def workspace_servers(path: Any, mcp: Mapping[str, Any]) -> dict[str, MCPServerConfig]:
+    """The `[mcp.<server>]` tables of a workspace as MCPServerConfig, or WorkspaceConfigError
+    naming the file and the key."""
+    from datadesk.store.workspaces import WorkspaceConfigError
+
+    servers = {}
+    for name, raw in mcp.items():
+        try:
+            server = msgspec.convert(raw, MCPServerConfig)
+            server.validate(name)
+        except (msgspec.ValidationError, ValueError) as exc:
+            raise WorkspaceConfigError(f"{path}: key 'mcp.{name}': {exc}") from None
+        servers[name] = server
+    return servers
