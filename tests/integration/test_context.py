@@ -155,6 +155,24 @@ def test_profiles_shape_the_request(tmp_path: Path, model, vision, preamble_role
     assert all("reasoning_content" not in m for m in msgs)
 
 
+@pytest.mark.parametrize("data,mime", [
+    (b"\x89PNG\r\n\x1a\nfake", "image/png"),
+    (b"\xff\xd8\xff\xe0fake-jpeg", "image/jpeg"),
+    (b"GIF89afake", "image/gif"),
+    (b"RIFF\x10\x00\x00\x00WEBPVP8 fake", "image/webp"),
+])
+def test_images_travel_with_their_own_media_type(tmp_path: Path, data: bytes, mime: str) -> None:
+    """A JPEG, GIF or WebP chart or upload is sent as what it is, not labelled image/png."""
+    _thread_with_images_and_reasoning(tmp_path)
+    settings = ContextSettings()
+    builder = ContextBuilder(settings, count_tokens, Calibration(tmp_path / "cal.json", 0.05),
+                             artifact_status=lambda d, a: "ready", image_bytes=lambda d, a: data)
+    built = builder.build(Thread(tmp_path), model="gpt-4o-mini", system_prompt="sys", tools=[], turn_id="t", step=1)
+    urls = [p["image_url"]["url"] for m in built.messages if isinstance(m.get("content"), list)
+            for p in m["content"] if p.get("type") == "image_url"]
+    assert len(urls) == 1 and urls[0].startswith(f"data:{mime};base64,")
+
+
 def test_reasoning_is_replayed_when_the_profile_says_so(tmp_path: Path) -> None:
     _thread_with_images_and_reasoning(tmp_path)
     built = _builder(tmp_path, **{"deepseek*": {"replay_reasoning": True}}).build(

@@ -20,7 +20,7 @@ import pytest
 from datadesk.chat.runtime import Runtime
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from datadesk.settings import Settings
-from tests.conftest import parse_sse, serve_app
+from tests.conftest import parse_sse, serve_app, until
 from tests.sandbox_kit import ctx, py, run_with, runtime_with_sandbox
 
 BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
@@ -135,7 +135,10 @@ def test_kernel_killed_from_inside_or_outside_restarts_with_notice(home: Path, b
             import os as _os
             import signal as _sig
             _os.killpg(session.kernel.pid, _sig.SIGKILL)
-        await asyncio.sleep(1.5)
+        for _ in range(500):  # until the kernel is seen dead (at most ~10 s)
+            if not await session.kernel.is_alive():
+                break
+            await asyncio.sleep(0.02)
         after_outside = await py(rt, c, "1")
         return died, fresh, after_outside
 
@@ -152,13 +155,14 @@ def test_reaper_reclaims_idle_and_old_kernels_with_notice(home: Path, backend: s
     c = ctx(rt)
 
     async def body():
+        key = ("demo", "alice", "t1")
         await py(rt, c, "y = 5")
-        await asyncio.sleep(1.5)  # the real reaper task runs every 0.2 s
-        gone = ("demo", "alice", "t1") not in rt.kernels.sessions
+        await until(lambda: key not in rt.kernels.sessions)  # the real reaper task runs every 0.2 s
+        gone = key not in rt.kernels.sessions
         idle = await py(rt, c, "print('y' in globals())")
         rt.kernels.settings.idle_timeout_s = 600
         rt.kernels.settings.max_lifetime_s = 1
-        await asyncio.sleep(1.5)
+        await until(lambda: key not in rt.kernels.sessions)
         old = await py(rt, c, "1")
         return gone, idle, old
 

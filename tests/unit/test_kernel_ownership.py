@@ -73,7 +73,10 @@ def test_heartbeat_is_touched_while_running_and_removed_at_stop(tmp_path: Path) 
         hb = Heartbeat(tmp_path, 0.05)
         hb.start()
         first = hb.path.stat().st_mtime
-        await asyncio.sleep(0.3)
+        for _ in range(500):  # until the heartbeat is touched again (at most ~5 s)
+            if hb.path.stat().st_mtime > first:
+                break
+            await asyncio.sleep(0.01)
         later = hb.path.stat().st_mtime
         await hb.stop()
         return first, later, hb.path.exists()

@@ -166,3 +166,66 @@ def test_tail_matches_full_read_with_any_torn_tail(tmp_path_factory, n: int, k: 
     everything = list(log)
     assert [r.seq for r in everything] == list(range(1, n + 1))
     assert log.tail(k) == everything[-k:] if k else log.tail(k) == []
+
+
+def test_find_reads_from_the_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`find` (paging an old tool result back) stops at the newest match: no full scan."""
+    log = ThreadLog(tmp_path / "log.jsonl")
+    for i in range(2_000):
+        log.append(rec(f"m{i}"))
+
+    def no_full_scan(self):
+        raise AssertionError("find read the whole log")
+
+    monkeypatch.setattr(ThreadLog, "__iter__", no_full_scan)
+    assert [r.content for r in log.find(lambda r: r.content.startswith("m199"), limit=2)] == ["m1999", "m1998"]
+
+
+def _thread(tmp_path: Path):
+    from datadesk.store.layout import Layout
+    from datadesk.store.threads import ThreadStore
+
+    store = ThreadStore(Layout(tmp_path))
+    return store, store.create("demo", "alice")
+
+
+def test_a_clear_refuses_every_guarded_write_begun_before_it(tmp_path: Path) -> None:
+    """The Thread owns the epoch: appends, manifests and guarded writes from before a clear are
+    refused after it, and the cleared folder keeps only its meta and its lock."""
+    store, thread = _thread(tmp_path)
+    epoch = thread.epoch
+    thread.append(rec("before"), epoch=epoch)
+    assert thread.append_manifest(b'{"step": 1}', epoch)
+    store.clear(thread)
+    assert thread.cleared_since(epoch) and not thread.cleared_since(thread.epoch)
+    with pytest.raises(LogClosed, match="was cleared"):
+        thread.append(rec("late"), epoch=epoch)
+    with pytest.raises(LogClosed):
+        with thread.guarded(epoch):
+            pass
+    assert not thread.append_manifest(b'{"step": 2}', epoch)
+    assert sorted(p.name for p in thread.dir.iterdir()) == ["meta.json", "thread.lock"]
+    thread.append(rec("after"), epoch=thread.epoch)  # the new epoch writes again
+    assert [r.content for r in thread.log] == ["after"]
+
+
+def test_a_bare_log_cannot_guard_by_epoch(tmp_path: Path) -> None:
+    """Only the owning Thread knows the epoch: an epoch check on a log opened alone is refused."""
+    log = ThreadLog(tmp_path / "log.jsonl")
+    with pytest.raises(ValueError, match="owning Thread"):
+        log.append(rec("x"), epoch=0)
+    assert list(log) == []
+
+
+def test_summaries_are_rewritten_under_the_thread_lock(tmp_path: Path) -> None:
+    """Memory's hard delete redacts summaries through the Thread: JSON, JSON lines and a torn line."""
+    _, thread = _thread(tmp_path)
+    thread.summary_path.write_text('{"goal": "secret plan", "n": 1}')
+    thread.summary_revisions_path.write_text('{"goal": "secret plan"}\n{"goal": "other"}\nsecret plan torn')
+    changed = thread.rewrite_summaries(lambda v: v.replace("secret plan", "[x]") if isinstance(v, str)
+                                       else {k: (x.replace("secret plan", "[x]") if isinstance(x, str) else x)
+                                             for k, x in v.items()})
+    assert changed == 2
+    assert msgspec.json.decode(thread.summary_path.read_bytes()) == {"goal": "[x]", "n": 1}
+    assert "secret plan" not in thread.summary_revisions_path.read_text()
+    assert thread.rewrite_summaries(lambda v: v) == 0

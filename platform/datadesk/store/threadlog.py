@@ -94,7 +94,9 @@ class ThreadLog:
         if not self.path.parent.is_dir():
             raise LogClosed(f"thread {self.path.parent.name} no longer exists")
         with self._lock:
-            if epoch is not None and (self._epoch_of is None or self._epoch_of() != epoch):
+            if epoch is not None and self._epoch_of is None:
+                raise ValueError("an epoch-guarded append needs the owning Thread (ThreadLog opened alone)")
+            if epoch is not None and self._epoch_of() != epoch:
                 raise LogClosed(f"thread {self.path.parent.name} was cleared")
             last = self._repair_and_last()
             record = make(last.seq + 1 if last else 1)
