@@ -29,7 +29,6 @@ from datadesk.store.threads import Thread
 from datadesk.domain.records import Record, ToolCall
 from datadesk.llm.tokens import count_tokens
 from datadesk.settings import ContextSettings
-from datadesk.store.threadlog import ThreadLog
 from tests.validators import validate_anthropic, validate_openai
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, delete, get, post, put
-from litestar.exceptions import HTTPException, PermissionDeniedException
+from litestar.exceptions import PermissionDeniedException
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from datadesk.api.access import member_workspace
@@ -50,10 +50,7 @@ class MemorySwitch(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def _store(rt: RuntimeDep) -> MemoryStore:
-    store = getattr(rt, "memory", None)
-    if store is None:
-        raise HTTPException(status_code=503, detail="memory is not set up on this server")
-    return store
+    return rt.memory
 
 
 def _workspace(rt: RuntimeDep, user: User, workspace: str | None) -> str:

@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterable, Iterator
 import msgspec
 from filelock import FileLock
 
-from datadesk.domain.ids import check_id, new_id
+from datadesk.domain.ids import new_id
 from datadesk.memory.model import (
     KINDS,
     LIVE,
@@ -67,7 +67,7 @@ from datadesk.memory.model import (
 )
 from datadesk.memory.secrets import find_secrets
 from datadesk.settings import MemorySettings
-from datadesk.store.files import read_json, write_atomic, write_json
+from datadesk.store.files import read_json, write_json
 from datadesk.store.layout import Layout
 
 log = logging.getLogger(__name__)
