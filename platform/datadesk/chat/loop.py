@@ -21,8 +21,8 @@ from datadesk.chat.policy import TurnPolicy
 from datadesk.chat.turns import RunningTurn, TurnRegistry
 from datadesk.context.builder import BuiltContext, ContextTooLarge
 from datadesk.context.request import RequestAssembler
-from datadesk.domain.events import (ArtifactCreated, MessageCompleted, MessageDelta, ToolFinished, ToolStarted,
-                                    TurnDone, TurnError)
+from datadesk.domain.events import (ArtifactCreated, MessageCompleted, MessageDelta, ToolFinished, ToolProgress,
+                                    ToolStarted, TurnDone, TurnError)
 from datadesk.domain.ids import ID_PATTERN, new_id
 from datadesk.domain.records import ArtifactRef, AssistantRecordMeta, Record, ToolCall, record_meta
 from datadesk.domain.users import User
@@ -174,8 +174,13 @@ class TurnLoop:
         async def one(call: ToolCall) -> None:
             self.turn.emit(ToolStarted(call_id=call.id, name=call.name, arguments=call.arguments))
             started = time.perf_counter()
+            def progress(**fields: Any) -> None:
+                elapsed = round(time.perf_counter() - started, 1)
+                self.turn.emit(ToolProgress(call_id=call.id, name=call.name, elapsed_s=elapsed, **fields))
+
             ctx = ToolContext(thread=self.thread, workspace=self.thread.meta.workspace, user=self.user.id,
-                              permissions=self.user.permission_set, call_id=call.id, epoch=self.epoch, facts=facts)
+                              permissions=self.user.permission_set, call_id=call.id, epoch=self.epoch, facts=facts,
+                              progress=progress)
             try:
                 if call.name not in self.allowed:
                     # hidden by the workspace, or not permitted: same answer as an unknown tool

@@ -46,6 +46,21 @@ class ToolFinished(EventPayload, omit_defaults=True):
     meta: ToolRecordMeta | None = None
 
 
+class ToolProgress(EventPayload, omit_defaults=True):
+    """How a running call is doing (throttled by the producer): output as it is printed, the
+    seconds since it started, rows and bytes written so far by an offload or an upload."""
+
+    type: ClassVar[str] = "tool.progress"
+    call_id: str
+    name: str
+    elapsed_s: float
+    stdout: str | None = None  # new text since the previous progress event (capped)
+    stderr: str | None = None
+    rows: int | None = None
+    bytes: int | None = None
+    message: str | None = None  # e.g. "interrupting the kernel", "restarting the kernel"
+
+
 class ArtifactCreated(EventPayload):
     """A result saved as an artifact, or a chart or file the code wrote."""
 

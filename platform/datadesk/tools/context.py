@@ -7,7 +7,7 @@ artifacts through it and never builds a path of its own.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 import msgspec
 
@@ -45,6 +45,17 @@ class ToolContext(msgspec.Struct, frozen=True, kw_only=True):
     call_id: str = ""
     epoch: int | None = None
     facts: TurnFacts = TurnFacts()
+    # how a long call reports what it is doing (`tool.progress`): keyword fields of
+    # domain.events.ToolProgress (stdout, stderr, rows, bytes, message); a no-op outside a turn
+    progress: Callable[..., None] | None = None
+
+    def report(self, **fields: object) -> None:
+        """Report progress of this call (output printed, rows written, ...); never raises."""
+        if self.progress is not None:
+            try:
+                self.progress(**fields)
+            except Exception:  # progress is advice: it must never break the call
+                pass
 
     def origin(self, source: Literal["tool", "python"], tool: str | None = None, arguments: str | None = None,
                filename: str | None = None) -> ArtifactOrigin:
