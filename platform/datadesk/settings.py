@@ -29,7 +29,7 @@ class LLMSettings(msgspec.Struct, forbid_unknown_fields=True):
 class ChatSettings(msgspec.Struct, forbid_unknown_fields=True):
     max_steps: int = 12
     max_turns_per_user: int = 2
-    finish_in_background: bool = False
+    finish_in_background: bool = True  # a turn outlives its client; false: the client that starts it cancels it by leaving
     tool_timeout_s: float = 120.0
 
 

@@ -116,10 +116,12 @@ def test_cancel_during_parallel_tools_records_each_call(harness_factory) -> None
 
 
 def test_client_disconnect_cancels_the_turn(harness_factory) -> None:
+    """Only a turn started with `background: false` stops when its client leaves (the default
+    outlives it: test_turn_reattach.py)."""
     h = harness_factory(ScriptedModel([slow_text()]))
     with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
         tid = c.post("/api/threads", json={}).json()["id"]
-        with c.stream("POST", f"/api/threads/{tid}/messages", json={"content": "talk"}) as resp:
+        with c.stream("POST", f"/api/threads/{tid}/messages", json={"content": "talk", "background": False}) as resp:
             SSEReader(resp).until("message.delta")
         # leaving the block closes the connection
         wait_until(lambda: len(records(c, tid)) == 2 and h.rt.turns.get(tid) is None)

@@ -15,7 +15,8 @@ class NewThread(msgspec.Struct, forbid_unknown_fields=True):
 
 class NewMessage(msgspec.Struct, forbid_unknown_fields=True):
     content: str
-    background: bool | None = None  # finish the turn even if the client disconnects
+    # the turn always outlives its client (chat.finish_in_background); false: leaving cancels it
+    background: bool | None = None
 
 
 class ThreadPatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -34,6 +35,7 @@ class ThreadOut(msgspec.Struct):
     created: float
     updated: float
     running: bool = False
+    turn: str | None = None  # the running chat turn (GET .../events re-attaches to it)
 
 
 class ThreadDetail(msgspec.Struct):

@@ -1,8 +1,10 @@
-"""Thread endpoints: create, list, read, delete, post a message (SSE), cancel."""
+"""Thread endpoints: create, list, read, delete, post a message (SSE), re-attach to the running
+turn (SSE), cancel."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -10,7 +12,7 @@ from typing import Annotated, Any, AsyncIterator
 
 import msgspec
 from litestar.params import FromPath, JSONBody, QueryParameter
-from litestar import Controller, Request, delete, get, patch, post
+from litestar import Controller, Request, Response, delete, get, patch, post
 from litestar.exceptions import ClientException, NotFoundException
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
@@ -19,8 +21,9 @@ from datadesk.api.access import find_thread, member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import markdown_html, tool_html
 from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut, ThreadPatch
+from datadesk.chat.journal import Cursor, JournalEvent, event_id
 from datadesk.chat.loop import start_turn
-from datadesk.chat.turns import RunningTurn
+from datadesk.chat.turns import Attachment, RunningTurn
 from datadesk.domain.records import ThreadMeta
 from datadesk.context.manifest import last_manifest
 
@@ -29,6 +32,8 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a pasted table may be large: it becomes an artifact
 MAX_TITLE_CHARS = 200
 HTML_EVERY_S = 0.25  # while an answer streams, its rendered Markdown is refreshed this often
+PING_EVERY_S = 15.0  # an SSE comment while nothing happens, so proxies keep the stream open
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def record_view(rec: Any) -> dict[str, Any]:
@@ -42,8 +47,9 @@ def record_view(rec: Any) -> dict[str, Any]:
 
 
 def thread_out(rt: RuntimeDep, meta: ThreadMeta) -> ThreadOut:
+    turn = rt.turns.current_turn(meta.id)
     return ThreadOut(id=meta.id, workspace=meta.workspace, title=meta.title, created=meta.created,
-                     updated=meta.updated, running=rt.turns.running(meta.id))
+                     updated=meta.updated, running=turn is not None or rt.turns.running(meta.id), turn=turn)
 
 
 class ThreadController(Controller):
@@ -136,45 +142,105 @@ class ThreadController(Controller):
         text = await rt.attachments.message_text(handle, user, text)
         background = rt.settings.chat.finish_in_background if data.background is None else data.background
         turn = await start_turn(rt.turn_services, rt.turns, handle, user, text, background)
-        return ServerSentEvent(_stream(turn), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        assert turn.journal is not None
+        attached = Attachment(turn.journal.subscribe(), turn.turn_id, 0)
+        return ServerSentEvent(_stream(attached, None if background else turn), headers=SSE_HEADERS)
+
+    @get("/{tid:str}/events")
+    async def turn_events(
+        self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep, request: Request,
+        after: Annotated[str | None, QueryParameter(
+            description="an event id ('<turn>:<n>'): only the events after it (the Last-Event-ID header wins)")] = None,
+    ) -> Response[Any]:
+        """Re-attach to the thread's running turn (SSE, same events and ids as the POST stream),
+        from any tab and any worker. 204 when there is nothing to attach to: no turn runs, and the
+        cursor does not name the turn whose events are kept (then the rest of that one comes)."""
+        handle = find_thread(rt, user, tid)
+        try:
+            cursor = Cursor.parse(request.headers.get("last-event-id") or after)
+        except ValueError as exc:
+            raise ClientException(str(exc)) from None
+        attached = rt.turns.attach(handle.id, handle.events_path, cursor)
+        if attached is None:
+            return Response(content=b"", status_code=204)
+        return ServerSentEvent(_stream(attached, None), headers=SSE_HEADERS)
 
 
-async def _stream(turn: RunningTurn) -> AsyncIterator[ServerSentEventMessage]:
-    """Drain the turn's events; on client disconnect cancel it unless it runs in the background."""
+class _Rendering:
+    """The answer's sanitized Markdown, added to `message.delta` a few times a second."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.rendered_at = 0.0
+        self.stale = False  # text arrived since the last rendering
+
+    def events(self, ev: JournalEvent) -> list[tuple[str, dict[str, Any]]]:
+        """What to send for `ev`: a final rendering of the text before it when due, then `ev`
+        (with `html` where it has some)."""
+        data, out = ev.data, []
+        if ev.type == "message.delta":
+            self.text.append(str(data.get("text", "")))
+            now = time.monotonic()
+            if now - self.rendered_at >= HTML_EVERY_S:
+                self.rendered_at, self.stale = now, False
+                data = {**data, "html": markdown_html("".join(self.text))}
+            else:
+                self.stale = True
+        elif ev.type in ("tool.started", "error", "done") and self.text:
+            if self.stale:  # the text before a tool call (or an error) gets its final rendering
+                out.append(("message.delta", {"text": "", "html": markdown_html("".join(self.text))}))
+            self.text.clear()
+            self.stale = False
+        elif ev.type == "message.completed":
+            self.text.clear()
+            data = {**data, "html": markdown_html(str(data.get("content") or ""))}
+        elif ev.type == "tool.finished":
+            data = {**data, "html": tool_html(str(data.get("preview") or ""))}
+        out.append((ev.type, data))
+        return out
+
+
+async def _stream(attached: Attachment, cancel_on_leave: RunningTurn | None) -> AsyncIterator[ServerSentEventMessage]:
+    """The turn's events as SSE with ids `<turn>:<n>`, those after `attached.seen` (the earlier
+    ones only feed the rendering). A client that leaves stops nothing, except the one that
+    started a turn with `background: false` (`cancel_on_leave`)."""
     done = False
-    text: list[str] = []
-    rendered_at = 0.0
-    stale = False  # text arrived since the last rendering
+    render = _Rendering()
+    events = attached.events
+    nxt: asyncio.Future[JournalEvent] | None = None
     try:
         while True:
-            ev = await turn.queue.get()
-            data = ev.data
-            if ev.type == "message.delta":  # the answer so far, as sanitized Markdown, a few times a second
-                text.append(str(data.get("text", "")))
-                now = time.monotonic()
-                if now - rendered_at >= HTML_EVERY_S:
-                    rendered_at, stale = now, False
-                    data = {**data, "html": markdown_html("".join(text))}
-                else:
-                    stale = True
-            elif ev.type in ("tool.started", "error", "done") and text:
-                if stale:  # the text before a tool call (or an error) gets its final rendering
-                    final = {"text": "", "html": markdown_html("".join(text))}
-                    yield ServerSentEventMessage(data=msgspec.json.encode(final).decode(), event="message.delta")
-                text.clear()
-                stale = False
-            elif ev.type == "message.completed":
-                text.clear()
-                data = {**data, "html": markdown_html(str(data.get("content") or ""))}
-            elif ev.type == "tool.finished":
-                data = {**data, "html": tool_html(str(data.get("preview") or ""))}
-            yield ServerSentEventMessage(data=msgspec.json.encode(data).decode(), event=ev.type)
+            nxt = nxt or asyncio.ensure_future(anext(events))  # type: ignore[arg-type]
+            finished, _ = await asyncio.wait({nxt}, timeout=PING_EVERY_S)
+            if not finished:
+                yield ServerSentEventMessage(data=None, comment="ping")
+                continue
+            try:
+                ev = nxt.result()
+            except StopAsyncIteration:
+                return  # dropped as too slow, or the worker's file ended: re-attach with the last id
+            nxt = None
+            sent = render.events(ev)
+            if ev.n <= attached.seen:
+                continue
+            for i, (type_, data) in enumerate(sent):
+                last = i == len(sent) - 1
+                yield ServerSentEventMessage(data=msgspec.json.encode(data).decode(), event=type_,
+                                             id=event_id(attached.turn_id, ev.n) if last else None)
             if ev.type == "done":
                 done = True
                 return
     finally:
-        if not done and not turn.background and turn.task is not None and not turn.task.done():
-            log.info("client left turn %s: cancelling", turn.turn_id)
-            turn.task.cancel()
-            # let the cancelled turn record its state before the request ends
-            await asyncio.wait([turn.task], timeout=10)
+        # nothing before the cancel may await: a client that left cancels this generator's awaits
+        if nxt is not None and not nxt.done():
+            nxt.cancel()  # its generator unsubscribes as it ends
+        turn = cancel_on_leave
+        stop = not done and turn is not None and turn.task is not None and not turn.task.done()
+        if stop:
+            log.info("client left turn %s: cancelling", turn.turn_id)  # type: ignore[union-attr]
+            turn.task.cancel()  # type: ignore[union-attr]
+        if nxt is None:
+            with contextlib.suppress(Exception):
+                await events.aclose()  # type: ignore[attr-defined]
+        if stop:  # let the cancelled turn record its state before the request ends
+            await asyncio.wait([turn.task], timeout=10)  # type: ignore[union-attr,list-item]

@@ -236,7 +236,7 @@ def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:
 async def start_turn(services: TurnServices, turns: TurnRegistry, thread: Thread, user: User, text: str,
                      background: bool) -> RunningTurn:
     """Reserve the thread (409/429 if not possible) and start the turn task."""
-    turn = turns.reserve(thread.id, user.id)
+    turn = turns.reserve(thread.id, user.id, events_at=thread.events_path)
     turn.background = background
     loop = TurnLoop(services, turn, thread, user)
 

@@ -1,11 +1,14 @@
 """Running turns: one at a time per thread, a few at a time per user, cancellable, across
 every app worker of the host.
 
-A turn runs as its own asyncio task and puts events on a queue; the HTTP
-layer drains the queue into an SSE stream. Cancelling (the cancel endpoint,
-or a client disconnect unless the turn finishes in the background) cancels
-the task; the turn records what completed and marks the stopped step as
-cancelled, so the log stays one the next turn can continue from.
+A turn runs as its own asyncio task, detached from any HTTP connection: its
+events go to its `TurnJournal` (chat/journal.py: ids, kept for the thread's
+current turn, in memory and in the thread's `events.jsonl`), which every SSE
+stream of the turn reads, from any worker (`attach`). A client that leaves
+stops nothing; cancelling (the cancel endpoint, clear, delete, or a client
+disconnect of a turn started with `background: false`) cancels the task; the
+turn records what completed and marks the stopped step as cancelled, so the
+log stays one the next turn can continue from.
 
 Across processes (`datadesk serve --workers N`), with `lock_dir` set:
 
@@ -13,8 +16,9 @@ Across processes (`datadesk serve --workers N`), with `lock_dir` set:
   turn on the thread, in any worker, is refused (TurnConflict, HTTP 409).
 - `u-<hash of user>-<i>.lock`, i < max_per_user: a turn holds one free slot; none
   free in any worker means TooManyTurns (HTTP 429).
-- `t-<thread>.turn`: who runs the turn (turn id, pid), written while it runs,
-  so another worker can tell that it runs and cancel it.
+- `t-<thread>.turn`: who runs the turn (turn id, pid, whether it has an event
+  file), written while it runs, so another worker can tell that it runs, follow
+  its events and cancel it.
 - `t-<thread>.cancel`: a cancel request naming the turn id. The worker running
   that turn polls for it and cancels the task; a request for an older turn is
   ignored, so it can never stop a later one.
@@ -32,14 +36,17 @@ import contextlib
 import hashlib
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import msgspec
 from filelock import FileLock, Timeout
 
-from datadesk.domain.events import EventPayload, TurnEvent
+from datadesk.chat.journal import Cursor, JournalEvent, TurnJournal, file_turn, follow_file
+from datadesk.domain.events import EventPayload
 from datadesk.domain.ids import check_id, new_id
 from datadesk.sandbox.ownership import acquire_async, file_lock, pid_alive, proc_start
 from datadesk.store.files import read_json_object, write_json
@@ -61,22 +68,45 @@ class TooManyTurns(Exception):
 
 @dataclass
 class RunningTurn:
-    """A turn in flight: its task and the queue of events it produces."""
+    """A turn in flight: its task and the journal of the events it produces."""
 
     turn_id: str
     thread_id: str
     user_id: str
-    queue: asyncio.Queue[TurnEvent] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
-    background: bool = False
+    background: bool = True  # False: the client that started it cancels it by leaving
     locks: list[FileLock] = field(default_factory=list)  # thread lock, user slot (cross-process)
+    journal: TurnJournal | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    _loop_thread: int = 0
+
+    def __post_init__(self) -> None:
+        if self.journal is None:
+            self.journal = TurnJournal(self.turn_id, None)
+        with contextlib.suppress(RuntimeError):
+            self.loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
 
     def emit(self, payload: EventPayload) -> None:
-        self.queue.put_nowait(TurnEvent(payload))
+        """Add an event (from the event loop, or from a worker thread of a tool)."""
+        data = msgspec.to_builtins(payload)
+        if self.loop is None or threading.get_ident() == self._loop_thread:
+            self.journal.add(payload.type, data)  # type: ignore[union-attr]
+        else:
+            self.loop.call_soon_threadsafe(self.journal.add, payload.type, data)  # type: ignore[union-attr]
 
     @property
     def finished(self) -> bool:
         return self.task is not None and self.task.done()
+
+
+@dataclass
+class Attachment:
+    """A client's view of a turn: every kept event from its start, and how many it has seen."""
+
+    events: AsyncIterator[JournalEvent]
+    turn_id: str
+    seen: int
 
 
 class TurnRegistry:
@@ -107,7 +137,9 @@ class TurnRegistry:
         return data
 
     # -- reserve / release ---------------------------------------------------
-    def reserve(self, thread_id: str, user_id: str) -> RunningTurn:
+    def reserve(self, thread_id: str, user_id: str, events_at: Path | None = None) -> RunningTurn:
+        """Take the thread and a slot of the user (TurnConflict, TooManyTurns). `events_at`: the
+        thread's event file, for a chat turn (re-attach); replaced only once the turn has the thread."""
         if thread_id in self._by_thread:
             raise TurnConflict(f"a turn is already running on thread {thread_id}; wait for it or cancel it")
         mine = sum(1 for t in self._by_thread.values() if t.user_id == user_id)
@@ -117,13 +149,15 @@ class TurnRegistry:
             )
         turn = RunningTurn(turn_id=new_id("turn"), thread_id=thread_id, user_id=user_id)
         if self.lock_dir is not None:
-            self._lock_across_workers(turn)
+            self._lock_across_workers(turn, events_at)
+        elif events_at is not None:
+            turn.journal = TurnJournal(turn.turn_id, events_at)
         self._by_thread[thread_id] = turn
         if self.lock_dir is not None and (self._watcher is None or self._watcher.done()):
             self._watcher = asyncio.get_running_loop().create_task(self._watch_cancels(), name="turn-cancel-watch")
         return turn
 
-    def _lock_across_workers(self, turn: RunningTurn) -> None:
+    def _lock_across_workers(self, turn: RunningTurn, events_at: Path | None) -> None:
         self.lock_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
         tlock = file_lock(self._path(turn.thread_id, "lock"))
         try:
@@ -145,9 +179,11 @@ class TurnRegistry:
             raise TooManyTurns(f"you already have {self.max_per_user} turns running (limit {self.max_per_user}); "
                                "wait for one to finish")
         turn.locks = [tlock, slot]
+        if events_at is not None:  # before the marker: a turn that runs has its event file
+            turn.journal = TurnJournal(turn.turn_id, events_at)
         write_json(self._path(turn.thread_id, "turn"), {
             "turn_id": turn.turn_id, "pid": os.getpid(), "pid_start": proc_start(os.getpid()),
-            "started": time.time()}, sync=False)
+            "started": time.time(), "events": events_at is not None}, sync=False)
 
     def release(self, turn: RunningTurn) -> None:
         if self._by_thread.get(turn.thread_id) is turn:
@@ -163,6 +199,8 @@ class TurnRegistry:
         locks, turn.locks = turn.locks, []
         for lock in reversed(locks):
             lock.release()
+        if turn.journal is not None and not turn.journal.done:
+            turn.journal.close()
 
     def get(self, thread_id: str) -> RunningTurn | None:
         return self._by_thread.get(thread_id)
@@ -172,6 +210,33 @@ class TurnRegistry:
         if thread_id in self._by_thread:
             return True
         return self.lock_dir is not None and self._marker(thread_id) is not None
+
+    def current_turn(self, thread_id: str) -> str | None:
+        """The id of the chat turn (one with events) running on the thread in any worker, or None."""
+        turn = self._by_thread.get(thread_id)
+        if turn is not None:
+            return turn.turn_id if turn.journal is not None and turn.journal.path is not None else None
+        marker = self._marker(thread_id) if self.lock_dir is not None else None
+        return str(marker["turn_id"]) if marker is not None and marker.get("events") else None
+
+    def attach(self, thread_id: str, events_at: Path, cursor: Cursor | None) -> Attachment | None:
+        """The events of the thread's current turn, from its start; None when there is nothing to
+        attach to: no turn runs and the cursor names no turn whose events are still kept."""
+        def attachment(events: AsyncIterator[JournalEvent], tid: str) -> Attachment:
+            seen = cursor.n if cursor is not None and cursor.turn in (None, tid) else 0
+            return Attachment(events, tid, seen)
+
+        turn = self._by_thread.get(thread_id)
+        if turn is not None and turn.journal is not None and turn.journal.path is not None:
+            return attachment(turn.journal.subscribe(), turn.turn_id)
+        in_file = file_turn(events_at)
+        if in_file is None:
+            return None
+        running = self.current_turn(thread_id) == in_file
+        if not running and (cursor is None or cursor.turn != in_file):
+            return None
+        alive = lambda tid: self.current_turn(thread_id) == tid  # noqa: E731
+        return attachment(follow_file(events_at, in_file, alive), in_file)
 
     # -- cancel ----------------------------------------------------------------
     async def cancel(self, thread_id: str) -> bool:

@@ -89,6 +89,11 @@ class Thread:
     def outputs_dir(self) -> Path:
         return self.dir / "outputs"
 
+    @property
+    def events_path(self) -> Path:
+        """The events of the thread's current turn (chat/journal.py), for re-attaching."""
+        return self.dir / "events.jsonl"
+
     def job_lock(self, name: str) -> FileLock:
         """`<name>.lock` in the folder: one background job of that kind per thread, across processes."""
         return FileLock(str(self.dir / f"{check_id(name, 'lock')}.lock"))
@@ -282,7 +287,7 @@ class ThreadStore:
             thread.write_meta(msgspec.structs.replace(meta, epoch=meta.epoch + 1, updated=time.time()))
             removed["records"] = sum(1 for _ in thread.log)
             for path in (thread.log.path, thread.log.path.with_name("log.torn"), thread.summary_path,
-                         thread.summary_revisions_path, thread.manifests_path):
+                         thread.summary_revisions_path, thread.manifests_path, thread.events_path):
                 if path.is_file():
                     removed["bytes"] += path.stat().st_size
                     path.unlink()

@@ -1,0 +1,264 @@
+"""The events of a thread's current turn, kept so that any client can re-attach (DESIGN section 4).
+
+Every event of a turn gets an id `<turn id>:<n>` (n = 1, 2, ...), sent as the SSE `id:`. The
+worker that runs the turn keeps them in memory for its own subscribers (`TurnJournal`) and
+appends them to the thread's `events.jsonl` for the other workers (`follow_file`): a header
+line naming the turn, then one line per event, except that a run of `message.delta` events is
+written as one line holding its pieces (`parts`), flushed at the next other event or after
+DELTA_FLUSH_S. The file is replaced when the thread's next turn starts; clear and delete
+remove it.
+
+Bounds per turn: KEEP_BYTES of kept events (memory and file alike). Past PROGRESS_TEXT_BYTES
+the printed text of `tool.progress` is no longer kept (live subscribers still get it); past
+KEEP_BYTES only the events that end something are kept (ENDING). A subscriber that falls
+MAX_BEHIND events behind is dropped: its stream ends without `done` and the client
+re-attaches with its last event id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import msgspec
+
+log = logging.getLogger(__name__)
+
+KEEP_BYTES = 8 * 1024 * 1024
+PROGRESS_TEXT_BYTES = 2 * 1024 * 1024
+MAX_BEHIND = 20_000
+DELTA_FLUSH_S = 0.25  # how long text pieces may wait before other workers can read them
+FOLLOW_POLL_S = 0.1  # how often another worker looks for new lines
+ENDING = frozenset({"tool.finished", "artifact.created", "message.completed", "error", "done"})
+
+
+@dataclass(frozen=True)
+class JournalEvent:
+    """One event of a turn: its number in the turn, SSE name and JSON payload."""
+
+    n: int
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a client stands: after event `n` of turn `turn` (None: whichever turn is current)."""
+
+    turn: str | None
+    n: int
+
+    @classmethod
+    def parse(cls, raw: str | None) -> "Cursor | None":
+        """`<turn id>:<n>` (an SSE id) or a bare `<n>`; ValueError for anything else."""
+        if raw is None or not raw.strip():
+            return None
+        turn, sep, n = raw.strip().rpartition(":")
+        if not n.isdigit() or (sep and not turn):
+            raise ValueError(f"not an event id: {raw[:80]!r} (expected '<turn id>:<n>' or '<n>')")
+        return cls(turn or None, int(n))
+
+
+def event_id(turn_id: str, n: int) -> str:
+    return f"{turn_id}:{n}"
+
+
+class TurnJournal:
+    """The kept events of one running turn, in the worker that runs it (see the module doc)."""
+
+    def __init__(self, turn_id: str, path: Path | None) -> None:
+        self.turn_id = turn_id
+        self.path = path  # None: events only for the subscribers of this worker (no re-attach)
+        self.n = 0
+        self.kept: list[JournalEvent] = []
+        self.kept_bytes = 0
+        self.dropped = 0  # events not kept (over the bound)
+        self.done = False
+        self._subscribers: set[asyncio.Queue[JournalEvent | None]] = set()
+        self._pending: list[str] = []  # text pieces not written yet
+        self._pending_from = 0
+        self._flush_at: asyncio.TimerHandle | None = None
+        self._fd: int | None = None
+        if path is not None:
+            try:
+                self._fd = _replace_file(path, {"turn": turn_id, "pid": os.getpid(), "started": time.time()})
+            except OSError as exc:  # the thread may be gone: the turn still streams to its clients
+                log.warning("no event file for turn %s: %s", turn_id, exc)
+
+    def add(self, type: str, data: dict[str, Any]) -> JournalEvent:
+        self.n += 1
+        ev = JournalEvent(self.n, type, data)
+        for queue in list(self._subscribers):
+            if queue.qsize() >= MAX_BEHIND:
+                self._subscribers.discard(queue)
+                queue.put_nowait(None)
+            else:
+                queue.put_nowait(ev)
+        self._keep(ev)
+        if type == "done":
+            self.close()
+        return ev
+
+    def subscribe(self) -> AsyncIterator[JournalEvent]:
+        """The kept events from the start of the turn, then the live ones, up to `done`."""
+        backlog = list(self.kept)
+        queue: asyncio.Queue[JournalEvent | None] = asyncio.Queue()
+        if not self.done:
+            self._subscribers.add(queue)
+        return _drain(backlog, queue, self.done, lambda: self._subscribers.discard(queue))
+
+    def close(self) -> None:
+        self.done = True
+        self._flush()
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        for queue in self._subscribers:
+            queue.put_nowait(None)
+        self._subscribers.clear()
+
+    # -- keeping -----------------------------------------------------------------
+    def _keep(self, ev: JournalEvent) -> None:
+        size = len(msgspec.json.encode(ev.data)) + 40
+        if ev.type == "tool.progress" and self.kept_bytes + size > PROGRESS_TEXT_BYTES and \
+                (ev.data.get("stdout") or ev.data.get("stderr")):
+            data = {k: v for k, v in ev.data.items() if k not in ("stdout", "stderr")}
+            ev = JournalEvent(ev.n, ev.type, data)
+            size = len(msgspec.json.encode(data)) + 40
+        if self.kept_bytes + size > KEEP_BYTES and ev.type not in ENDING:
+            self.dropped += 1
+            return
+        self.kept.append(ev)
+        self.kept_bytes += size
+        if self._fd is None:
+            return
+        text = ev.data.get("text") if ev.type == "message.delta" and len(ev.data) == 1 else None
+        if isinstance(text, str) and (not self._pending or self._pending_from + len(self._pending) == ev.n):
+            if not self._pending:
+                self._pending_from = ev.n
+                self._flush_at = asyncio.get_running_loop().call_later(DELTA_FLUSH_S, self._flush)
+            self._pending.append(text)
+            return
+        self._flush()
+        self._write({"n": ev.n, "type": ev.type, "data": ev.data})
+
+    def _flush(self) -> None:
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        if self._pending:
+            parts, self._pending = self._pending, []
+            self._write({"n": self._pending_from, "type": "message.delta", "parts": parts})
+
+    def _write(self, line: dict[str, Any]) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, msgspec.json.encode(line) + b"\n")
+        except OSError as exc:
+            log.warning("event file of turn %s: %s", self.turn_id, exc)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+def _replace_file(path: Path, header: dict[str, Any]) -> int:
+    """A new event file holding only `header`, put in place of the old one in one rename."""
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path.parent} does not exist")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, msgspec.json.encode(header) + b"\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return fd
+
+
+async def _drain(backlog: list[JournalEvent], queue: asyncio.Queue[JournalEvent | None], done: bool,
+                 leave: Callable[[], None]) -> AsyncIterator[JournalEvent]:
+    try:
+        for ev in backlog:
+            yield ev
+        if done:
+            return
+        while (ev := await queue.get()) is not None:  # type: ignore[assignment]
+            yield ev
+            if ev.type == "done":
+                return
+    finally:
+        leave()
+
+
+# -- other workers: the event file -----------------------------------------------------
+def file_turn(path: Path) -> str | None:
+    """The turn whose events the file holds, or None."""
+    try:
+        with open(path, "rb") as fh:
+            return _header_turn(fh.readline())
+    except OSError:
+        return None
+
+
+def _header_turn(line: bytes) -> str | None:
+    try:
+        return str(msgspec.json.decode(line).get("turn") or "") or None
+    except (msgspec.DecodeError, AttributeError):
+        return None
+
+
+def _decode(line: bytes) -> list[JournalEvent]:
+    try:
+        obj = msgspec.json.decode(line)
+        n = int(obj["n"])
+        if "parts" in obj:
+            return [JournalEvent(n + i, "message.delta", {"text": str(t)}) for i, t in enumerate(obj["parts"])]
+        return [JournalEvent(n, str(obj["type"]), dict(obj["data"]))]
+    except (msgspec.DecodeError, KeyError, TypeError, ValueError):
+        return []
+
+
+async def follow_file(path: Path, turn_id: str, running: Callable[[str], bool]) -> AsyncIterator[JournalEvent]:
+    """The events of turn `turn_id` from its file, from the start, following it while the turn
+    runs (in another worker), up to `done`. A turn whose worker died without `done` ends with
+    an `error` and a `done` of status `error`."""
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return
+    with fh:
+        if _header_turn(fh.readline()) != turn_id:
+            return
+        buf = b""
+        last = 0
+        while True:
+            chunk = fh.read()
+            if not chunk and not running(turn_id):
+                chunk = fh.read()  # written just before the turn ended
+                if not chunk:
+                    yield JournalEvent(last + 1, "error", {"kind": "internal",
+                                                           "message": "the worker running this turn stopped"})
+                    yield JournalEvent(last + 2, "done", {"turn_id": turn_id, "status": "error"})
+                    return
+            if not chunk:
+                await asyncio.sleep(FOLLOW_POLL_S)
+                continue
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                for ev in _decode(line):
+                    last = ev.n
+                    yield ev
+                    if ev.type == "done":
+                        return
