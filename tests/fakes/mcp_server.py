@@ -7,6 +7,7 @@ Tools:
 - `echo(text)` (read-only hint): returns the text.
 - `rows(n)` (read-only hint): a JSON array of n objects, as text.
 - `slow(seconds)`: sleeps, then answers.
+- `slow_mark(seconds, path)`: sleeps, then writes "done" to `path` (a cancelled call never does).
 - `crash()`: the process exits with status 1 in the middle of the call.
 - `image()`: a small PNG image content.
 - `fail()`: an error result (isError).
@@ -68,6 +69,15 @@ async def slow(seconds: float) -> str:
     """Sleep, then answer."""
     await asyncio.sleep(seconds)
     return f"slept {seconds} s"
+
+
+@server.tool(structured_output=False)
+async def slow_mark(seconds: float, path: str) -> str:
+    """Sleep, then leave a mark: tests see whether a cancelled call kept running in the server."""
+    await asyncio.sleep(seconds)
+    with open(path, "w") as fh:
+        fh.write("done")
+    return "marked"
 
 
 @server.tool(structured_output=False)

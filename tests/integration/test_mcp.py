@@ -213,6 +213,35 @@ def test_timeout_then_still_answers(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_cancelled_call_stops_in_the_server_and_the_next_call_works(tmp_path: Path) -> None:
+    """Stop during an MCP call: the caller's task is cancelled, the server is told
+    (notifications/cancelled) and drops the work, and the same session answers the next call."""
+    mark = tmp_path / "mark"
+
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg)
+        await mgr.start_workspace(WS, {"fake": MCPServerConfig(command=FAKE, timeout_s=30)}, tmp_path)
+        c = ctx(tmp_path)
+        try:
+            pid = (await call(reg, c, "fake__pid")).content
+            task = asyncio.create_task(call(reg, c, "fake__slow_mark", seconds=1.5, path=str(mark)))
+            await asyncio.sleep(0.5)  # the server is inside the call
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            r = await call(reg, c, "fake__echo", text="still here")
+            assert (r.content, r.is_error) == ("still here", False)
+            await asyncio.sleep(2.0)  # past the moment the call would have finished
+            assert not mark.exists()  # the server dropped the cancelled call
+            assert (await call(reg, c, "fake__pid")).content == pid  # same server, no restart
+            assert one(mgr.status(WS), "fake")["state"] == "up"
+        finally:
+            await mgr.stop()
+
+    asyncio.run(main())
+
+
 def test_crash_is_reported_and_server_restarts(tmp_path: Path) -> None:
     flag = tmp_path / "tools.txt"
 

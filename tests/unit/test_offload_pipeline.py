@@ -188,3 +188,179 @@ def test_a_result_finishing_after_a_clear_leaves_nothing(rt: Runtime) -> None:
     out = asyncio.run(go())
     assert out.result.is_error and "cleared" in out.result.content
     assert [p.name for p in (c.thread.artifacts_dir).iterdir() if p.name != ".lock"] == []
+
+
+# -- cancellation and progress ---------------------------------------------------------------
+
+BIG_SQL = "SELECT range AS i, range * 0.5 AS x, 'name ' || range AS s FROM range(30000000)"
+
+
+def leftovers(c: ToolContext) -> list[str]:
+    """Everything in the thread's artifacts folder but its lock: data, metadata, temp files."""
+    d = c.thread.artifacts_dir
+    return sorted(p.name for p in d.iterdir() if p.name != ".lock") if d.is_dir() else []
+
+
+async def _wait_for(cond, seconds: float = 60.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def test_a_cancelled_offload_stops_the_writer_and_leaves_nothing(rt: Runtime) -> None:
+    """Stop during a large offload (a real DuckDB query of 30 M rows): the writer thread stops,
+    no metadata, no data file, no temp file; the next offload in the thread works."""
+    c = ctx(rt)
+    spec = rt.tools.get("sql_query").spec
+    rt.offload.progress_interval_s = 0.05
+    reports: list[dict] = []
+
+    async def go():
+        args = json.dumps({"sql": BIG_SQL})
+        result = await rt.tools.run("sql_query", args, c)
+        task = asyncio.create_task(rt.offload.process(spec, result, c.thread, c.origin("tool", spec.name, args),
+                                                      YES, c.epoch, progress=lambda **f: reports.append(f)))
+        await _wait_for(lambda: reports)  # rows are being written
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after_cancel = leftovers(c)
+        count = len(reports)
+        await asyncio.sleep(0.3)  # a writer still running would report again or publish
+        return after_cancel, count, await process(rt, spec, "{}", await rt.tools.run(
+            "sql_query", json.dumps({"sql": "SELECT * FROM range(5000)"}), c), c, YES)
+
+    after_cancel, count, out = asyncio.run(go())
+    assert after_cancel == []
+    assert len(reports) == count and reports[-1]["rows"] < 30_000_000
+    assert out.artifact is not None and out.artifact.rows == 5000
+    assert leftovers(c) == [f"{out.artifact.id}.json", out.artifact.file]
+
+
+def test_progress_reports_rows_and_bytes_during_a_large_offload(rt: Runtime) -> None:
+    c = ctx(rt)
+    spec = rt.tools.get("sql_query").spec
+    rt.offload.progress_interval_s = 0.01
+    reports: list[dict] = []
+    args = json.dumps({"sql": "SELECT range AS i, 'name ' || range AS s FROM range(2000000)"})
+
+    async def go():
+        result = await rt.tools.run("sql_query", args, c)
+        return await rt.offload.process(spec, result, c.thread, c.origin("tool", spec.name, args), YES, c.epoch,
+                                        progress=lambda **f: reports.append(f))
+
+    out = asyncio.run(go())
+    assert out.artifact is not None and out.artifact.rows == 2_000_000
+    assert len(reports) >= 2 and set(reports[0]) == {"rows", "bytes"}
+    rows = [r["rows"] for r in reports]
+    assert rows == sorted(rows) and 0 < rows[-1] <= 2_000_000
+    assert reports[-1]["bytes"] > 0
+
+
+def test_a_cancelled_sql_call_interrupts_the_query_and_the_next_call_answers(rt: Runtime) -> None:
+    c = ctx(rt)
+
+    async def go():
+        slow = json.dumps({"sql": "SELECT count(*) FROM range(100000000) a, range(1000) b"})
+        task = asyncio.create_task(rt.tools.run("sql_query", slow, c))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await rt.tools.run("sql_query", json.dumps({"sql": "SELECT 6 * 7 AS answer"}), c)
+
+    result = asyncio.run(go())
+    assert not result.is_error and json.loads(result.content)["rows"] == [[42]]
+
+
+def test_an_artifact_published_just_before_the_cancel_is_removed(rt: Runtime) -> None:
+    """The cancel arrives after the metadata was written: the artifact is removed again."""
+    import threading
+
+    from datadesk.offload.store import new_artifact_id
+    from datadesk.offload.worker import run_job
+
+    c = ctx(rt)
+    written = threading.Event()
+    release = threading.Event()
+
+    def write(job):
+        art = rt.offload.write_text(c.thread, new_artifact_id(), "x" * 20_000, c.origin("tool", "t", "{}"),
+                                    "result", job=job)
+        written.set()
+        release.wait(10)
+        return art
+
+    async def go():
+        job = rt.offload.job(None)
+        task = asyncio.create_task(run_job(job, write, job, discard=rt.offload.store.discard))
+        await _wait_for(written.is_set)
+        published = leftovers(c)
+        task.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return published
+
+    published = asyncio.run(go())
+    assert len(published) == 2 and leftovers(c) == []
+
+
+def test_a_write_cancelled_before_it_starts_writes_nothing(rt: Runtime) -> None:
+    from datadesk.offload.store import new_artifact_id
+    from datadesk.offload.worker import WriteCancelled, WriteJob
+
+    c = ctx(rt)
+    job = WriteJob()
+    job.cancel()
+    with pytest.raises(WriteCancelled):
+        rt.offload.write_text(c.thread, new_artifact_id(), "x" * 20_000, c.origin("tool", "t", "{}"), "result",
+                              job=job)
+    assert leftovers(c) == []
+
+
+def _user(rt: Runtime):
+    from datadesk.domain.users import User
+
+    return User(id="alice", name="alice", workspaces=["demo"], permissions=["code_execution"])
+
+
+@pytest.mark.parametrize("stage", ["receiving", "converting"])
+def test_a_cancelled_upload_leaves_no_artifact_and_no_temp_file(rt: Runtime, tmp_path: Path, stage: str) -> None:
+    """The client goes away while the file arrives, or while a large CSV is converted to Parquet."""
+    import msgspec
+    import pyarrow.csv as pacsv
+
+    thread = rt.threads.create("demo", "alice")
+    c = msgspec.structs.replace(ctx(rt), thread=thread)
+    big = tmp_path / "big.csv"
+    pacsv.write_csv(pa.table({"i": pa.array(range(1_500_000)), "name": pa.array(["row"] * 1_500_000)}), big)
+    rt.offload.progress_interval_s = 0.01
+    reports: list[dict] = []
+
+    async def go():
+        started = asyncio.Event()
+
+        async def receive(fd: int) -> str:
+            with os.fdopen(fd, "wb") as out:
+                out.write(big.read_bytes()[: 1 << 20] if stage == "receiving" else big.read_bytes())
+            started.set()
+            if stage == "receiving":
+                await asyncio.sleep(60)  # the rest never comes
+            return "big.csv"
+
+        task = asyncio.create_task(rt.attachments.upload(c.thread, _user(rt), receive,
+                                                         progress=lambda **f: reports.append(f)))
+        if stage == "receiving":
+            await started.wait()
+        else:
+            await _wait_for(lambda: reports)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return leftovers(c)
+
+    assert asyncio.run(go()) == []
+    assert not rt.turns.running(c.thread.id)  # the thread is free for the next turn or upload

@@ -125,3 +125,58 @@ def test_periodic_sweep_runs_once_per_interval_whichever_worker_asks(tmp_path: P
     marker = tmp_path / ".artifact-sweep.last"
     os.utime(marker, (time.time() - 400, time.time() - 400))
     assert [e.artifact for e in other_worker.sweep_round(300)] == [later.id]
+
+
+# -- what a crash left behind ----------------------------------------------------------------
+
+def _age(path: Path, seconds: float) -> None:
+    """Make `path` (and what is inside a folder) look `seconds` old."""
+    then = time.time() - seconds
+    for p in [path, *(path.rglob("*") if path.is_dir() else [])]:
+        os.utime(p, (then, then), follow_symlinks=False)
+
+
+def test_stale_temp_files_and_orphan_data_are_swept_fresh_ones_are_not(tmp_path: Path) -> None:
+    """A crash leaves a sink's temp folder, an upload or paste staging file, an atomic-write temp
+    and a data file renamed in without its metadata: swept once older than the safe age, and
+    never while young (being written); artifacts, their metadata and other files stay."""
+    from datadesk.offload.tempfiles import TEMP_MAX_AGE_S, sweep_temp_files
+
+    w = World(tmp_path)
+    kept = w.add("alice", "t1", 100)
+    adir = w.thread("alice", "t1").artifacts_dir
+    sink_dir = adir / ".a0123456789abcdef.parquet.k2j3.tmp"
+    sink_dir.mkdir()
+    (sink_dir / "part-x.parquet").write_bytes(b"PAR1 partial")
+    stale = [sink_dir, adir / ".upload-abc.tmp", adir / ".paste-def.tmp", adir / ".a99.json.x1.tmp",
+             adir / "a0123456789abcdef.parquet"]
+    for p in stale[1:]:
+        p.write_bytes(b"left by a crash")
+    fresh = [adir / ".upload-live.tmp", adir / "afresh000000000.parquet"]
+    for p in fresh:
+        p.write_bytes(b"being written")
+    for p in stale:
+        _age(p, TEMP_MAX_AGE_S + 60)
+    # a sink folder whose part file was written just now is in use, however old the folder is
+    busy = adir / ".abusy00000000000.parquet.zz.tmp"
+    busy.mkdir()
+    (busy / "part-y.parquet").write_bytes(b"row group")
+    os.utime(busy, (time.time() - 2 * TEMP_MAX_AGE_S,) * 2)
+    _age(adir / kept.file, TEMP_MAX_AGE_S * 5)  # an old artifact is the quota's business, not this sweep's
+
+    removed = sweep_temp_files(w.store)
+    assert sorted(removed) == sorted(stale)
+    assert all(p.exists() for p in fresh + [busy, adir / kept.file, adir / f"{kept.id}.json"])
+
+
+def test_the_periodic_sweep_round_removes_crash_leftovers(tmp_path: Path) -> None:
+    from datadesk.offload.tempfiles import TEMP_MAX_AGE_S
+
+    w = World(tmp_path)
+    adir = w.thread("alice", "t1").artifacts_dir
+    adir.mkdir(parents=True, exist_ok=True)
+    left = adir / ".upload-crash.tmp"
+    left.write_bytes(b"x")
+    _age(left, TEMP_MAX_AGE_S + 1)
+    assert w.quota.sweep_round(60) == []
+    assert not left.exists()

@@ -259,3 +259,31 @@ def test_property_ragged_records_round_trip(tmp_path: Path, records, batch_rows,
     assert res.rows == table.num_rows == len(records)
     assert not res.partial
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prop.parquet"]
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("stop_at", ["add", "unify"])
+def test_a_check_that_raises_stops_the_write_and_removes_its_temp_files(tmp_path: Path, stop_at: str):
+    """The cancel hook of a write: raised per batch, or while segments are rewritten on close."""
+    calls = {"n": 0}
+    closing = {"on": False}
+
+    def check():
+        calls["n"] += 1
+        if (stop_at == "add" and calls["n"] == 5) or (stop_at == "unify" and closing["on"]):
+            raise _Stop()
+
+    final = tmp_path / "out.parquet"
+    sink = ParquetSink(final, 1 << 30, row_group_rows=100, check=check)
+    with pytest.raises(_Stop):
+        with sink:
+            for i in range(10):
+                # a type change per batch: several segments, unified on close
+                col = pa.array([str(i)] * 100) if i % 2 else pa.array([i] * 100)
+                sink.add(pa.RecordBatch.from_arrays([col], names=["v"]))
+            closing["on"] = True
+            sink.close()
+    assert list(tmp_path.iterdir()) == []

@@ -206,6 +206,78 @@ def test_timeout_async(built):
     assert elapsed < 5 and ok.rows == [[20]]
 
 
+def _recording(wh: Warehouse, outcomes: list) -> None:
+    """Record how each `query_sync` of `wh` ended (in its worker thread)."""
+    inner = wh.query_sync
+
+    def wrapped(*args, **kwargs):
+        try:
+            return inner(*args, **kwargs)
+        except BaseException as exc:
+            outcomes.append(type(exc).__name__)
+            raise
+
+    wh.query_sync = wrapped  # type: ignore[method-assign]
+
+
+def test_a_cancelled_query_is_interrupted_and_the_next_one_answers(built):
+    """Cancelling the awaiting task interrupts DuckDB (not the 300 s timeout): by the time the
+    cancellation is through, the worker thread has stopped with SQLCancelled."""
+    db, _ = built
+    patient = Warehouse(db, db.parent, timeout_s=300, max_rows=10)
+    outcomes: list[str] = []
+    _recording(patient, outcomes)
+
+    async def main():
+        task = asyncio.create_task(patient.query(SLOW))
+        await asyncio.sleep(0.3)  # the statement is running
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        stopped = list(outcomes)
+        return stopped, await patient.query("SELECT count(*) FROM buildings")
+
+    stopped, ok = asyncio.run(main())
+    assert stopped == ["SQLCancelled"] and ok.rows == [[20]]
+
+
+def test_the_async_backstop_timeout_interrupts_the_statement(built, monkeypatch):
+    """The wait_for backstop (engine slow to notice its deadline) cancels the statement too."""
+    import datadesk.store.warehouse as warehouse
+
+    db, _ = built
+    monkeypatch.setattr(warehouse, "_ASYNC_GRACE_S", 0.2)
+    wedged = Warehouse(db, db.parent, timeout_s=0.3, max_rows=10)
+    outcomes: list[str] = []
+    _recording(wedged, outcomes)
+    # the statement's own deadline "misses": only the backstop is left
+    monkeypatch.setattr(warehouse.QueryControl, "_fire", lambda self: None)
+
+    async def main():
+        with pytest.raises(SQLTimeout):
+            await wedged.query(SLOW)
+        await asyncio.sleep(0.5)
+        return list(outcomes), await wedged.query("SELECT 42")
+
+    stopped, ok = asyncio.run(main())
+    assert stopped == ["SQLCancelled"] and ok.rows == [[42]]
+
+
+def test_a_stream_interrupted_from_another_thread_stops(wh):
+    """`BatchStream.interrupt` (a cancelled offload) stops the reader with SQLCancelled."""
+    from datadesk.store.warehouse import SQLCancelled
+
+    stream = wh.record_batches("SELECT range AS i FROM range(100000000)", batch_size=10_000, timeout_s=300)
+    rows = 0
+    with pytest.raises(SQLCancelled):
+        for batch in stream:
+            rows += batch.num_rows
+            if rows >= 50_000:
+                stream.interrupt()
+    assert rows < 1_000_000
+    assert wh.query_sync("SELECT 42").rows == [[42]]
+
+
 # -- streaming -----------------------------------------------------------------------
 
 

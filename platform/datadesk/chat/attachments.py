@@ -3,11 +3,15 @@ message too large to send as text. Both become artifacts (DESIGN section 6: "upl
 artifacts the same way"), and the model reads them in the same preview form as an offloaded
 result. An upload is recorded in the log as a user record; a pasted table replaces the message
 text the turn sends.
+
+Ingesting runs in a worker thread that stops when the request is cancelled (the client went
+away): a cancelled or failed upload leaves no artifact and no temp file
+(`offload.uploads.ingest_upload_async`). Rows and bytes written go to an optional `progress`
+callback. Temp files a crash left behind are swept by `offload.tempfiles`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import tempfile
 import time
@@ -25,7 +29,7 @@ from datadesk.offload import preview
 from datadesk.offload.pipeline import OffloadCapability, OffloadPipeline
 from datadesk.offload.quota import ArtifactQuota
 from datadesk.offload.tabular import TabularParseError, detect_text
-from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload
+from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload_async
 from datadesk.settings import OffloadSettings
 from datadesk.store.threads import Thread
 
@@ -63,15 +67,17 @@ class Attachments:
         self.max_message_tokens = max_message_tokens
         self.capability = capability
 
-    async def upload(self, thread: Thread, user: User, receive: Receive) -> Artifact:
+    async def upload(self, thread: Thread, user: User, receive: Receive,
+                     progress: Callable[..., None] | None = None) -> Artifact:
         """Receive one file into the thread (409 while a turn runs on it), make it an artifact
-        within the quotas, and record it for the model. UploadError names what is wrong with it."""
+        within the quotas, and record it for the model. UploadError names what is wrong with it.
+        `progress(rows=, bytes=)` is called while the file is converted."""
         turn = self.turns.reserve(thread.id, user.id)
         tmp_path: str | None = None
         try:
             fd, tmp_path = staging_file(thread, ".upload-")
             filename = await receive(fd)
-            art, head, schema = await self._ingest(thread, user, Path(tmp_path), filename)
+            art, head, schema = await self._ingest(thread, user, Path(tmp_path), filename, progress)
             tmp_path = None  # consumed by the ingest
             text = self.note(user, thread, art, head, schema, filename)
             thread.append(lambda seq: Record(
@@ -108,12 +114,14 @@ class Attachments:
             f"the message is too long for the model (about {count_tokens(text[:400_000]):,}+ tokens; limit "
             f"{limit:,}). Upload large data as a file instead, or shorten the message.")
 
-    async def _ingest(self, thread: Thread, user: User, tmp: Path,
-                      filename: str) -> tuple[Artifact, pa.Table | None, pa.Schema | None]:
-        """The file at `tmp` (consumed) as an artifact of the thread, older cache data making room."""
+    async def _ingest(self, thread: Thread, user: User, tmp: Path, filename: str,
+                      progress: Callable[..., None] | None = None
+                      ) -> tuple[Artifact, pa.Table | None, pa.Schema | None]:
+        """The file at `tmp` (consumed, also when cancelled) as an artifact of the thread, older
+        cache data making room."""
         origin = ArtifactOrigin(source="upload", user=user.id, thread=thread.id, workspace=thread.workspace,
                                 filename=filename)
-        art, head, schema = await asyncio.to_thread(ingest_upload, self.offload, thread, tmp, filename, origin)
+        art, head, schema = await ingest_upload_async(self.offload, thread, tmp, filename, origin, progress)
         self.quota.after_create(art)
         return art, head, schema
 

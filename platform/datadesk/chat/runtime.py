@@ -23,6 +23,7 @@ from datadesk.memory.store import MemoryStore, memory_access
 from datadesk.offload.pipeline import OffloadPipeline
 from datadesk.offload.quota import ArtifactQuota
 from datadesk.offload.store import ArtifactNotFound, ArtifactStore
+from datadesk.offload.tempfiles import sweep_temp_files
 from datadesk.sandbox.backends import build_kernel_registry
 from datadesk.sandbox.files import read_regular
 from datadesk.sandbox.registry import KernelRegistry
@@ -145,8 +146,13 @@ class Runtime:
             await self.kernels.stop()
 
     async def _sweep_forever(self) -> None:
-        """The cache sweeper: TTL and quotas, enforced while the app runs."""
+        """The cache sweeper: TTL and quotas, enforced while the app runs; at start (and every
+        round) what a crash left in artifacts folders (stale temp files, orphan data) goes too."""
         every = self.settings.offload.sweep_interval_s
+        try:
+            await asyncio.to_thread(sweep_temp_files, self.artifacts)
+        except Exception:
+            log.exception("start-up sweep of temp files failed")
         while True:
             await asyncio.sleep(every)
             try:

@@ -39,6 +39,9 @@ class ToolSpec(msgspec.Struct, frozen=True):
     source: str = "builtin"  # builtin | mcp:<server>
     workspace: str | None = None  # None: every workspace; else only that workspace's requests
     annotations: dict[str, Any] | None = None  # e.g. MCP tool annotations (readOnlyHint, ...)
+    # a tool that bounds its own calls says how long one may take (python: its execution deadline,
+    # the interrupt and a kernel restart); the turn's tool timeout is raised to it
+    time_limit_s: float | None = None
 
     def openai_schema(self) -> dict[str, Any]:
         return {
@@ -56,14 +59,20 @@ class TabularStream:
     Always `close()` it (or use `with`): it may hold a database cursor."""
 
     def __init__(self, schema: pa.Schema | None, batches: Iterable[pa.RecordBatch],
-                 close: Callable[[], None] | None = None) -> None:
+                 close: Callable[[], None] | None = None, interrupt: Callable[[], None] | None = None) -> None:
         self.schema = schema
         self._batches = batches
         self._close = close
+        self._interrupt = interrupt  # safe from any thread: stops a blocked read (a cancelled call)
         self._closed = False
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         return iter(self._batches)
+
+    def interrupt(self) -> None:
+        """Stop the source from another thread (the reader then raises); a no-op without a hook."""
+        if self._interrupt is not None and not self._closed:
+            self._interrupt()
 
     def close(self) -> None:
         if not self._closed:

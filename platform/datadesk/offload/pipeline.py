@@ -12,7 +12,12 @@ For each tool result:
 Writing runs in a worker thread, batch by batch, so neither the event loop
 nor the app's memory carries the whole result. The pipeline knows nothing of
 the tool layer: it gets the `Thread` to write into, the artifact's origin
-(who, which call) and the epoch the work started in.
+(who, which call), the epoch the work started in and a plain progress callback.
+
+A cancelled call (Stop, a turn cancelled) stops the writer too (`offload/worker.py`):
+the source is interrupted, the writer stops at its next batch, its temp files are
+removed and no artifact is published (one published just before the cancel is
+removed again). Rows and bytes written are reported as progress while it writes.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from datadesk.offload.sink import ParquetSink
 from datadesk.offload.store import ArtifactStore, new_artifact_id
 from datadesk.offload.pyrepr import looks_like_repr_rows, repr_batches
 from datadesk.offload.tabular import TabularParseError, csv_batches, detect_text, json_batches
+from datadesk.offload.worker import PROGRESS_INTERVAL_S, WriteCancelled, WriteJob, run_job
 from datadesk.settings import OffloadSettings
 from datadesk.store.files import write_atomic
 from datadesk.store.threads import Thread
@@ -103,11 +109,19 @@ class OffloadPipeline:
         self.store = store
         self.count = count
         self.on_created = on_created  # quota enforcement hook, called with each new cache artifact
+        self.progress_interval_s = PROGRESS_INTERVAL_S  # rows/bytes reports of a long write, at most this often
+
+    def job(self, progress: Callable[..., None] | None) -> WriteJob:
+        """The cancel flag and progress channel of one write started from the event loop."""
+        return WriteJob(progress, asyncio.get_running_loop(), self.progress_interval_s)
 
     async def process(self, spec: ToolSpec | None, result: ToolResult, thread: Thread, origin: ArtifactOrigin,
-                      cap: OffloadCapability, epoch: int | None = None) -> OffloadOutcome:
+                      cap: OffloadCapability, epoch: int | None = None,
+                      progress: Callable[..., None] | None = None) -> OffloadOutcome:
         """Pass `result` of the call described by `origin` through, or offload it into `thread`'s
-        artifacts (refused when the thread was cleared since `epoch`), or truncate it."""
+        artifacts (refused when the thread was cleared since `epoch`), or truncate it.
+        `progress(rows=, bytes=)` is called on the event loop while a large result is written;
+        cancelling the caller stops the write and leaves no artifact."""
         offloadable = spec is not None and spec.offloadable and not result.is_error
         if not offloadable:
             if result.table is not None:
@@ -115,8 +129,11 @@ class OffloadPipeline:
             return OffloadOutcome(result)
         if result.table is None and len(result.content) <= self.settings.threshold_chars:
             return OffloadOutcome(result)
+        job = self.job(progress)
+        interrupt = result.table.interrupt if result.table is not None else None
         try:
-            return await asyncio.to_thread(self._process_sync, spec, result, thread, origin, cap, epoch)
+            return await run_job(job, self._process_sync, spec, result, thread, origin, cap, epoch, job,
+                                 interrupt=interrupt, discard=self.store.discard)
         except Exception as exc:  # the stream failed mid-way (timeout, engine error): say so
             log.warning("reading the result of %s failed: %s", spec.name, exc)
             return OffloadOutcome(ToolResult(content=f"{spec.name} failed while reading its result: {exc}",
@@ -124,28 +141,30 @@ class OffloadPipeline:
 
     # -- worker thread ------------------------------------------------------------
     def _process_sync(self, spec: ToolSpec, result: ToolResult, thread: Thread, origin: ArtifactOrigin,
-                      cap: OffloadCapability, epoch: int | None) -> OffloadOutcome:
+                      cap: OffloadCapability, epoch: int | None, job: WriteJob) -> OffloadOutcome:
         source = f"{spec.name}({short_arguments(origin.arguments or '', 300)})"
         table = result_table(result)
         try:
             if table is not None:
                 try:
-                    return self._table(spec, result, table, thread, origin, cap, source, epoch)
+                    return self._table(spec, result, table, thread, origin, cap, source, epoch, job)
                 except TabularParseError as exc:
                     if result.table is not None:
                         raise
                     log.info("result of %s is not tabular after all (%s): kept as text", spec.name, exc)
-            return self._text(result, thread, origin, cap, source, epoch)
+            return self._text(result, thread, origin, cap, source, epoch, job)
         finally:
             if table is not None:
                 table.close()
 
     def _table(self, spec: ToolSpec, result: ToolResult, table: TabularStream, thread: Thread,
-               origin: ArtifactOrigin, cap: OffloadCapability, source: str, epoch: int | None) -> OffloadOutcome:
+               origin: ArtifactOrigin, cap: OffloadCapability, source: str, epoch: int | None,
+               job: WriteJob) -> OffloadOutcome:
         if not cap.can_offload:
-            return OffloadOutcome(self._truncated_table(result, table, cap.reason))
+            return OffloadOutcome(self._truncated_table(result, table, cap.reason, job))
         try:
-            art, head, schema = self.write_table(thread, new_artifact_id(), table, origin, "result", epoch=epoch)
+            art, head, schema = self.write_table(thread, new_artifact_id(), table, origin, "result", epoch=epoch,
+                                                 job=job)
         except OSError as exc:
             log.warning("offload of %s failed: %s", spec.name, exc)
             reason = f"saving the full result failed: {exc.strerror or exc}"
@@ -162,11 +181,13 @@ class OffloadPipeline:
         return OffloadOutcome(ToolResult(content=content, meta=_with(result, artifact=ArtifactRef.of(art))), art)
 
     def write_table(self, thread: Thread, aid: str, table: TabularStream, origin: ArtifactOrigin,
-                    kind: str, existing: Artifact | None = None, epoch: int | None = None
-                    ) -> tuple[Artifact | None, pa.Table, pa.Schema | None]:
+                    kind: str, existing: Artifact | None = None, epoch: int | None = None,
+                    job: WriteJob | None = None) -> tuple[Artifact | None, pa.Table, pa.Schema | None]:
         """Stream `table` into `artifacts/<aid>.parquet`: (artifact, preview head, schema).
 
-        The artifact is None when the result has no rows (nothing is kept).
+        The artifact is None when the result has no rows (nothing is kept). With `job`, the
+        write stops (WriteCancelled, nothing left behind) once it is cancelled, and reports
+        rows and bytes written as it goes.
         """
         adir = thread.artifacts_dir
         adir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +195,7 @@ class OffloadPipeline:
         head: list[pa.RecordBatch] = []
         head_rows = 0
         want = self.settings.preview_rows
-        with ParquetSink(final, self.settings.result_max_bytes) as sink:
+        with ParquetSink(final, self.settings.result_max_bytes, check=job.check if job else None) as sink:
             if table.schema is not None:
                 sink.add_schema(table.schema)
             for batch in table:
@@ -183,6 +204,8 @@ class OffloadPipeline:
                     head_rows += min(batch.num_rows, want - head_rows)
                 if not sink.add(batch):
                     break
+                if job is not None:
+                    job.report(sink.rows, sink.bytes_written)
             if sink.rows == 0:
                 sink.abort()
                 empty = pa.Table.from_batches([], schema=table.schema) if table.schema else pa.table({})
@@ -200,14 +223,31 @@ class OffloadPipeline:
                             "ceiling; writing stopped") if res.partial else None,
             requeried_at=now if existing else None,
         )
-        self.store.save(thread, art, epoch)
+        self._publish(thread, art, epoch, job, existing)
         return art, head_table, res.schema
 
-    def _truncated_table(self, result: ToolResult, table: TabularStream, reason: str) -> ToolResult:
+    def _publish(self, thread: Thread, art: Artifact, epoch: int | None, job: WriteJob | None,
+                 existing: Artifact | None) -> None:
+        """Write the metadata of a new data file, unless the job was cancelled (then the file
+        goes). A restore (`existing`) whose file is already in place is always published: its
+        metadata must describe the data now on disk."""
+        if job is None or existing is not None:
+            self.store.save(thread, art, epoch)
+            return
+        try:
+            job.publish(thread, art, lambda: self.store.save(thread, art, epoch))
+        except WriteCancelled:
+            self.store.data_path(thread, art).unlink(missing_ok=True)
+            raise
+
+    def _truncated_table(self, result: ToolResult, table: TabularStream, reason: str,
+                         job: WriteJob | None = None) -> ToolResult:
         rows: list[dict[str, Any]] = []
         total = 0
         schema = table.schema
         for batch in table:
+            if job is not None:
+                job.check()
             schema = schema or batch.schema
             if len(rows) < 500:
                 rows.extend(batch.slice(0, 500 - len(rows)).to_pylist())
@@ -219,14 +259,14 @@ class OffloadPipeline:
         return ToolResult(content=content, meta=_with(result, rows=total, truncated=True))
 
     def _text(self, result: ToolResult, thread: Thread, origin: ArtifactOrigin, cap: OffloadCapability,
-              source: str, epoch: int | None) -> OffloadOutcome:
+              source: str, epoch: int | None, job: WriteJob | None = None) -> OffloadOutcome:
         text = result.content
         if not cap.can_offload:
             return OffloadOutcome(ToolResult(
                 content=preview.render_truncated_text(text, cap.reason, self.settings.threshold_chars),
                 meta=_with(result, chars=len(text), truncated=True)))
         try:
-            art = self.write_text(thread, new_artifact_id(), text, origin, "result", epoch=epoch)
+            art = self.write_text(thread, new_artifact_id(), text, origin, "result", epoch=epoch, job=job)
         except OSError as exc:
             reason = f"saving the full result failed: {exc.strerror or exc}"
             return OffloadOutcome(ToolResult(
@@ -237,8 +277,11 @@ class OffloadPipeline:
         return OffloadOutcome(ToolResult(content=content, meta=_with(result, artifact=ArtifactRef.of(art))), art)
 
     def write_text(self, thread: Thread, aid: str, text: str, origin: ArtifactOrigin, kind: str,
-                   existing: Artifact | None = None, epoch: int | None = None) -> Artifact:
+                   existing: Artifact | None = None, epoch: int | None = None,
+                   job: WriteJob | None = None) -> Artifact:
         """Save `text` as `artifacts/<aid>.txt` (cut at the size ceiling, marked partial)."""
+        if job is not None:
+            job.check()
         data = text.encode("utf-8", errors="replace")
         partial = len(data) > self.settings.result_max_bytes
         if partial:
@@ -254,18 +297,27 @@ class OffloadPipeline:
             partial_reason="the text passed the size ceiling; the rest was not saved" if partial else None,
             requeried_at=now if existing else None,
         )
-        self.store.save(thread, art, epoch)
+        self._publish(thread, art, epoch, job, existing)
         return art
 
-    def restore(self, thread: Thread, art: Artifact, result: ToolResult) -> Artifact | None:
+    async def restore_async(self, thread: Thread, art: Artifact, result: ToolResult,
+                            progress: Callable[..., None] | None = None) -> Artifact | None:
+        """`restore` in a worker thread; cancelling the caller stops the write (the artifact
+        keeps its previous metadata and no temp file remains)."""
+        job = self.job(progress)
+        interrupt = result.table.interrupt if result.table is not None else None
+        return await run_job(job, self.restore, thread, art, result, job, interrupt=interrupt)
+
+    def restore(self, thread: Thread, art: Artifact, result: ToolResult,
+                job: WriteJob | None = None) -> Artifact | None:
         """Write the data of a re-run of `art`'s origin call under the same id (None: no rows).
         When the format changed (text <-> table), the old data file goes."""
         table = result_table(result)
         try:
             if table is not None:
-                new, _, _ = self.write_table(thread, art.id, table, art.origin, art.kind, existing=art)
+                new, _, _ = self.write_table(thread, art.id, table, art.origin, art.kind, existing=art, job=job)
             else:
-                new = self.write_text(thread, art.id, result.content, art.origin, art.kind, existing=art)
+                new = self.write_text(thread, art.id, result.content, art.origin, art.kind, existing=art, job=job)
         finally:
             if table is not None:
                 table.close()

@@ -21,6 +21,7 @@ from filelock import FileLock, Timeout
 
 from datadesk.domain.artifacts import Artifact
 from datadesk.offload.store import ArtifactStore
+from datadesk.offload.tempfiles import sweep_temp_files
 from datadesk.settings import OffloadSettings
 from datadesk.store.threads import Thread
 
@@ -69,7 +70,8 @@ class ArtifactQuota:
 
     def sweep_round(self, interval_s: float) -> list[Eviction] | None:
         """The periodic sweep, once per interval per host: with several workers, a worker skips the
-        round (None) when another is sweeping or swept less than an interval ago."""
+        round (None) when another is sweeping or swept less than an interval ago. Each round also
+        removes what a crash left in artifacts folders (stale temp files, orphan data)."""
         marker = Path(self._lock.lock_file).with_name(".artifact-sweep.last")
         try:
             with self._lock.acquire(timeout=0):
@@ -79,6 +81,7 @@ class ArtifactQuota:
                 except FileNotFoundError:
                     pass
                 evicted = self._enforce(None, set())
+                sweep_temp_files(self.store)
                 marker.touch()
                 return evicted
         except Timeout:

@@ -21,6 +21,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -56,8 +58,11 @@ class ParquetSink:
     """
 
     def __init__(self, final_path: Path, byte_ceiling: int, row_group_rows: int = 65_536,
-                 compression: str = "zstd") -> None:
+                 compression: str = "zstd", check: Callable[[], None] | None = None) -> None:
+        """`check`: called per batch (and per rewritten batch on close); it raises to stop the
+        write (a cancelled call), and the sink then removes everything it wrote."""
         self.final_path = Path(final_path)
+        self._check = check or _no_check
         self.byte_ceiling = int(byte_ceiling)
         self.row_group_rows = max(1, int(row_group_rows))
         self.compression = compression
@@ -77,6 +82,11 @@ class ParquetSink:
         """Rows accepted so far (written or buffered for the next row group)."""
         return sum(s.rows + s.pending_rows for s in self._segments)
 
+    @property
+    def bytes_written(self) -> int:
+        """Bytes on disk so far (finished row groups; the progress figure)."""
+        return self._disk_bytes()
+
     def add_schema(self, schema: pa.Schema) -> None:
         """Declare the schema up front (e.g. DuckDB's, known even for 0 rows)."""
         self._check_open()
@@ -90,6 +100,7 @@ class ParquetSink:
         if self._stopped:
             return False
         try:
+            self._check()
             batch = _clean_batch(batch)
             seg = self._segments[-1] if self._segments else None
             fitted = fit_batch(batch, seg.schema) if seg is not None else None
@@ -129,8 +140,9 @@ class ParquetSink:
             else:
                 out = tmpdir / "final.parquet"
                 schema = self._unify(out)
-            digest, size = file_digest(out)
+            digest, size = file_digest(out, self._check)
             rows = sum(s.rows for s in self._segments)
+            self._check()  # the last moment a cancel keeps the file out of place
             os.chmod(out, 0o644)  # temp files are private; the sandbox user must read artifacts
             os.replace(out, self.final_path)
             self._cleanup()
@@ -255,7 +267,7 @@ class ParquetSink:
         while True:
             schema = self._union_schema(forced)
             try:
-                _rewrite(self._segments, schema, out, self.compression, self.row_group_rows)
+                _rewrite(self._segments, schema, out, self.compression, self.row_group_rows, self._check)
                 return schema
             except _CastFailed as failed:  # a value-level cast failed: text it is
                 forced.add(failed.column)
@@ -277,11 +289,13 @@ class _CastFailed(Exception):
         self.column = column
 
 
-def _rewrite(segments: list[Segment], schema: pa.Schema, out: Path, compression: str, batch_rows: int) -> None:
+def _rewrite(segments: list[Segment], schema: pa.Schema, out: Path, compression: str, batch_rows: int,
+             check: Callable[[], None]) -> None:
     with pq.ParquetWriter(out, schema, compression=compression,
                           use_dictionary=dictionary_columns(schema)) as writer:
         for seg in segments:
             for batch in seg.read(batch_rows):
+                check()
                 arrays = []
                 for field in schema:
                     if field.name not in batch.schema.names:
@@ -306,15 +320,21 @@ def _encoded_size(table: pa.Table, compression: str) -> int:
     return buf.size - footer - 12
 
 
-def file_digest(path: Path) -> tuple[str, int]:
-    """SHA-256 (hex) and size of a file, read in 1 MB chunks."""
+def file_digest(path: Path, check: Callable[[], None] | None = None) -> tuple[str, int]:
+    """SHA-256 (hex) and size of a file, read in 1 MB chunks (`check` every 64 MB)."""
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
             size += len(chunk)
+            if check is not None and not size % (64 << 20):
+                check()
     return h.hexdigest(), size
+
+
+def _no_check() -> None:
+    return None
 
 
 def _clean_schema(schema: pa.Schema) -> pa.Schema:

@@ -91,6 +91,15 @@ class ArtifactStore:
         self.save(thread, art, epoch)
         return art
 
+    def discard(self, thread: Thread, art: Artifact) -> None:
+        """Remove an artifact entirely, data and metadata (one a cancelled call published)."""
+        with self.lock(thread):
+            for path in (self.data_path(thread, art), thread.artifacts_dir / f"{art.id}.json"):
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+
     def load(self, thread: Thread, aid: str) -> Artifact:
         check_id(aid, "artifact")
         path = thread.artifacts_dir / f"{aid}.json"
@@ -155,6 +164,16 @@ class ArtifactStore:
 
     def walk(self) -> Iterator[tuple[str, str, Thread, Artifact]]:
         """Every artifact on this host: (workspace, user, thread, artifact)."""
+        for ws, user, thread in self._all_threads():
+            for art in self.list(thread):
+                yield ws, user, thread, art
+
+    def threads(self) -> Iterator[Thread]:
+        """Every thread folder on this host (not deleted ones, not links)."""
+        for _, _, thread in self._all_threads():
+            yield thread
+
+    def _all_threads(self) -> Iterator[tuple[str, str, Thread]]:
         root = self.layout.workspaces_dir
         if not root.is_dir():
             return
@@ -164,8 +183,7 @@ class ArtifactStore:
                 continue
             for udir in users.iterdir():
                 for thread in self._threads(udir / "threads"):
-                    for art in self.list(thread):
-                        yield wsdir.name, udir.name, thread, art
+                    yield wsdir.name, udir.name, thread
 
     @staticmethod
     def _threads(root: Path) -> Iterator[Thread]:

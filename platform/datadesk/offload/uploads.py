@@ -3,7 +3,9 @@
 The type is decided by content, never by the file name. Tabular files are
 converted to Parquet batch by batch through the same writer as query results;
 images are kept as they are (for vision models). A bad file gets an error
-naming the problem; nothing half-written remains.
+naming the problem; nothing half-written remains. `ingest_upload_async` runs it in a
+worker thread: a cancelled upload stops at the next batch and leaves no artifact and no
+temp file; rows and bytes written are reported as progress.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 
@@ -20,6 +23,7 @@ from datadesk.offload.pipeline import OffloadPipeline
 from datadesk.offload.sink import file_digest
 from datadesk.offload.store import new_artifact_id
 from datadesk.offload.tabular import TabularParseError, file_batches, sniff_file
+from datadesk.offload.worker import WriteJob, run_job
 from datadesk.store.threads import Thread
 
 TABULAR = ("csv", "tsv", "xlsx", "parquet", "json")
@@ -30,15 +34,29 @@ class UploadError(ValueError):
     """The uploaded file cannot be used; the message says why (format, line, sheet, encoding)."""
 
 
+Ingested = tuple[Artifact, pa.Table | None, pa.Schema | None]
+
+
+async def ingest_upload_async(pipeline: OffloadPipeline, thread: Thread, tmp: Path, filename: str,
+                              origin: ArtifactOrigin, progress: Callable[..., None] | None = None) -> Ingested:
+    """`ingest_upload` in a worker thread. `progress(rows=, bytes=)` is called on the event loop
+    while it writes; cancelling the caller stops it: no artifact, `tmp` removed."""
+    job = pipeline.job(progress)
+    return await run_job(job, ingest_upload, pipeline, thread, tmp, filename, origin, job,
+                         discard=pipeline.store.discard)
+
+
 def ingest_upload(pipeline: OffloadPipeline, thread: Thread, tmp: Path, filename: str,
-                  origin: ArtifactOrigin) -> tuple[Artifact, pa.Table | None, pa.Schema | None]:
+                  origin: ArtifactOrigin, job: WriteJob | None = None) -> Ingested:
     """Turn the uploaded file at `tmp` into an artifact of `thread`; `tmp` is consumed either way."""
     try:
+        if job is not None:
+            job.check()
         fmt = sniff_file(tmp)
         if fmt == "xls":
             raise UploadError(f"{filename}: legacy .xls files are not supported; save it as .xlsx")
         if fmt in IMAGES:
-            return _image(pipeline, thread, tmp, fmt, origin), None, None
+            return _image(pipeline, thread, tmp, fmt, origin, job), None, None
         if fmt not in TABULAR:
             raise UploadError(f"{filename}: unsupported or unrecognised file type (by content); accepted: "
                               "CSV, TSV, Excel (.xlsx), Parquet, JSON, PNG, JPEG, GIF, WebP")
@@ -46,7 +64,7 @@ def ingest_upload(pipeline: OffloadPipeline, thread: Thread, tmp: Path, filename
             schema, batches = file_batches(tmp, fmt)
             aid = new_artifact_id()
             with TabularStream(schema, batches) as table:
-                art, head, full_schema = pipeline.write_table(thread, aid, table, origin, "upload")
+                art, head, full_schema = pipeline.write_table(thread, aid, table, origin, "upload", job=job)
         except TabularParseError as exc:
             raise UploadError(f"{filename}: {exc}") from None
         except pa.ArrowException as exc:
@@ -61,7 +79,8 @@ def ingest_upload(pipeline: OffloadPipeline, thread: Thread, tmp: Path, filename
             pass
 
 
-def _image(pipeline: OffloadPipeline, thread: Thread, tmp: Path, fmt: str, origin: ArtifactOrigin) -> Artifact:
+def _image(pipeline: OffloadPipeline, thread: Thread, tmp: Path, fmt: str, origin: ArtifactOrigin,
+           job: WriteJob | None) -> Artifact:
     aid = new_artifact_id()
     ext = "jpg" if fmt == "jpeg" else fmt
     final = thread.artifacts_dir / f"{aid}.{ext}"
@@ -71,5 +90,12 @@ def _image(pipeline: OffloadPipeline, thread: Thread, tmp: Path, fmt: str, origi
     now = time.time()
     art = Artifact(id=aid, kind="upload", format=fmt, file=final.name, origin=origin, created=now,
                    last_used=now, bytes=size, sha256=digest, media_type=IMAGES[fmt])
-    pipeline.store.save(thread, art)
+    if job is None:
+        pipeline.store.save(thread, art)
+        return art
+    try:
+        job.publish(thread, art, lambda: pipeline.store.save(thread, art))
+    except BaseException:
+        final.unlink(missing_ok=True)
+        raise
     return art

@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import decimal
+import functools
 import math
 import threading
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import duckdb
 import msgspec
@@ -35,6 +36,7 @@ import pyarrow as pa
 # locked they cannot be SET again. This lock makes "open, then lock down or
 # verify the lockdown" atomic with respect to other threads.
 _SETUP_LOCK = threading.Lock()
+T = TypeVar("T")
 _CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 # Extra time the async wrapper waits beyond the statement timeout before giving
 # up on a worker thread whose query ignored the interrupt.
@@ -66,6 +68,10 @@ class SQLRefused(SQLError):
 
 class SQLTimeout(SQLError):
     """The statement ran past the timeout and was interrupted."""
+
+
+class SQLCancelled(SQLError):
+    """The call was cancelled (Stop, the turn ended) and the statement was interrupted."""
 
 
 class ColumnInfo(msgspec.Struct, frozen=True):
@@ -208,12 +214,37 @@ def check_statement(sql: object) -> str:
     )
 
 
-class _Deadline:
-    """Interrupts a connection once `timeout_s` has passed, unless finished first."""
+class QueryControl:
+    """Stops one statement: at its deadline (a timer) or when `cancel()` is called, from any
+    thread (the task awaiting the query was cancelled). Both use DuckDB's `interrupt()` on the
+    statement's connection, under a lock so it never races with the connection closing.
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, timeout_s: float | None) -> None:
-        self._con, self._lock, self._done, self._timer = con, threading.Lock(), False, None
-        self.fired = False
+    Created before the connection exists (the caller may cancel that early): `attach` hands
+    it the connection and starts the timer, or refuses when the cancel came first.
+    """
+
+    def __init__(self, timeout_s: float | None = None) -> None:
+        self._lock = threading.Lock()
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._done = False
+        self._timer: threading.Timer | None = None
+        self.timeout_s = timeout_s
+        self.fired = False  # the deadline interrupted the statement
+        self.cancelled = False  # cancel() did
+
+    def attach(self, con: duckdb.DuckDBPyConnection) -> None:
+        with self._lock:
+            if self.cancelled:
+                raise SQLCancelled("the query was cancelled")
+            self._con = con
+        self.restart(self.timeout_s)
+
+    def restart(self, timeout_s: float | None) -> None:
+        """Start the deadline again from now with `timeout_s` (None or 0: no deadline)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.timeout_s = timeout_s
         if timeout_s and timeout_s > 0:
             self._timer = threading.Timer(timeout_s, self._fire)
             self._timer.daemon = True
@@ -221,16 +252,32 @@ class _Deadline:
 
     def _fire(self) -> None:
         with self._lock:
-            if not self._done:
+            if not self._done and self._con is not None:
                 self.fired = True
                 self._con.interrupt()
 
+    def cancel(self) -> None:
+        """Interrupt the statement now (safe from any thread, before or after it started)."""
+        with self._lock:
+            if self._done:
+                return
+            self.cancelled = True
+            if self._con is not None:
+                self._con.interrupt()
+
     def finish(self) -> None:
-        # Under the lock so interrupt() never races with the connection closing.
         with self._lock:
             self._done = True
         if self._timer is not None:
             self._timer.cancel()
+
+    def error(self, exc: BaseException) -> SQLError:
+        """What an engine error means: cancelled, timed out, or the engine's own message."""
+        if self.cancelled:
+            return SQLCancelled("the query was cancelled")
+        if self.fired:
+            return SQLTimeout(_timeout_message(self.timeout_s or 0))
+        return SQLError(_short(exc))
 
 
 class BatchStream:
@@ -241,31 +288,34 @@ class BatchStream:
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader,
-                 deadline: _Deadline, timeout_s: float) -> None:
-        self._con, self._reader, self._deadline, self._timeout_s = con, reader, deadline, timeout_s
+                 control: QueryControl) -> None:
+        self._con, self._reader, self._control = con, reader, control
         self.schema: pa.Schema = reader.schema
         self.sql_types: list[str] = []  # DuckDB's own type names (BIGINT, TIMESTAMP, ...)
+        self._closed = False
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         try:
             yield from self._reader
-        except (duckdb.Error, pa.ArrowException) as exc:
-            if self._deadline.fired:
-                raise SQLTimeout(_timeout_message(self._timeout_s)) from None
-            raise SQLError(_short(exc)) from None
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:  # an interrupt surfaces as OSError too
+            raise self._control.error(exc) from None
         finally:
             self.close()
 
     def extend(self, timeout_s: float) -> None:
         """Restart the deadline with `timeout_s` (a result that started streaming may take
         longer to write out than a statement may take to produce its first rows)."""
-        self._deadline.finish()
-        self._deadline = _Deadline(self._con, timeout_s)
-        self._timeout_s = timeout_s
+        self._control.restart(timeout_s)
+
+    def interrupt(self) -> None:
+        """Stop the query from any thread (a cancelled call): the reader raises SQLCancelled."""
+        self._control.cancel()
 
     def close(self) -> None:
-        self._deadline.finish()
-        self._con.close()
+        if not self._closed:
+            self._closed = True
+            self._control.finish()
+            self._con.close()
 
     def __enter__(self) -> "BatchStream":
         return self
@@ -353,21 +403,35 @@ class Warehouse:
             raise SQLError(f"cannot open the warehouse views: {_short(exc)}") from None
         return con
 
-    def query_sync(self, sql: str) -> QueryResult:
-        """Run one read statement; at most max_rows rows come back (see QueryResult)."""
-        check_statement(sql)
+    def _attach(self, control: QueryControl | None, timeout_s: float) -> tuple[duckdb.DuckDBPyConnection,
+                                                                                 QueryControl]:
+        """A locked-down connection under `control` (a new one with `timeout_s` when None)."""
+        control = control or QueryControl(timeout_s)
         con = self._connect()
-        deadline = _Deadline(con, self.timeout_s)
+        try:
+            control.attach(con)
+        except BaseException:
+            con.close()
+            raise
+        return con, control
+
+    def query_sync(self, sql: str, control: QueryControl | None = None) -> QueryResult:
+        """Run one read statement; at most max_rows rows come back (see QueryResult).
+        `control` lets another thread cancel it (its timeout is then the deadline)."""
+        check_statement(sql)
+        if control is not None and control.timeout_s is None:
+            control.timeout_s = self.timeout_s
+        con, control = self._attach(control, self.timeout_s)
         try:
             con.execute(sql)
             description = con.description or []
             fetched = con.fetchmany(self.max_rows + 1)
+            if control.cancelled:
+                raise SQLCancelled("the query was cancelled")
         except duckdb.Error as exc:
-            if deadline.fired:
-                raise SQLTimeout(_timeout_message(self.timeout_s)) from None
-            raise SQLError(_short(exc)) from None
+            raise control.error(exc) from None
         finally:
-            deadline.finish()
+            control.finish()
             con.close()
         truncated = len(fetched) > self.max_rows
         return QueryResult(
@@ -379,28 +443,31 @@ class Warehouse:
         )
 
     async def query(self, sql: str) -> QueryResult:
-        """`query_sync` in a worker thread, so the event loop keeps serving."""
+        """`query_sync` in a worker thread, so the event loop keeps serving. Cancelling the
+        awaiting task interrupts the statement (the thread is free again within moments)."""
         check_statement(sql)  # fail fast on the loop: no thread for refused SQL
+        control = QueryControl(self.timeout_s)
         try:
             # The deadline inside query_sync interrupts DuckDB; wait_for is a
             # backstop in case the engine is slow to notice the interrupt.
-            return await asyncio.wait_for(
-                asyncio.to_thread(self.query_sync, sql), self.timeout_s + _ASYNC_GRACE_S
-            )
+            return await interruptible(control, self.query_sync, sql, control,
+                                       timeout_s=self.timeout_s + _ASYNC_GRACE_S)
         except asyncio.TimeoutError:
             raise SQLTimeout(_timeout_message(self.timeout_s)) from None
 
     def record_batches(self, sql: str, batch_size: int = 65_536,
-                       timeout_s: float | None = None) -> BatchStream:
+                       timeout_s: float | None = None, control: QueryControl | None = None) -> BatchStream:
         """Stream the result of one read statement as Arrow record batches.
 
         Validation, connection and binding happen now (errors raise here);
-        execution happens as the stream is read.
+        execution happens as the stream is read. `control` (its own timeout, else
+        `timeout_s`, else the warehouse's) lets another thread cancel it.
         """
         check_statement(sql)
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
-        con = self._connect()
-        deadline = _Deadline(con, timeout)
+        if control is not None and control.timeout_s is None:
+            control.timeout_s = timeout
+        con, control = self._attach(control, timeout)
         try:
             rel = con.sql(sql)
             if rel is None:  # cannot happen for checked statements; be explicit anyway
@@ -409,14 +476,12 @@ class Warehouse:
             make_reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
             reader = make_reader(batch_size)
         except BaseException as exc:
-            deadline.finish()
+            control.finish()
             con.close()
             if not isinstance(exc, duckdb.Error):
                 raise
-            if deadline.fired:
-                raise SQLTimeout(_timeout_message(timeout)) from None
-            raise SQLError(_short(exc)) from None
-        stream = BatchStream(con, reader, deadline, timeout)
+            raise control.error(exc) from None
+        stream = BatchStream(con, reader, control)
         stream.sql_types = sql_types
         return stream
 
@@ -440,3 +505,26 @@ class Warehouse:
             )
             for schema, table, kind, comment, size in objects
         ]
+
+
+async def interruptible(control: QueryControl, fn: Callable[..., T], *args: Any,
+                        timeout_s: float | None = None, late: Callable[[T], None] | None = None) -> T:
+    """`fn(*args)` in a worker thread; when the awaiting task is cancelled or `timeout_s`
+    passes, `control.cancel()` interrupts the statement and the thread is waited for briefly
+    (so its connection is closed before the cancellation goes on). A result that arrived
+    anyway is handed to `late` (e.g. to close a stream nobody will read)."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+    except (asyncio.CancelledError, asyncio.TimeoutError):
+        control.cancel()
+        await asyncio.wait({task}, timeout=_ASYNC_GRACE_S)
+        task.add_done_callback(functools.partial(_late_result, late))
+        raise
+
+
+def _late_result(late: Callable[[Any], None] | None, task: asyncio.Future[Any]) -> None:
+    if task.cancelled() or task.exception() is not None:
+        return  # retrieved: the caller got the cancellation, not this
+    if late is not None:
+        late(task.result())

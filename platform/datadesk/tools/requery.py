@@ -9,7 +9,6 @@ Nothing is ever reconstructed from a summary.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from datadesk.domain.artifacts import Artifact
@@ -57,7 +56,8 @@ class RequeryService:
             if result.table is not None:
                 result.table.close()
             raise ToolError(f"re-running {describe_origin(art)} failed: {result.content}")
-        new = await asyncio.to_thread(self.pipeline.restore, ctx.thread, art, result)
+        # a cancelled re-query stops the writer too; rows and bytes written show as progress
+        new = await self.pipeline.restore_async(ctx.thread, art, result, progress=ctx.report)
         schema_equal = new is not None and list(new.schema) == list(art.schema)
         content_equal = new is not None and new.sha256 == art.sha256
         return RequeryReport(

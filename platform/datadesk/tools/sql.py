@@ -9,7 +9,6 @@ a `TabularStream` for the offload pipeline, which writes them to Parquet.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import sys
 from typing import Annotated, Any, Callable
@@ -20,7 +19,9 @@ import pyarrow as pa
 from datadesk.domain.records import ToolRecordMeta
 from datadesk.domain.tools import TabularStream, ToolError, ToolResult, ToolSpec
 from datadesk.settings import SQLSettings
-from datadesk.store.warehouse import QueryResult, SQLError, Warehouse, check_statement, jsonable
+from datadesk.store.warehouse import (
+    QueryControl, QueryResult, SQLError, Warehouse, check_statement, interruptible, jsonable,
+)
 from datadesk.tools.arguments import ToolArguments
 from datadesk.tools.registry import ToolContext, ToolRegistry
 
@@ -98,13 +99,15 @@ def render_result(result: QueryResult, max_chars: int) -> str:
 INLINE_MAX_ROWS = 2_000  # more rows than this never fit the inline threshold anyway
 
 
-def _first_rows(wh: Warehouse, sql: str, threshold_chars: int, stream_timeout_s: float) -> ToolResult:
+def _first_rows(wh: Warehouse, sql: str, threshold_chars: int, stream_timeout_s: float,
+                control: QueryControl | None = None) -> ToolResult:
     """Run `sql`; small results come back inline, large ones as a stream for offload.
 
     One execution: the batches already read for the size check are chained
-    in front of the rest of the stream.
+    in front of the rest of the stream. `control` cancels it from another thread; the
+    stream handed on keeps that hook (`TabularStream.interrupt`) for the offload writer.
     """
-    stream = wh.record_batches(sql)  # the statement timeout covers the first rows
+    stream = wh.record_batches(sql, control=control)  # the statement timeout covers the first rows
     try:
         it = iter(stream)
         head: list[pa.RecordBatch] = []
@@ -133,10 +136,17 @@ def _first_rows(wh: Warehouse, sql: str, threshold_chars: int, stream_timeout_s:
                 stream.close()
                 return ToolResult(content=content, data=result.to_dict(), meta=ToolRecordMeta(rows=0))
             return ToolResult(content="", table=TabularStream(stream.schema, iter(head), stream.close))
-        return ToolResult(content="", table=TabularStream(stream.schema, itertools.chain(head, it), stream.close))
+        return ToolResult(content="", table=TabularStream(stream.schema, itertools.chain(head, it), stream.close,
+                                                          stream.interrupt))
     except BaseException:
         stream.close()
         raise
+
+
+def _close_late(result: ToolResult) -> None:
+    """A result that arrived after the call was cancelled: release its connection."""
+    if result.table is not None:
+        result.table.close()
 
 
 def register_sql_tool(
@@ -155,7 +165,9 @@ def register_sql_tool(
         wh = warehouse_for(ctx)
         try:
             check_statement(sql)  # refuse on the loop, before any thread or connection
-            return await asyncio.to_thread(_first_rows, wh, sql, threshold_chars, stream_timeout_s)
+            control = QueryControl()  # a cancelled call (Stop, tool timeout) interrupts the statement
+            return await interruptible(control, _first_rows, wh, sql, threshold_chars, stream_timeout_s, control,
+                                       late=_close_late)
         except SQLError as exc:  # includes SQLRefused and SQLTimeout
             raise ToolError(str(exc)) from None
 
