@@ -187,11 +187,15 @@ class TurnLoop:
                     result = ToolResult(f"unknown tool {call.name!r} (or not available here); available tools: "
                                         f"{', '.join(sorted(self.allowed)) or 'none'}", is_error=True)
                 else:
+                    # a tool bounding its own calls (python: the execution deadline, then the
+                    # interrupt and a restart) is not cut short by the turn's tool timeout
+                    found = self.services.tools.get(call.name, self.thread.meta.workspace)
+                    limit = max(self.settings.tool_timeout_s, (found.spec.time_limit_s or 0) if found else 0)
                     result = await asyncio.wait_for(
-                        self.services.tools.run(call.name, call.arguments, ctx), self.settings.tool_timeout_s
+                        self.services.tools.run(call.name, call.arguments, ctx), limit
                     )
             except asyncio.TimeoutError:
-                result = ToolResult(f"{call.name} timed out after {self.settings.tool_timeout_s:g} s", is_error=True)
+                result = ToolResult(f"{call.name} timed out after {limit:g} s", is_error=True)
             tool = self.services.tools.get(call.name, self.thread.meta.workspace)
             outcome = await self.services.offload.process(tool.spec if tool else None, result, self.thread,
                                                     ctx.origin("tool", call.name, call.arguments), cap, self.epoch,

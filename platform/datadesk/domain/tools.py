@@ -39,6 +39,9 @@ class ToolSpec(msgspec.Struct, frozen=True):
     source: str = "builtin"  # builtin | mcp:<server>
     workspace: str | None = None  # None: every workspace; else only that workspace's requests
     annotations: dict[str, Any] | None = None  # e.g. MCP tool annotations (readOnlyHint, ...)
+    # a tool that bounds its own calls says how long one may take (python: its execution deadline,
+    # the interrupt and a kernel restart); the turn's tool timeout is raised to it
+    time_limit_s: float | None = None
 
     def openai_schema(self) -> dict[str, Any]:
         return {

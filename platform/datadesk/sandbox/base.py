@@ -6,8 +6,16 @@ Two halves, as jupyter_client's provisioners and kernel managers:
   makes kernels (`kernel`), reaches a kernel another worker started
   (`attach`), says whether it can run kernels now (`health`) and removes
   what crashed workers left behind (`remove_orphans`).
-- `Kernel`: one kernel. `start` (launch), `execute`, `interrupt`, `restart`,
-  `shutdown`, `is_alive`, and `read_outputs` (new files under /outputs).
+- `Kernel`: one kernel. `start` (launch), `execute`, `interrupt`, `probe`
+  (idle and answering?), `restart`, `shutdown`, `is_alive`,
+  `health_problem` (alive but unusable: stdout closed, no process left to
+  fork) and `read_outputs` (new files under /outputs).
+
+An execution has one deadline (`timeout_s` from when the code is sent): there
+the kernel is interrupted, and if it is not idle within a short grace it is
+restarted (`execution.PendingExecution`). Output reaches `on_output(stream,
+text)` as it is printed and what the sandbox does about the execution reaches
+`on_status(message)`; both are plain callbacks that must not block.
 
 `local.py`, `docker.py` and `gateway.py` each implement both halves; building
 results from Jupyter messages is shared (`execution.py`). Pooling and caps
@@ -27,11 +35,13 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Literal
+from typing import Any, Awaitable, Callable, Literal
 
 from datadesk.sandbox.files import OutputFile, read_new_outputs
 
 ExecStatus = Literal["ok", "error", "timeout", "died"]
+OnOutput = Callable[[str, str], None]  # (stream: "stdout" | "stderr", text) as the code prints it
+OnStatus = Callable[[str], None]  # what the sandbox is doing about the execution, in words
 
 
 class SandboxError(Exception):
@@ -73,6 +83,7 @@ class ExecutionResult:
     stdout_file: Path | None = None  # full output when truncated (host path)
     duration_ms: float = 0.0
     note: str = ""  # e.g. "the kernel was restarted after the timeout"
+    expressions: dict[str, Any] = field(default_factory=dict)  # user_expressions of the reply (health checks)
 
 
 @dataclass(frozen=True)
@@ -113,11 +124,24 @@ class Kernel(abc.ABC):
         """Launch the kernel and wait until it answers (raises SandboxError)."""
 
     @abc.abstractmethod
-    async def execute(self, code: str, timeout_s: float) -> ExecutionResult:
-        """Run `code`; on timeout interrupt it and return status "timeout"."""
+    async def execute(self, code: str, timeout_s: float, *, on_output: OnOutput | None = None,
+                      on_status: OnStatus | None = None) -> ExecutionResult:
+        """Run `code`; at `timeout_s` interrupt it, restart the kernel when it is not idle within
+        the grace, and return status "timeout" (`note` says when it was restarted)."""
 
     @abc.abstractmethod
     async def interrupt(self) -> None: ...
+
+    async def probe(self, timeout_s: float) -> ExecutionResult | None:
+        """A silent cell that waits at most `timeout_s` and never interrupts: status "ok" when the
+        kernel is idle and answers (after an interrupt: it stopped), with the health checks in
+        `expressions`; None when the kernel is not running."""
+        return None
+
+    async def health_problem(self, result: ExecutionResult) -> str:
+        """Why the live kernel cannot run the next cell, in words (its stdout or stderr was
+        closed, its processes fill the pid limit); "" when it can. `result` is the last one."""
+        return io_problem(result)
 
     @abc.abstractmethod
     async def restart(self) -> None:
@@ -170,6 +194,41 @@ class Kernel(abc.ABC):
     def rewrite_paths(self, code: str) -> str:
         """Map `/data` and `/outputs` in code to what this backend mounts (identity by default)."""
         return code
+
+
+# Health checks the kernel evaluates after every successful cell (user expressions of the same
+# request: no extra round trip; after a failed one a silent probe carries them). Kernel-reported,
+# so they only ever make the registry replace that kernel.
+IO_CHECK, PIDS_CHECK = "io", "pids"
+HEALTH_EXPRESSIONS = {
+    # a cell that closed its own stdout or stderr leaves a kernel whose every print fails
+    IO_CHECK: "any(getattr(s, 'closed', True) for s in (__import__('sys').stdout, __import__('sys').stderr))",
+    # processes used / allowed in the kernel's cgroup (a container's own, v2 or v1); '' elsewhere
+    PIDS_CHECK: ("next((open(d + 'pids.current').read().split()[0] + '/' + open(d + 'pids.max').read().split()[0] "
+                 "for d in ('/sys/fs/cgroup/', '/sys/fs/cgroup/pids/') "
+                 "if __import__('os').path.exists(d + 'pids.max')), '')"),
+}
+
+
+def _expression(result: ExecutionResult, name: str) -> str | None:
+    """The text/plain answer of a health check; None when it was not evaluated or failed."""
+    got = result.expressions.get(name)
+    if not isinstance(got, dict) or got.get("status") != "ok":
+        return None
+    text = (got.get("data") or {}).get("text/plain")
+    return text.strip("'\"") if isinstance(text, str) else None
+
+
+def io_problem(result: ExecutionResult) -> str:
+    """Why the kernel cannot run the next cell, from the health checks of `result` ("" when it
+    can, or when they were not evaluated)."""
+    if IO_CHECK in result.expressions and _expression(result, IO_CHECK) != "False":
+        return "the code closed the kernel's stdout or stderr, so nothing it prints could be shown"
+    used, _, limit = (_expression(result, PIDS_CHECK) or "").partition("/")
+    if used.isdigit() and limit.isdigit() and int(limit) - int(used) <= max(4, int(limit) // 16):
+        return (f"the code's processes fill the kernel's limit of {limit} (processes it started keep "
+                "running), so it cannot start any more")
+    return ""
 
 
 class SandboxBackend(abc.ABC):

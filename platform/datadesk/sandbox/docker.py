@@ -42,8 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from datadesk.sandbox.base import (
-    ExecutionResult, Kernel, KernelLocator, KernelPlacement, SandboxBackend, SandboxError, SandboxUnavailable,
+    ExecutionResult, Kernel, KernelLocator, KernelPlacement, OnOutput, OnStatus, SandboxBackend, SandboxError,
+    SandboxUnavailable,
 )
+from datadesk.sandbox.execution import probe_channel, tell_status
 from datadesk.sandbox.files import LISTING_FORMAT, OutputFile, plan_outputs, read_outputs_tar
 from datadesk.sandbox.messaging import CONNECTION_FILE, IPYKERNEL_ARGS, KernelChannel, write_connection_file
 from datadesk.sandbox.ownership import owner_alive, this_worker
@@ -372,15 +374,23 @@ class DockerKernel(Kernel):
         if self._channel is not None:
             await self._channel.interrupt()
 
-    async def execute(self, code: str, timeout_s: float) -> ExecutionResult:
+    async def probe(self, timeout_s: float) -> ExecutionResult | None:
+        """A silent probe that never interrupts (status "ok": idle and answering); None when not running."""
+        if self._channel is None or not await self.is_alive():
+            return None
+        return await probe_channel(self._channel, timeout_s)
+
+    async def execute(self, code: str, timeout_s: float, *, on_output: OnOutput | None = None,
+                      on_status: OnStatus | None = None) -> ExecutionResult:
         if self._channel is None or not await self.is_alive():
             return ExecutionResult(status="died", note=f"the kernel is not running ({await self.death_reason()})")
         self._alive = (time.monotonic(), True)
-        result = await self._channel.run(code, timeout_s, self.interrupt)
+        result = await self._channel.run(code, timeout_s, self.interrupt, on_output=on_output, on_status=on_status)
         if result.status == "died":
             self._alive = (0.0, False)
             result.note = f"the kernel died ({await self.death_reason()})"
         elif result.status == "timeout" and not self._channel.settled:
+            tell_status(on_status, "the code did not stop after the interrupt: restarting the kernel")
             await self.restart()
             result.note = "the kernel did not stop after the interrupt and was restarted; variables are gone"
         return result

@@ -21,9 +21,9 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import IO, Awaitable, Callable
+from typing import IO, Any, Awaitable, Callable
 
-from datadesk.sandbox.base import ErrorInfo, ExecutionResult
+from datadesk.sandbox.base import ErrorInfo, ExecutionResult, OnOutput, OnStatus
 
 log = logging.getLogger(__name__)
 
@@ -272,9 +272,10 @@ class ExecutionCollector:
     """
 
     def __init__(self, run_dir: Path, head_chars: int = HEAD_CHARS, tail_chars: int = TAIL_CHARS,
-                 file_cap_bytes: int = FILE_CAP_BYTES):
+                 file_cap_bytes: int = FILE_CAP_BYTES, on_output: OnOutput | None = None):
         self.started = time.monotonic()
         self.out = _OutputCapper(run_dir, head_chars, tail_chars, file_cap_bytes)
+        self.on_output = on_output
         self.result: str | None = None
         self.error: ErrorInfo | None = None
         self.images: list[bytes] = []
@@ -286,7 +287,7 @@ class ExecutionCollector:
         if mtype == "status":
             return content.get("execution_state") == "idle"
         if mtype == "stream":
-            self.out.add(content.get("name", "stdout"), str(content.get("text", "")).replace("\r\n", "\n"))
+            self._add(str(content.get("name", "stdout")), str(content.get("text", "")).replace("\r\n", "\n"))
         elif mtype in ("execute_result", "display_data", "update_display_data"):
             data = content.get("data", {}) or {}
             png = data.get("image/png")
@@ -303,10 +304,18 @@ class ExecutionCollector:
             if mtype == "execute_result":
                 self.result = text if isinstance(text, str) else None
             elif not png and isinstance(text, str):
-                self.out.add("stdout", text if text.endswith("\n") else text + "\n")
+                self._add("stdout", text if text.endswith("\n") else text + "\n")
         elif mtype == "error":
             self.error = _error_info(content)
         return False
+
+    def _add(self, name: str, text: str) -> None:
+        self.out.add(name, text)
+        if self.on_output is not None and text:
+            try:
+                self.on_output(name if name == "stderr" else "stdout", text)
+            except Exception:  # live output is advice: it never breaks the execution
+                log.debug("on_output callback failed", exc_info=True)
 
     def finish(self, reply: dict | None, *, timed_out: bool = False, died: bool = False,
                note: str = "") -> ExecutionResult:
@@ -326,7 +335,9 @@ class ExecutionCollector:
         else:
             status = "ok"
         stdout, stderr, truncated, total, path = self.out.finish()
+        expressions = content.get("user_expressions")
         return ExecutionResult(
+            expressions=expressions if isinstance(expressions, dict) else {},
             status=status,  # type: ignore[arg-type]
             stdout=stdout,
             stderr=stderr,
@@ -374,8 +385,10 @@ class PendingExecution:
     After `wait`, `settled` says whether the kernel went idle.
     """
 
-    def __init__(self, collected: ExecutionCollector, timeout_s: float, grace_s: float):
+    def __init__(self, collected: ExecutionCollector, timeout_s: float, grace_s: float,
+                 on_status: OnStatus | None = None):
         self.collected = collected
+        self.on_status = on_status
         self.grace_s = grace_s
         self.deadline = collected.started + timeout_s
         self.reply: dict | None = None
@@ -397,6 +410,7 @@ class PendingExecution:
                     self.note = "the kernel did not stop after the interrupt"
                     return
                 self.timed_out = True
+                tell_status(self.on_status, "the time limit was reached: interrupting the code")
                 try:
                     await on_timeout()
                 except Exception as e:
@@ -445,8 +459,34 @@ class ExecutionChannel:
         self.interrupt_grace_s = interrupt_grace_s
         self.settled = True
 
-    def _execution(self, timeout_s: float) -> PendingExecution:
+    def _execution(self, timeout_s: float, on_output: OnOutput | None = None, on_status: OnStatus | None = None,
+                   grace_s: float | None = None) -> PendingExecution:
         self.settled = False
-        collected = ExecutionCollector(self.run_dir, self.head_chars, self.tail_chars, self.file_cap_bytes)
-        return PendingExecution(collected, timeout_s, self.interrupt_grace_s)
+        collected = ExecutionCollector(self.run_dir, self.head_chars, self.tail_chars, self.file_cap_bytes,
+                                       on_output=on_output)
+        grace = self.interrupt_grace_s if grace_s is None else grace_s
+        return PendingExecution(collected, timeout_s, grace, on_status)
+
+
+async def _no_interrupt() -> None:
+    pass
+
+
+# A silent cell that only carries the health checks (user expressions) and says "idle again".
+PROBE_CODE = "pass"
+
+
+async def probe_channel(channel: Any, timeout_s: float) -> ExecutionResult:
+    """A silent `pass` on `channel` (KernelChannel or GatewayChannel) that waits at most `timeout_s`
+    for the kernel to answer, never interrupting it: after an interrupt it says whether the kernel
+    is idle again (`channel.settled`), and its reply carries the health checks."""
+    return await channel.run(PROBE_CODE, timeout_s, _no_interrupt, silent=True, grace_s=0.0)
+
+
+def tell_status(on_status: OnStatus | None, message: str) -> None:
+    if on_status is not None:
+        try:
+            on_status(message)
+        except Exception:
+            log.debug("on_status callback failed", exc_info=True)
 

@@ -41,11 +41,13 @@ from datadesk.sandbox.base import (
     Kernel,
     KernelLocator,
     KernelPlacement,
+    OnOutput,
+    OnStatus,
     SandboxBackend,
     SandboxError,
     SandboxUnavailable,
 )
-from datadesk.sandbox.execution import INTERRUPT_GRACE_S
+from datadesk.sandbox.execution import INTERRUPT_GRACE_S, probe_channel, tell_status
 from datadesk.sandbox.gateway_channel import GatewayChannel
 from datadesk.sandbox.gateway_config import GatewayConfig, http_problem, prove_mapping, status_problem
 from datadesk.sandbox.ownership import owner_alive, this_worker
@@ -409,7 +411,14 @@ class GatewayKernel(Kernel):
             log.warning("interrupting gateway kernel %s: %s", self.remote_id,
                         status_problem(self.config, r, "POST /api/kernels/{id}/interrupt"))
 
-    async def execute(self, code: str, timeout_s: float) -> ExecutionResult:
+    async def probe(self, timeout_s: float) -> ExecutionResult | None:
+        """A silent probe that never interrupts (status "ok": idle and answering); None when not running."""
+        if self._channel is None or not await self.is_alive():
+            return None
+        return await probe_channel(self._channel, timeout_s)
+
+    async def execute(self, code: str, timeout_s: float, *, on_output: OnOutput | None = None,
+                      on_status: OnStatus | None = None) -> ExecutionResult:
         """Run `code` as given (callers apply `rewrite_paths` first)."""
         if self._channel is None or not await self.is_alive():
             return ExecutionResult(status="died", note=f"the kernel is not running ({await self.death_reason()})")
@@ -422,11 +431,12 @@ class GatewayKernel(Kernel):
         channel = self._channel
         assert channel is not None
         channel.interrupt_grace_s = self.interrupt_grace_s
-        result = await channel.run(code, timeout_s, self.interrupt)
+        result = await channel.run(code, timeout_s, self.interrupt, on_output=on_output, on_status=on_status)
         if result.status == "died":
             self._alive = (time.monotonic(), False)
             result.note = f"the kernel died ({await self.death_reason()})"
         elif result.status == "timeout" and not channel.settled:
+            tell_status(on_status, "the code did not stop after the interrupt: restarting the kernel")
             await self.restart()
             result.note = "the kernel did not stop after the interrupt and was restarted; variables are gone"
         else:

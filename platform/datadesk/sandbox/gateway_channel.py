@@ -20,7 +20,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from datadesk.sandbox.base import ErrorInfo, ExecutionResult, SandboxError, SandboxUnavailable
+from datadesk.sandbox.base import (
+    HEALTH_EXPRESSIONS, ErrorInfo, ExecutionResult, OnOutput, OnStatus, SandboxError, SandboxUnavailable,
+)
 from datadesk.sandbox.execution import (
     END,
     FILE_CAP_BYTES,
@@ -191,7 +193,9 @@ class GatewayChannel(ExecutionChannel):
                 pass
         self.closed_reason = self.closed_reason or "closed by the app"
 
-    async def run(self, code: str, timeout_s: float, on_timeout: OnTimeout, *, silent: bool = False) -> ExecutionResult:
+    async def run(self, code: str, timeout_s: float, on_timeout: OnTimeout, *, silent: bool = False,
+                  grace_s: float | None = None, on_output: OnOutput | None = None,
+                  on_status: OnStatus | None = None) -> ExecutionResult:
         """Execute `code` and collect its output until the kernel goes idle (see KernelChannel.run).
 
         Statuses: "ok"/"error"; "timeout" after `on_timeout()` (an interrupt),
@@ -201,9 +205,9 @@ class GatewayChannel(ExecutionChannel):
         interrupted, the kernel kept).
         """
         self._discard_queued()
-        run = self._execution(timeout_s)
+        run = self._execution(timeout_s, on_output, on_status, grace_s)
         request = self._message("execute_request", {
-            "code": code, "silent": silent, "store_history": not silent, "user_expressions": {},
+            "code": code, "silent": silent, "store_history": not silent, "user_expressions": dict(HEALTH_EXPRESSIONS),
             "allow_stdin": False, "stop_on_error": False})
         msg_id = request["header"]["msg_id"]
         await self._send(request)

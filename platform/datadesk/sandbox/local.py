@@ -38,10 +38,12 @@ from datadesk.sandbox.base import (
     Kernel,
     KernelLocator,
     KernelPlacement,
+    OnOutput,
+    OnStatus,
     SandboxBackend,
     SandboxError,
 )
-from datadesk.sandbox.execution import INTERRUPT_GRACE_S
+from datadesk.sandbox.execution import INTERRUPT_GRACE_S, probe_channel, tell_status
 from datadesk.sandbox.messaging import (
     CONNECTION_FILE,
     IPYKERNEL_ARGS,
@@ -267,8 +269,11 @@ class LocalKernel(Kernel):
                 await asyncio.wait_for(proc.wait(), TERM_GRACE_S)
             except asyncio.TimeoutError:
                 pass
-        # Anything left in the group (the kernel, or children it spawned).
+        # Anything left in the group (the kernel, or children it spawned), and children that
+        # moved to a group of their own within the kernel's session: a cell's sleeping
+        # children never outlive its kernel.
         _killpg(pgid, signal.SIGKILL)
+        _kill_session(pgid)
         if proc.returncode is None:
             try:
                 await asyncio.wait_for(proc.wait(), 5.0)
@@ -350,13 +355,20 @@ class LocalKernel(Kernel):
         elif await self.is_alive() and self.pid:
             _killpg(self.pid, signal.SIGINT)
 
-    async def execute(self, code: str, timeout_s: float) -> ExecutionResult:
+    async def probe(self, timeout_s: float) -> ExecutionResult | None:
+        """A silent probe that never interrupts (status "ok": idle and answering); None when not running."""
+        if self._channel is None or not await self.is_alive():
+            return None
+        return await probe_channel(self._channel, timeout_s)
+
+    async def execute(self, code: str, timeout_s: float, *, on_output: OnOutput | None = None,
+                      on_status: OnStatus | None = None) -> ExecutionResult:
         """Run `code` as given (callers apply `rewrite_paths` first)."""
         if self._channel is None or not await self.is_alive():
             reason = await self.death_reason()
             return ExecutionResult(status="died", note=f"the kernel is not running ({reason})")
         self._channel.interrupt_grace_s = self.interrupt_grace_s
-        result = await self._channel.run(code, timeout_s, self.interrupt)
+        result = await self._channel.run(code, timeout_s, self.interrupt, on_output=on_output, on_status=on_status)
         if result.status == "died":
             # Let the child watcher record the exit status.
             if self._proc is not None:
@@ -366,6 +378,7 @@ class LocalKernel(Kernel):
                     pass
             result.note = f"the kernel died ({await self.death_reason()})"
         elif result.status == "timeout" and not self._channel.settled:
+            tell_status(on_status, "the code did not stop after the interrupt: restarting the kernel")
             await self.restart()
             result.note = "the kernel did not stop after the interrupt and was restarted; variables are gone"
         return result
@@ -389,6 +402,18 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` (the kernel leads its own: start_new_session)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if os.getsid(int(entry)) == sid:
+                os.kill(int(entry), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _remove(path: Path) -> None:

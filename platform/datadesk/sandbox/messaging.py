@@ -22,7 +22,7 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
-from datadesk.sandbox.base import ExecutionResult, SandboxError
+from datadesk.sandbox.base import HEALTH_EXPRESSIONS, ExecutionResult, OnOutput, OnStatus, SandboxError
 from datadesk.sandbox.execution import (
     FILE_CAP_BYTES,
     HEAD_CHARS,
@@ -205,19 +205,23 @@ class KernelChannel(ExecutionChannel):
 
     # -- execution
 
-    async def run(self, code: str, timeout_s: float, on_timeout: OnTimeout) -> ExecutionResult:
+    async def run(self, code: str, timeout_s: float, on_timeout: OnTimeout, *, silent: bool = False,
+                  grace_s: float | None = None, on_output: OnOutput | None = None,
+                  on_status: OnStatus | None = None) -> ExecutionResult:
         """Execute `code`; collect its output until the kernel goes idle.
 
         On timeout `on_timeout()` is awaited (it should interrupt the kernel),
-        then up to `interrupt_grace_s` more for idle; status "timeout". When the
-        kernel goes silent and `is_alive()` says the process is gone: "died".
+        then up to `grace_s` (default `interrupt_grace_s`) more for idle; status
+        "timeout". When the kernel goes silent and `is_alive()` says the process
+        is gone: "died". The reply carries the health checks (`HEALTH_EXPRESSIONS`).
         """
         if self._closed:
             raise SandboxError("the kernel connection is closed")
         client = self._client
-        run = self._execution(timeout_s)
+        run = self._execution(timeout_s, on_output, on_status, grace_s)
         msg_id = client.execute(
-            code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False
+            code, silent=silent, store_history=not silent, user_expressions=dict(HEALTH_EXPRESSIONS),
+            allow_stdin=False, stop_on_error=False
         )
 
         async def poll_shell() -> None:

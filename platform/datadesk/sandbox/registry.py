@@ -46,12 +46,13 @@ from typing import AsyncIterator
 import msgspec
 
 from datadesk.sandbox.base import (
-    ExecutionResult, Kernel, KernelLimitReached, KernelPlacement, SandboxBackend, SandboxError, SandboxUnavailable,
+    Kernel, KernelLimitReached, KernelPlacement, OnOutput, OnStatus, SandboxBackend, SandboxError, SandboxUnavailable,
 )
-from datadesk.sandbox.files import sync_data_links
+from datadesk.sandbox.execution import INTERRUPT_GRACE_S
 from datadesk.sandbox.kerneltable import KernelRecord, KernelTable, SessionKey
 from datadesk.sandbox.ownership import Heartbeat, acquire_async, owner_alive, this_worker, try_lock
 from datadesk.sandbox.reaper import REAPER_LOCK, KernelReaper
+from datadesk.sandbox.recovery import KernelRecovery
 from datadesk.sandbox.sessions import (
     ORPHAN_NOTICE, SEEN_FILE, ExecutionReport, KernelSession, SeenOutputs, fresh_kernel_notice,
 )
@@ -60,7 +61,7 @@ from datadesk.settings import SandboxSettings
 log = logging.getLogger(__name__)
 
 
-class KernelRegistry(KernelReaper):
+class KernelRegistry(KernelReaper, KernelRecovery):
     """The kernels this worker started or reaches, over the host's kernel table; `backend`
     makes, reaches and cleans up the kernels themselves."""
 
@@ -500,47 +501,30 @@ class KernelRegistry(KernelReaper):
         return session
 
     async def execute(self, key: SessionKey, code: str, timeout_s: float | None = None, *,
-                      artifacts_dir: Path | None) -> ExecutionReport:
+                      artifacts_dir: Path | None, on_output: OnOutput | None = None,
+                      on_status: OnStatus | None = None) -> ExecutionReport:
         """Run `code` in the thread's warm kernel (one execution per thread at a time, across
         workers). `artifacts_dir`: the thread's artifacts folder, linked into /data first (None:
-        /data is left as it is). The new files under /outputs are read before the kernel is let go."""
+        /data is left as it is). `timeout_s` is the execution's one deadline (recovery.py): there,
+        or when this call is cancelled, the code is interrupted and the kernel restarted if need
+        be. `on_output(stream, text)` gets the output as printed, `on_status(message)` what the
+        sandbox does about it. The new files under /outputs are read before the kernel is let go."""
         timeout = self.settings.exec_timeout_s if timeout_s is None else timeout_s
         async with self._hold(key, self._busy_wait_s):
             session, notices = await self._warm_session(key)
             async with session.lock:
-                result = await self._run(key, session, code, timeout, artifacts_dir)
+                result = await self._run(key, session, code, timeout, artifacts_dir, on_output, on_status)
                 report = ExecutionReport(result=result, notices=notices)
-                if result.status != "died":
-                    await self._read_outputs(session, report)
                 if self.sessions.get(key) is session:
+                    await self._read_outputs(session, report)
                     self._touch(key, session)
         return report
 
-    async def _run(self, key: SessionKey, session: KernelSession, code: str, timeout: float,
-                   artifacts_dir: Path | None) -> ExecutionResult:
-        """One execution on the session's kernel (caller holds it); after a timeout or a death
-        the kernel is made usable again or forgotten, and the result says so."""
-        if isinstance(session.seen_outputs, SeenOutputs):
-            session.seen_outputs.reload()
-        if artifacts_dir is not None:
-            sync_data_links(artifacts_dir, session.placement.data_dir)
-        kernel = session.kernel
-        session.last_used = time.time()
-        try:
-            result = await kernel.execute(kernel.rewrite_paths(code), timeout)
-        finally:
-            session.last_used = time.time()
-        if result.status == "timeout" and result.note:
-            pass  # the backend already restarted a kernel that ignored the interrupt
-        elif result.status == "timeout":
-            result.note = await self._after_timeout(key, session)
-        elif result.status == "died" or not await kernel.is_alive():
-            reason = await kernel.death_reason()
-            result.status = "died"
-            result.note = (f"The Python kernel died ({reason}). Its variables are gone; the next "
-                           "python call starts a fresh kernel.")
-            await self._forget(key, session, f"the previous one stopped: {reason}")
-        return result
+    @property
+    def call_limit_s(self) -> float:
+        """The longest one `execute` takes after the kernel is free: a kernel start, the deadline,
+        the interrupt grace and a restart (what a caller's own time limit must leave room for)."""
+        return self.settings.exec_timeout_s + 2 * self.settings.start_timeout_s + INTERRUPT_GRACE_S + 15
 
     async def _read_outputs(self, session: KernelSession, report: ExecutionReport) -> None:
         """The new or changed files under the kernel's /outputs, into `report` (within the quota)."""
@@ -549,17 +533,6 @@ class KernelRegistry(KernelReaper):
             report.output_problems.append("(files under /outputs cannot be collected from this sandbox)")
             return
         report.outputs, report.output_problems = got
-
-    async def _after_timeout(self, key: SessionKey, session: KernelSession) -> str:
-        """The interrupt was sent. If the kernel is not responsive again, restart it."""
-        if await session.kernel.is_alive():
-            probe = await session.kernel.execute("None", 5)
-            if probe.status == "ok":
-                return ("The code was interrupted after the time limit; the kernel and its variables "
-                        "are still there.")
-        await self._forget(key, session, "the previous one did not stop after an interrupt and was restarted")
-        return ("The code did not stop after an interrupt, so the kernel was shut down; the next python "
-                "call starts a fresh kernel without the earlier variables.")
 
 
 def _located(kernel: Kernel | None) -> dict[str, object]:

@@ -10,8 +10,10 @@ the chat; files written under /outputs become downloadable artifacts.
 
 from __future__ import annotations
 
+import asyncio
 import mimetypes
 import re
+import time
 from pathlib import Path
 from typing import Annotated, Callable
 
@@ -62,6 +64,62 @@ def _cap(text: str, head: int, tail: int) -> str:
     return f"{text[:head]}\n… [{len(text) - head - tail:,} chars cut] …\n{text[-tail:]}"
 
 
+class LiveOutput:
+    """What a running cell prints, to the tool card as `tool.progress` events: the new text at most
+    every `EVERY_S` (each event capped, the call capped in total), an elapsed-only event when the
+    cell is silent for `QUIET_S`, and what the sandbox does (interrupting, restarting) at once."""
+
+    EVERY_S = 0.25
+    QUIET_S = 1.0
+    EVENT_CHARS = 4_000
+    CALL_CHARS = 200_000
+
+    def __init__(self, ctx: ToolContext) -> None:
+        self.ctx = ctx
+        self.pending: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.sent_chars = 0
+        self.last_sent = time.monotonic()
+        self.capped = False
+
+    def output(self, stream: str, text: str) -> None:
+        self.pending["stderr" if stream == "stderr" else "stdout"].append(text)
+        if time.monotonic() - self.last_sent >= self.EVERY_S:
+            self.flush()
+
+    def status(self, message: str) -> None:
+        self.flush()
+        self._send(message=message)
+
+    def flush(self) -> None:
+        fields: dict[str, str] = {}
+        for stream, parts in self.pending.items():
+            text = "".join(parts)
+            parts.clear()
+            room = min(self.EVENT_CHARS, self.CALL_CHARS - self.sent_chars)
+            if not text or room <= 0:
+                self.capped = self.capped or bool(text)
+                continue
+            if len(text) > room:  # the newest text matters most in a live view
+                text = f"… [{len(text) - room:,} chars not shown live]\n" + text[-room:]
+            self.sent_chars += len(text)
+            fields[stream] = text
+        if fields:
+            self._send(**fields)
+
+    def _send(self, **fields: str) -> None:
+        self.last_sent = time.monotonic()
+        self.ctx.report(**fields)
+
+    async def tick(self) -> None:
+        """Until cancelled: flush what waits, or say the cell still runs (elapsed time)."""
+        while True:
+            await asyncio.sleep(self.EVERY_S)
+            if any(self.pending.values()):
+                self.flush()
+            elif time.monotonic() - self.last_sent >= self.QUIET_S:
+                self._send()
+
+
 class PythonTool:
     def __init__(self, settings: Settings, kernels: KernelRegistry, store: ArtifactStore,
                  quota: ArtifactQuota, requery: RequeryService,
@@ -87,11 +145,17 @@ class PythonTool:
         timeout = args.timeout_s
         timeout = min(timeout, self.settings.sandbox.exec_timeout_s) if timeout is not None and timeout > 0 \
             else self.settings.sandbox.exec_timeout_s
+        live = LiveOutput(ctx)
+        ticker = asyncio.create_task(live.tick())
         try:
             ex = await self.kernels.execute((ctx.workspace, ctx.user, ctx.thread.id), code, timeout,
-                                            artifacts_dir=ctx.thread.artifacts_dir)
+                                            artifacts_dir=ctx.thread.artifacts_dir, on_output=live.output,
+                                            on_status=live.status)
         except SandboxError as exc:
             raise ToolError(str(exc)) from None
+        finally:
+            ticker.cancel()
+            live.flush()
         produced: list[Artifact] = []
         lines: list[str] = [*problems, *ex.notices]
         lines += self._body(ex.result, ctx, produced)
@@ -120,21 +184,15 @@ class PythonTool:
         out.append(f"status: {status} ({r.duration_ms / 1000:.2f} s)")
         if r.note:
             out.append(r.note)
-        full_ref = ""
-        if r.output_truncated and r.stdout_file is not None:
-            try:
-                data = read_regular(r.stdout_file, 64 << 20)
-                art = self._save(ctx, data, "txt", "result", "text/plain; charset=utf-8", "output.txt")
-                produced.append(art)
-                full_ref = f" (full output: {r.output_chars:,} chars in {art.sandbox_path})"
-            except (OSError, QuotaExceeded):
-                full_ref = f" (output was {r.output_chars:,} chars; the full text could not be saved)"
-        if r.stdout:
-            out.append("stdout" + full_ref + ":\n" + _cap(strip_ansi(r.stdout), s.output_head_chars, s.output_tail_chars))
-        if r.stderr:
-            out.append("stderr:\n" + _cap(strip_ansi(r.stderr), s.output_head_chars // 2, s.output_tail_chars // 2))
-        if r.result is not None:
-            out.append("result:\n" + _cap(strip_ansi(r.result), s.output_head_chars, s.output_tail_chars))
+        caps = {"stdout": (s.output_head_chars, s.output_tail_chars),
+                "stderr": (s.output_head_chars // 2, s.output_tail_chars // 2),
+                "result": (s.output_head_chars, s.output_tail_chars)}
+        texts = {"stdout": strip_ansi(r.stdout), "stderr": strip_ansi(r.stderr),
+                 "result": strip_ansi(r.result) if r.result is not None else None}
+        refs = self._save_full(r, texts, caps, ctx, produced)
+        for name, text in texts.items():
+            if text or (name == "result" and text is not None):
+                out.append(name + refs.get(name, "") + ":\n" + _cap(text, *caps[name]))
         if r.error is not None:
             tb = "\n".join(trim_traceback(r.error.traceback))
             out.append(f"error: {r.error.ename}: {strip_ansi(r.error.evalue)}" + (f"\n{tb}" if tb else ""))
@@ -147,6 +205,34 @@ class PythonTool:
             produced.append(art)
             out.append(f"image: artifact {art.id} ({len(png):,} bytes PNG), shown to the user in the chat")
         return out
+
+    def _save_full(self, r: ExecutionResult, texts: dict[str, str | None], caps: dict[str, tuple[int, int]],
+                   ctx: ToolContext, produced: list[Artifact]) -> dict[str, str]:
+        """Whatever the model gets cut is saved in full as a text artifact: the stream output
+        (stdout and stderr as printed, the sandbox's file when it cut them itself), or the text
+        of the last expression; returns the reference to add after each part's name."""
+        cut = {n for n, t in texts.items() if t is not None and len(t) > sum(caps[n])}
+        wanted: list[tuple[tuple[str, ...], str, str]] = []  # (parts, filename, label)
+        if r.output_truncated or cut & {"stdout", "stderr"}:
+            streams = tuple(n for n in ("stdout", "stderr") if texts[n])
+            wanted.append((streams, "output.txt", f"{r.output_chars:,} chars"))
+        if "result" in cut:
+            wanted.append((("result",), "result.txt", f"{len(texts['result'] or ''):,} chars"))
+        refs: dict[str, str] = {}
+        for parts, filename, size in wanted:
+            try:
+                if parts != ("result",) and r.output_truncated and r.stdout_file is not None:
+                    data = read_regular(r.stdout_file, 64 << 20)
+                else:
+                    data = "".join(texts[n] or "" for n in parts).encode("utf-8", "replace")
+                art = self._save(ctx, data, "txt", "result", "text/plain; charset=utf-8", filename)
+                produced.append(art)
+                ref = f" (full output: {size} in {art.sandbox_path})"
+            except (OSError, QuotaExceeded):
+                ref = f" (output was {size}; the full text could not be saved)"
+            for n in parts:
+                refs[n] = ref
+        return refs
 
     def _outputs(self, ex: ExecutionReport, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
         """Register the new or changed regular files the execution wrote under /outputs (read by
@@ -178,6 +264,8 @@ def register_python_tool(registry: ToolRegistry, tool: PythonTool) -> None:
             permission="code_execution",
             offloadable=False,
             read_only=False,
+            # the execution's own deadline, then the interrupt and maybe a restart, must fit
+            time_limit_s=tool.kernels.call_limit_s,
         ),
         tool,
         RunPython,
