@@ -42,16 +42,10 @@ export async function api(method, path, body) {
   return resp.json();
 }
 
-// POST a message and hand each server-sent event to onEvent(type, data) as it arrives.
-export async function postStream(path, body, onEvent, signal) {
-  const resp = await fetch(path, {
-    method: "POST",
-    headers: headers({ "Content-Type": "application/json", Accept: "text/event-stream" }),
-    body: JSON.stringify(body),
-    credentials: "same-origin",
-    signal,
-  });
-  if (!resp.ok) throw await errorOf(resp);
+// Read a server-sent event stream: onEvent(type, data, id) for each event as it arrives.
+// Resolves with the HTTP status (204: nothing to stream) once the stream ends.
+async function readStream(resp, onEvent) {
+  if (resp.status === 204) return 204;
   const reader = resp.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -64,21 +58,47 @@ export async function postStream(path, body, onEvent, signal) {
       const block = buffer.slice(0, cut);
       buffer = buffer.slice(cut).replace(/^\r?\n\r?\n/, "");
       let type = "message";
+      let id = null;
       const data = [];
       for (const line of block.split(/\r?\n/)) {
         if (line.startsWith("event:")) type = line.slice(6).trim();
         else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+        else if (line.startsWith("id:")) id = line.slice(3).trim();
       }
-      if (!data.length) continue;
+      if (!data.length) continue; // a ": ping" comment
       let parsed;
       try {
         parsed = JSON.parse(data.join("\n"));
       } catch {
         parsed = { text: data.join("\n") };
       }
-      onEvent(type, parsed);
+      onEvent(type, parsed, id);
     }
   }
+  return resp.status;
+}
+
+// POST a message and hand each server-sent event to onEvent(type, data, id) as it arrives.
+export async function postStream(path, body, onEvent, signal) {
+  const resp = await fetch(path, {
+    method: "POST",
+    headers: headers({ "Content-Type": "application/json", Accept: "text/event-stream" }),
+    body: JSON.stringify(body),
+    credentials: "same-origin",
+    signal,
+  });
+  if (!resp.ok) throw await errorOf(resp);
+  return readStream(resp, onEvent);
+}
+
+// Re-attach to a thread's running turn (GET .../events): the events after `lastId` (an SSE id),
+// or all of the turn's. Resolves with 204 when no turn runs.
+export async function attachStream(path, lastId, onEvent, signal) {
+  const extra = { Accept: "text/event-stream" };
+  if (lastId) extra["Last-Event-ID"] = lastId;
+  const resp = await fetch(path, { method: "GET", headers: headers(extra), credentials: "same-origin", signal });
+  if (!resp.ok) throw await errorOf(resp);
+  return readStream(resp, onEvent);
 }
 
 // Upload one file as multipart/form-data; onProgress(fraction) while it is sent.

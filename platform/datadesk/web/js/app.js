@@ -1,18 +1,21 @@
 // DataDesk web chat: login, threads, chat with streaming answers, uploads, panels.
 
-import { ApiError, api, postStream, setCsrf, upload } from "./api.js";
+import { ApiError, api, attachStream, postStream, setCsrf, upload } from "./api.js";
 import { Conversation, loadThread } from "./chat.js";
 import { $, confirmDialog, h, promptDialog, toast } from "./dom.js";
 import { artifactsPanel, contextPanel, memoryPanel } from "./panels.js";
 
 const enc = encodeURIComponent;
+const REATTACH_TRIES = 5; // a stream that breaks before `done` is re-attached this many times
+const WATCH_EVERY_MS = 3000; // an idle open thread is checked this often for a turn started elsewhere
 const PANELS = { artifacts: ["Artifacts", artifactsPanel], memory: ["Memory", memoryPanel], context: ["Context inspector", contextPanel] };
 
 const app = {
   me: null,
   thread: null,
   threads: [],
-  running: null, // AbortController of the turn in flight
+  running: null, // AbortController of the stream of the turn in flight (aborting it detaches)
+  lastEventId: null, // SSE id of the newest event of that turn
   panel: null,
   conv: null,
 };
@@ -93,10 +96,8 @@ async function refreshThreads() {
 }
 
 async function openThread(tid) {
-  if (app.running) {
-    toast("A turn is still running: stop it first or wait.", "info");
-    return;
-  }
+  if (app.running) app.running.abort(); // leaving a running turn stops nothing: it runs on
+  setRunning(null);
   try {
     app.thread = await loadThread(app.conv, tid);
   } catch (e) {
@@ -109,6 +110,7 @@ async function openThread(tid) {
   document.body.classList.remove("sidebar-open");
   await refreshThreads();
   if (app.panel) showPanel(app.panel);
+  if (app.thread.turn) follow(app.thread.id, `${app.thread.turn}:0`, true); // still running: re-attach
 }
 
 async function newThread(title = "New chat") {
@@ -197,19 +199,83 @@ async function send() {
   const ctrl = new AbortController();
   setRunning(ctrl);
   const tid = app.thread.id;
+  let ended = false;
+  app.lastEventId = null;
   try {
-    await postStream(`/api/threads/${enc(tid)}/messages`, { content: text }, (type, data) => app.conv.onEvent(type, data), ctrl.signal);
+    await postStream(`/api/threads/${enc(tid)}/messages`, { content: text }, (type, data, id) => {
+      ended = onTurnEvent(type, data, id) || ended;
+    }, ctrl.signal);
   } catch (e) {
-    if (e.name !== "AbortError") {
+    if (e.name === "AbortError") return; // another thread was opened: the turn runs on
+    if (e.status === 413 || e.status === 409 || e.status === 429 || !app.lastEventId) {
       app.conv.notice(e.message, "error");
       if (e.status === 413 || e.status === 409 || e.status === 429) input.value = text; // nothing was sent: keep it
+      setRunning(null);
+      afterTurn();
+      return;
     }
-  } finally {
-    setRunning(null);
-    refreshThreads().catch(() => {});
-    if (app.panel && app.panel !== "memory") showPanel(app.panel);
   }
+  if (app.running !== ctrl) return;
+  if (!ended) return follow(tid, app.lastEventId, false); // the stream broke: the turn runs on, re-attach
+  setRunning(null);
+  afterTurn();
 }
+
+// An event of the turn in flight; true when it was the last one (`done`).
+function onTurnEvent(type, data, id) {
+  if (id) app.lastEventId = id;
+  app.conv.onEvent(type, data);
+  return type === "done";
+}
+
+function afterTurn() {
+  refreshThreads().catch(() => {});
+  if (app.panel && app.panel !== "memory") showPanel(app.panel);
+}
+
+// Follow the running turn of thread `tid` from event id `lastId` (re-attach after a reload, when
+// the thread is opened again, or when a stream broke); the turn runs on whatever happens here.
+async function follow(tid, lastId, fresh) {
+  const ctrl = new AbortController();
+  setRunning(ctrl);
+  app.lastEventId = lastId;
+  let ended = false;
+  for (let attempt = 0; !ended && attempt < REATTACH_TRIES; attempt += 1) {
+    if (attempt) await new Promise((r) => setTimeout(r, 500 * attempt));
+    if (app.running !== ctrl) return;
+    try {
+      const status = await attachStream(`/api/threads/${enc(tid)}/events`, app.lastEventId, (type, data, id) => {
+        ended = onTurnEvent(type, data, id) || ended;
+      }, ctrl.signal);
+      if (status === 204) break; // the turn ended and its events are gone: the log has it all
+    } catch (e) {
+      if (e.name === "AbortError") return;
+      if (e.status && e.status < 500) break;
+    }
+  }
+  if (app.running !== ctrl) return;
+  setRunning(null);
+  if (!ended && app.thread && app.thread.id === tid) {
+    try {
+      app.thread = await loadThread(app.conv, tid, false); // draw what the log has now
+    } catch (e) {
+      toast(e.message);
+    }
+    if (!fresh) app.conv.notice("Lost the connection to the running turn: this is what the log has.", "warn");
+  }
+  afterTurn();
+}
+
+// A turn started in another tab (or by another client) on the open thread: show it here too.
+setInterval(async () => {
+  if (!app.thread || app.running || document.visibilityState !== "visible") return;
+  try {
+    const d = await api("GET", `/api/threads/${enc(app.thread.id)}?limit=1`);
+    if (d.thread.turn && !app.running && app.thread && d.thread.id === app.thread.id) await openThread(d.thread.id);
+  } catch {
+    // a failed check is retried at the next tick
+  }
+}, WATCH_EVERY_MS);
 
 $("#composer").addEventListener("submit", (e) => {
   e.preventDefault();
@@ -227,10 +293,9 @@ $("#stop").addEventListener("click", async () => {
   if (!app.thread) return;
   $("#stop").disabled = true;
   try {
-    await api("POST", `/api/threads/${enc(app.thread.id)}/cancel`);
+    await api("POST", `/api/threads/${enc(app.thread.id)}/cancel`); // the stream then ends with `done`
   } catch (e) {
     toast(e.message);
-    if (app.running) app.running.abort();
   } finally {
     $("#stop").disabled = false;
   }

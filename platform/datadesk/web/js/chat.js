@@ -6,6 +6,20 @@ import { $, bytes, h, lightbox, num, setHtml, toast } from "./dom.js";
 // what GET /api/artifacts/{id}/view shows in the browser (never SVG)
 export const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
 export const IMAGE_FORMATS = new Set(["png", "jpg", "jpeg", "gif", "webp"]);
+const LIVE_OUTPUT_CHARS = 20_000; // a running card keeps the newest output printed so far
+
+// how a card ends: done, error, cancelled or timed out (never still spinning after its turn)
+export function endState(ok, status, meta, preview) {
+  if (status === "cancelled") return "cancelled";
+  const run = (meta && meta.status) || "";
+  if (/time/i.test(run) || (!ok && /\btimed out\b/i.test(String(preview || "").slice(0, 300)))) return "timed out";
+  return ok ? "done" : "error";
+}
+
+function elapsedText(s) {
+  const n = Math.max(0, Math.floor(s));
+  return n < 60 ? `${n} s` : `${Math.floor(n / 60)} min ${String(n % 60).padStart(2, "0")} s`;
+}
 
 function prettyArgs(raw) {
   let args = null;
@@ -27,6 +41,7 @@ export class Conversation {
     this.cards = new Map(); // call id -> card
     this.artifacts = new Map(); // artifact id -> artifact (thread's list)
     this.bubble = null; // the assistant message streaming now
+    this.ticker = setInterval(() => this.tick(), 1000); // elapsed seconds of running cards
   }
 
   clear() {
@@ -44,11 +59,16 @@ export class Conversation {
   }
 
   // ---- history ---------------------------------------------------------------
-  render(records, artifacts) {
+  // `runningTurn`: the turn still running; its events are replayed (re-attach), so of its
+  // records only the question is drawn here
+  render(records, artifacts, runningTurn = null) {
     this.clear();
     this.artifacts = new Map(artifacts.map((a) => [a.id, a]));
     if (!records.length) this.empty("Ask a question about your data to start.");
-    for (const rec of records) this.renderRecord(rec);
+    for (const rec of records) {
+      if (runningTurn && rec.turn_id === runningTurn && rec.role !== "user") continue;
+      this.renderRecord(rec);
+    }
     this.bubble = null;
     this.scroll();
   }
@@ -72,7 +92,7 @@ export class Conversation {
       const status = rec.status || "ok"; // records omit the default status
       this.finishCard(card, {
         ok: status === "ok", status, html: rec.html, meta: rec.meta || {},
-        duration_ms: rec.meta && rec.meta.duration_ms,
+        duration_ms: rec.meta && rec.meta.duration_ms, preview: rec.content,
       });
     }
   }
@@ -128,19 +148,74 @@ export class Conversation {
       this.bubble = null;
       const card = this.card(data.call_id, data.name, data.arguments);
       card.el.classList.add("running");
+      card.startedAt = Date.now();
       card.status.textContent = "running…";
+    } else if (type === "tool.progress") {
+      const card = this.cards.get(data.call_id);
+      if (card && card.el.classList.contains("running")) this.progress(card, data);
     } else if (type === "artifact.created") {
       const card = this.cards.get(data.call_id);
       if (card && data.artifact) card.pending.push(data.artifact);
     } else if (type === "tool.finished") {
       const card = this.card(data.call_id, data.name, null);
       this.finishCard(card, { ok: data.ok, status: data.ok ? "ok" : "error", html: data.html, meta: data.meta || {},
-        duration_ms: data.duration_ms });
+        duration_ms: data.duration_ms, preview: data.preview });
     } else if (type === "error") {
       this.bubble = null;
       this.notice(data.message || "the turn failed", data.kind === "cancelled" ? "info" : "error");
+    } else if (type === "done") {
+      this.endTurn(data.status);
     }
     this.scroll();
+  }
+
+  // The turn ended: a card still running ends as cancelled (or error), never spinning on.
+  endTurn(status) {
+    this.bubble = null;
+    for (const card of this.cards.values()) {
+      if (!card.el.classList.contains("running")) continue;
+      const st = status === "cancelled" ? "cancelled" : "error";
+      this.finishCard(card, { ok: false, status: st, html: "", meta: {},
+        message: st === "cancelled" ? "stopped before it finished" : "the turn ended before this call finished" });
+    }
+  }
+
+  // ---- live progress of a running call -----------------------------------------
+  progress(card, data) {
+    if (typeof data.elapsed_s === "number") card.startedAt = Date.now() - data.elapsed_s * 1000;
+    card.facts = card.facts || {};
+    if (data.rows !== undefined && data.rows !== null) card.facts.rows = data.rows;
+    if (data.bytes !== undefined && data.bytes !== null) card.facts.bytes = data.bytes;
+    if (data.message) card.facts.message = data.message;
+    const text = (data.stdout || "") + (data.stderr || "");
+    if (text) {
+      if (!card.live) {
+        card.liveText = "";
+        card.live = h("pre", { class: "code live-output" });
+        card.liveBox = h("div", { class: "tool-section live" }, h("div", { class: "label" }, "output so far"), card.live);
+        card.body.append(card.liveBox);
+      }
+      card.liveText = (card.liveText + text).slice(-LIVE_OUTPUT_CHARS);
+      card.live.textContent = card.liveText;
+      card.live.scrollTop = card.live.scrollHeight;
+    }
+    this.runningStatus(card);
+  }
+
+  runningStatus(card) {
+    const parts = ["running…"];
+    if (card.startedAt) parts.push(elapsedText((Date.now() - card.startedAt) / 1000));
+    const f = card.facts || {};
+    if (f.rows !== undefined) parts.push(`${num(f.rows)} rows`);
+    if (f.bytes !== undefined) parts.push(bytes(f.bytes));
+    if (f.message) parts.push(f.message);
+    card.status.textContent = parts.join(" · ");
+  }
+
+  tick() {
+    for (const card of this.cards.values()) {
+      if (card.el.classList.contains("running") && card.startedAt) this.runningStatus(card);
+    }
   }
 
   // ---- tool cards --------------------------------------------------------------
@@ -166,12 +241,18 @@ export class Conversation {
     return card;
   }
 
-  finishCard(card, { ok, status, html, meta, duration_ms }) {
+  finishCard(card, { ok, status, html, meta, duration_ms, preview, message }) {
+    if (card.ended) return;
+    card.ended = true;
     card.el.classList.remove("running");
+    const state = endState(ok, status, meta, preview);
     card.el.classList.add(ok ? "ok" : "failed");
-    const parts = [];
-    if (status === "cancelled") parts.push("cancelled");
-    else parts.push(ok ? "done" : "error");
+    card.el.dataset.state = state.replace(" ", "-");
+    if (card.liveBox) {
+      card.liveBox.remove(); // the result below has the output
+      card.liveBox = card.live = null;
+    }
+    const parts = [state];
     if (meta.rows !== undefined && meta.rows !== null) parts.push(`${num(meta.rows)} rows`);
     else if (meta.artifact && meta.artifact.rows !== undefined && meta.artifact.rows !== null) parts.push(`${num(meta.artifact.rows)} rows`);
     if (duration_ms) parts.push(`${(duration_ms / 1000).toFixed(2)} s`);
@@ -185,9 +266,10 @@ export class Conversation {
         `Truncated: the ${meta.rows !== undefined ? `${num(meta.rows)}-row ` : ""}result was cut to a preview. ` +
         "The full data was not saved (no code execution here), so only the rows shown reached the model."));
     }
-    const result = h("div", { class: "tool-section" }, h("div", { class: "label" }, ok ? "result" : "error"));
+    const result = h("div", { class: "tool-section" }, h("div", { class: "label" }, ok ? "result" : state));
     const out = h("div", { class: `tool-result ${ok ? "" : "error"}` });
-    setHtml(out, html || "");
+    if (html) setHtml(out, html);
+    else if (message) out.append(h("p", { class: "muted" }, message));
     result.append(out);
     card.body.append(result);
 
@@ -248,7 +330,8 @@ export class Conversation {
   }
 }
 
-export async function loadThread(conv, tid) {
+// Draw a thread from its log; `thread.turn` is the turn still running (the caller re-attaches).
+export async function loadThread(conv, tid, replay = true) {
   const [detail, artifacts] = await Promise.all([
     api("GET", `/api/threads/${encodeURIComponent(tid)}?limit=500`),
     api("GET", `/api/threads/${encodeURIComponent(tid)}/artifacts`).catch((e) => {
@@ -256,7 +339,7 @@ export async function loadThread(conv, tid) {
       return [];
     }),
   ]);
-  conv.render(detail.records, artifacts);
+  conv.render(detail.records, artifacts, replay ? detail.thread.turn : null);
   if (detail.has_more) $("#messages").prepend(h("p", { class: "muted" }, "Older messages are not shown."));
   return detail.thread;
 }
