@@ -396,3 +396,65 @@ def test_start_failure_is_a_clear_error() -> None:
         asyncio.run(main())
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- live output, probes
+
+
+def test_output_reaches_on_output_as_printed_and_the_interrupt_is_told(h: Harness) -> None:
+    h.ensure_alive()
+    got: list[tuple[float, str, str]] = []
+    said: list[str] = []
+    r = h.run(h.k.execute(
+        "import sys, time\nprint('a', flush=True)\nprint('b', file=sys.stderr, flush=True)\ntime.sleep(0.6)\n"
+        "print('c')\nwhile True:\n    pass", 1.5,
+        on_output=lambda s, t: got.append((time.monotonic(), s, t)), on_status=said.append))
+    end = time.monotonic()
+    assert r.status == "timeout"
+    assert [(s, t) for _, s, t in got][:3] == [("stdout", "a\n"), ("stderr", "b\n"), ("stdout", "c\n")]
+    assert got[0][0] < end - 1.0  # before the cell ended, not with the result
+    assert said and "interrupting" in said[0]
+
+
+def test_probe_and_the_health_checks(h: Harness) -> None:
+    from datadesk.sandbox.base import io_problem
+
+    h.ensure_alive()
+    ok = h.ex("1 + 1")
+    assert io_problem(ok) == "" and ok.expressions  # the checks came with the reply
+    probed = h.run(h.k.probe(5))
+    assert probed is not None and probed.status == "ok" and io_problem(probed) == ""
+    assert h.ex("any = 3; getattr = None").status == "ok" and io_problem(h.ex("1")) == ""  # shadowed: no verdict
+    h.ex("del any, getattr")
+    closed = h.ex("import sys\nsys.stdout.close()")
+    assert "stdout or stderr" in io_problem(closed)
+    h.run(h.k.restart())
+    assert h.ex("1 + 1").result == "2"
+
+
+def test_live_output_is_throttled_and_capped() -> None:
+    from datadesk.tools.python import LiveOutput
+
+    class Ctx:
+        def __init__(self) -> None:
+            self.events: list[dict] = []
+
+        def report(self, **fields) -> None:
+            self.events.append(fields)
+
+    c = Ctx()
+    live = LiveOutput(c)  # type: ignore[arg-type]
+    live.last_sent = 0.0
+    live.output("stdout", "first\n")  # nothing sent for long: goes at once
+    for i in range(100):
+        live.output("stdout", f"line {i}\n")  # within the throttle window: buffered
+    assert c.events == [{"stdout": "first\n"}]
+    live.output("stderr", "x" * 10_000)
+    live.flush()
+    assert "line 99" in c.events[1]["stdout"] and len(c.events[1]["stderr"]) < LiveOutput.EVENT_CHARS + 60
+    live.status("restarting the kernel")
+    assert c.events[-1] == {"message": "restarting the kernel"}
+    for _ in range(100):
+        live.output("stdout", "y" * 5_000)
+        live.flush()
+    assert sum(len(e.get("stdout", "")) + len(e.get("stderr", "")) for e in c.events) <= LiveOutput.CALL_CHARS + 200

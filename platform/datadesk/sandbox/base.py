@@ -202,7 +202,8 @@ class Kernel(abc.ABC):
 IO_CHECK, PIDS_CHECK = "io", "pids"
 HEALTH_EXPRESSIONS = {
     # a cell that closed its own stdout or stderr leaves a kernel whose every print fails
-    IO_CHECK: "any(getattr(s, 'closed', True) for s in (__import__('sys').stdout, __import__('sys').stderr))",
+    IO_CHECK: ("any(s is None or getattr(s, 'closed', False) is True "
+               "for s in (__import__('sys').stdout, __import__('sys').stderr))"),
     # processes used / allowed in the kernel's cgroup (a container's own, v2 or v1); '' elsewhere
     PIDS_CHECK: ("next((open(d + 'pids.current').read().split()[0] + '/' + open(d + 'pids.max').read().split()[0] "
                  "for d in ('/sys/fs/cgroup/', '/sys/fs/cgroup/pids/') "
@@ -222,7 +223,7 @@ def _expression(result: ExecutionResult, name: str) -> str | None:
 def io_problem(result: ExecutionResult) -> str:
     """Why the kernel cannot run the next cell, from the health checks of `result` ("" when it
     can, or when they were not evaluated)."""
-    if IO_CHECK in result.expressions and _expression(result, IO_CHECK) != "False":
+    if _expression(result, IO_CHECK) == "True":  # a check that failed (names shadowed by the code) says nothing
         return "the code closed the kernel's stdout or stderr, so nothing it prints could be shown"
     used, _, limit = (_expression(result, PIDS_CHECK) or "").partition("/")
     if used.isdigit() and limit.isdigit() and int(limit) - int(used) <= max(4, int(limit) // 16):
