@@ -28,6 +28,12 @@ small one. After setup the process also resets its RSS high-water mark
 (/proc/self/clear_refs) where the kernel allows it, so the peak is the
 offload's own. Peak growth = ru_maxrss (after) - RSS (after setup).
 
+Cancel and progress (`--cancel-only` runs just these): the time from cancelling a call
+to its worker thread having stopped, (a) mid-write of a 50,000,000-row offload and (b)
+while DuckDB computes a slow statement (the interrupt), each with nothing left behind;
+and the cost of rows/bytes progress reports on the offload of this result (none, every
+0.5 s as shipped, and on every batch as the worst case).
+
 Prints a table and writes JSON to bench/results/offload.json.
 `--tiny` (20,000 rows) is the CI smoke run.
 """
@@ -44,6 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from offload_cancel import print_cancel
 
 ROOT = Path(__file__).resolve().parents[1]
 WS = "bench"
@@ -412,6 +420,10 @@ def child_main(argv: list[str]) -> int:
         res = case_breakdown(a.home)
     elif a.case == "tokens":
         res = case_tokens(a.home, a.rows)
+    elif a.case == "cancel":
+        from offload_cancel import case_cancel  # bench/ is this script's own folder
+
+        res = case_cancel(_runtime(a.home), a.repeat)
     else:
         raise SystemExit(f"unknown case {a.case}")
     print("RESULT " + json.dumps(res))
@@ -458,6 +470,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None,
                     help="fresh processes per case (default 5, at most 3 for the slow MCP case; 1 with --tiny)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "offload.json")
+    ap.add_argument("--cancel-only", action="store_true", help="only the cancel and progress measurements")
     args = ap.parse_args()
     rows = args.rows or (20_000 if args.tiny else 1_000_000)
     repeat = args.repeat or (1 if args.tiny else 5)
@@ -467,6 +480,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="offload-bench-") as tmp:
         home = Path(tmp) / "var"
         prep = run_case("prepare", home, rows=rows)
+        cancel = run_case("cancel", home, repeat=max(3, repeat))
+        if args.cancel_only:
+            print_cancel(cancel)
+            out = args.out.with_name("offload_cancel.json")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"rows": rows, "cpus": os.cpu_count(), **cancel}, indent=2))
+            print(f"wrote {out}")
+            return 0
         base = run_case("write_table", home, repeat=max(3, repeat))
         duck = _median_run([run_case("duckdb", home) for _ in range(repeat)])
         mcp = _median_run([run_case("mcp", home) for _ in range(mcp_repeat)])
@@ -525,6 +546,7 @@ def main() -> int:
     for label, t in ((f"this result ({TABLE})", tok["wide"]), ("demo readings", tok["readings"]),
                      ("MCP JSON text as is", tok["mcp_text"])):
         print(f"{label:<28}{t['total_rows']:>10,}{t['tokens_per_row']:>12}{_fmt_int(t['estimated_tokens']):>14}")
+    print_cancel(cancel)
     total_s = time.perf_counter() - started
     print(f"\n(benchmark ran {total_s:.1f} s)")
 
@@ -534,7 +556,7 @@ def main() -> int:
         "goals": {"ratio_vs_write_table_zstd_max": GOAL_RATIO, "tokens_max": GOAL_TOKENS,
                   "ratio_goal_applies": ratio_applies, "ratio_ok": ratio_ok, "tokens_ok": tokens_ok},
         "baseline_write_table": base, "cases": cases, "breakdown": brk, "inline_tokens": tok,
-        "preview_duckdb": duck["content"], "prepare": prep,
+        "preview_duckdb": duck["content"], "prepare": prep, "cancel_and_progress": cancel,
         "python": sys.version.split()[0], "cpus": os.cpu_count(), "bench_s": round(total_s, 1),
     }, indent=2))
     print(f"wrote {args.out}")

@@ -132,3 +132,34 @@ def test_empty_results_say_zero_rows(harness_factory) -> None:
         harness_factory, {"name": "sql_query", "arguments": {"sql": "SELECT * FROM readings WHERE kwh < -1"}})
     assert json.loads(content)["row_count"] == 0
     assert not [e for e, _ in events if e == "artifact.created"]
+
+
+def test_stop_during_a_large_offload_leaves_no_artifact_and_the_thread_works(harness_factory) -> None:
+    """Stop while a 30 M-row result is being written (rows-written progress on the SSE stream):
+    the call is recorded as cancelled, the writer stops, no metadata, no data and no temp file
+    remain, and the next turn in the thread answers."""
+    from datadesk.llm.scripted import ScriptedModel, tool_step
+    from tests.integration.test_turn_control import SSEReader, records
+
+    big = "SELECT range AS i, range * 0.5 AS x, 'name ' || range AS s FROM range(30000000)"
+    h = harness_factory(ScriptedModel([tool_step("sql_query", {"sql": big}, call_id="c_big"),
+                                       "second answer"]))
+    FakeSandbox(h.rt)
+    h.rt.offload.progress_interval_s = 0.05
+    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=60) as c:
+        tid = c.post("/api/threads", json={}).json()["id"]
+        with c.stream("POST", f"/api/threads/{tid}/messages", json={"content": "all rows"}) as resp:
+            sse = SSEReader(resp)
+            sse.until("tool.progress")
+            assert c.post(f"/api/threads/{tid}/cancel").json()["cancelled"] is True
+            events = sse.rest()
+        progress = [d for e, d in parse_sse("\n".join(sse.text)) if e == "tool.progress" and d.get("rows")]
+        assert progress and 0 < progress[0]["rows"] < 30_000_000 and progress[0]["name"] == "sql_query"
+        assert not [e for e, _ in events if e == "artifact.created"]
+        adir = thread_dir(h, "alice", tid) / "artifacts"
+        assert sorted(p.name for p in adir.iterdir() if p.name != ".lock") == []
+        tool_rec = next(r for r in records(c, tid) if r["role"] == "tool")
+        assert tool_rec["status"] == "cancelled"
+        last = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "next"}).text)
+        assert last[-1][1]["status"] == "ok"
+        assert sorted(p.name for p in adir.iterdir() if p.name != ".lock") == []
