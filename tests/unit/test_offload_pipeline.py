@@ -364,3 +364,29 @@ def test_a_cancelled_upload_leaves_no_artifact_and_no_temp_file(rt: Runtime, tmp
 
     assert asyncio.run(go()) == []
     assert not rt.turns.running(c.thread.id)  # the thread is free for the next turn or upload
+
+
+def test_a_cancelled_restore_keeps_the_tombstone_and_leaves_no_file(rt: Runtime) -> None:
+    """Stop during a re-query of an expired artifact: it stays an expired tombstone, no data."""
+    c = ctx(rt)
+    spec = rt.tools.get("sql_query").spec
+    rt.offload.progress_interval_s = 0.05
+    reports: list[dict] = []
+
+    async def go():
+        small = json.dumps({"sql": "SELECT * FROM range(5000)"})
+        out = await process(rt, spec, small, await rt.tools.run("sql_query", small, c), c, YES)
+        rt.offload.store.expire(c.thread, out.artifact.id)
+        tomb = rt.offload.store.load(c.thread, out.artifact.id)
+        big = await rt.tools.run("sql_query", json.dumps({"sql": BIG_SQL}), c)
+        task = asyncio.create_task(rt.offload.restore_async(c.thread, tomb, big,
+                                                            progress=lambda **f: reports.append(f)))
+        await _wait_for(lambda: reports)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return tomb
+
+    tomb = asyncio.run(go())
+    assert rt.offload.store.load(c.thread, tomb.id) == tomb
+    assert leftovers(c) == [f"{tomb.id}.json"]
