@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a pasted table may be large: it becomes an artifact
 MAX_TITLE_CHARS = 200
 HTML_EVERY_S = 0.25  # while an answer streams, its rendered Markdown is refreshed this often
-PING_EVERY_S = 15.0  # an SSE comment while nothing happens, so proxies keep the stream open
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -202,24 +201,17 @@ class _Rendering:
 
 async def _stream(attached: Attachment, cancel_on_leave: RunningTurn | None) -> AsyncIterator[ServerSentEventMessage]:
     """The turn's events as SSE with ids `<turn>:<n>`, those after `attached.seen` (the earlier
-    ones only feed the rendering). A client that leaves stops nothing, except the one that
-    started a turn with `background: false` (`cancel_on_leave`)."""
+    ones only feed the rendering), and a `: ping` comment when nothing happens for a while. A
+    client that leaves stops nothing, except the one that started a turn with `background:
+    false` (`cancel_on_leave`). The stream ends at `done`, or without it when this client fell
+    too far behind (it re-attaches with its last id)."""
     done = False
     render = _Rendering()
-    events = attached.events
-    nxt: asyncio.Future[JournalEvent] | None = None
     try:
-        while True:
-            nxt = nxt or asyncio.ensure_future(anext(events))  # type: ignore[arg-type]
-            finished, _ = await asyncio.wait({nxt}, timeout=PING_EVERY_S)
-            if not finished:
+        async for ev in attached.events:
+            if ev is None:
                 yield ServerSentEventMessage(data=None, comment="ping")
                 continue
-            try:
-                ev = nxt.result()
-            except StopAsyncIteration:
-                return  # dropped as too slow, or the worker's file ended: re-attach with the last id
-            nxt = None
             sent = render.events(ev)
             if ev.n <= attached.seen:
                 continue
@@ -232,15 +224,11 @@ async def _stream(attached: Attachment, cancel_on_leave: RunningTurn | None) -> 
                 return
     finally:
         # nothing before the cancel may await: a client that left cancels this generator's awaits
-        if nxt is not None and not nxt.done():
-            nxt.cancel()  # its generator unsubscribes as it ends
         turn = cancel_on_leave
-        stop = not done and turn is not None and turn.task is not None and not turn.task.done()
-        if stop:
-            log.info("client left turn %s: cancelling", turn.turn_id)  # type: ignore[union-attr]
-            turn.task.cancel()  # type: ignore[union-attr]
-        if nxt is None:
-            with contextlib.suppress(Exception):
-                await events.aclose()  # type: ignore[attr-defined]
-        if stop:  # let the cancelled turn record its state before the request ends
-            await asyncio.wait([turn.task], timeout=10)  # type: ignore[union-attr,list-item]
+        if not done and turn is not None and turn.task is not None and not turn.task.done():
+            log.info("client left turn %s: cancelling", turn.turn_id)
+            turn.task.cancel()
+            # let the cancelled turn record its state before the request ends
+            await asyncio.wait([turn.task], timeout=10)
+        with contextlib.suppress(Exception):
+            await attached.events.aclose()  # type: ignore[attr-defined]

@@ -30,6 +30,7 @@ import msgspec
 
 log = logging.getLogger(__name__)
 
+IDLE_S = 15.0  # a stream that had nothing for this long yields None (the SSE layer sends a ping)
 KEEP_BYTES = 8 * 1024 * 1024
 PROGRESS_TEXT_BYTES = 2 * 1024 * 1024
 MAX_BEHIND = 20_000
@@ -105,8 +106,9 @@ class TurnJournal:
             self.close()
         return ev
 
-    def subscribe(self) -> AsyncIterator[JournalEvent]:
-        """The kept events from the start of the turn, then the live ones, up to `done`."""
+    def subscribe(self) -> AsyncIterator[JournalEvent | None]:
+        """The kept events from the start of the turn, then the live ones, up to `done` (None
+        after IDLE_S without any)."""
         backlog = list(self.kept)
         queue: asyncio.Queue[JournalEvent | None] = asyncio.Queue()
         if not self.done:
@@ -187,15 +189,22 @@ def _replace_file(path: Path, header: dict[str, Any]) -> int:
 
 
 async def _drain(backlog: list[JournalEvent], queue: asyncio.Queue[JournalEvent | None], done: bool,
-                 leave: Callable[[], None]) -> AsyncIterator[JournalEvent]:
+                 leave: Callable[[], None]) -> AsyncIterator[JournalEvent | None]:
     try:
         for ev in backlog:
             yield ev
         if done:
             return
-        while (ev := await queue.get()) is not None:  # type: ignore[assignment]
-            yield ev
-            if ev.type == "done":
+        while True:
+            try:
+                item = queue.get_nowait() if not queue.empty() else await asyncio.wait_for(queue.get(), IDLE_S)
+            except asyncio.TimeoutError:
+                yield None
+                continue
+            if item is None:  # the turn ended, or this subscriber fell too far behind
+                return
+            yield item
+            if item.type == "done":
                 return
     finally:
         leave()
@@ -229,10 +238,11 @@ def _decode(line: bytes) -> list[JournalEvent]:
         return []
 
 
-async def follow_file(path: Path, turn_id: str, running: Callable[[str], bool]) -> AsyncIterator[JournalEvent]:
+async def follow_file(path: Path, turn_id: str,
+                      running: Callable[[str], bool]) -> AsyncIterator[JournalEvent | None]:
     """The events of turn `turn_id` from its file, from the start, following it while the turn
-    runs (in another worker), up to `done`. A turn whose worker died without `done` ends with
-    an `error` and a `done` of status `error`."""
+    runs (in another worker), up to `done` (None after IDLE_S without any). A turn whose worker
+    died without `done` ends with an `error` and a `done` of status `error`."""
     try:
         fh = open(path, "rb")
     except OSError:
@@ -242,6 +252,7 @@ async def follow_file(path: Path, turn_id: str, running: Callable[[str], bool]) 
             return
         buf = b""
         last = 0
+        quiet_since = time.monotonic()
         while True:
             chunk = fh.read()
             if not chunk and not running(turn_id):
@@ -252,8 +263,12 @@ async def follow_file(path: Path, turn_id: str, running: Callable[[str], bool]) 
                     yield JournalEvent(last + 2, "done", {"turn_id": turn_id, "status": "error"})
                     return
             if not chunk:
+                if time.monotonic() - quiet_since >= IDLE_S:
+                    quiet_since = time.monotonic()
+                    yield None
                 await asyncio.sleep(FOLLOW_POLL_S)
                 continue
+            quiet_since = time.monotonic()
             buf += chunk
             *lines, buf = buf.split(b"\n")
             for line in lines:

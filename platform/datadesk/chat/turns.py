@@ -104,7 +104,7 @@ class RunningTurn:
 class Attachment:
     """A client's view of a turn: every kept event from its start, and how many it has seen."""
 
-    events: AsyncIterator[JournalEvent]
+    events: AsyncIterator[JournalEvent | None]  # None: nothing for a while (a keep-alive)
     turn_id: str
     seen: int
 
@@ -222,7 +222,7 @@ class TurnRegistry:
     def attach(self, thread_id: str, events_at: Path, cursor: Cursor | None) -> Attachment | None:
         """The events of the thread's current turn, from its start; None when there is nothing to
         attach to: no turn runs and the cursor names no turn whose events are still kept."""
-        def attachment(events: AsyncIterator[JournalEvent], tid: str) -> Attachment:
+        def attachment(events: AsyncIterator[JournalEvent | None], tid: str) -> Attachment:
             seen = cursor.n if cursor is not None and cursor.turn in (None, tid) else 0
             return Attachment(events, tid, seen)
 
