@@ -25,6 +25,10 @@ Measured, each as median and p95 over `--runs` runs (30; `--tiny`: 3 runs and
    kernel reads it at /data through the data links. The first query is
    reported apart from the median of the rest.
 
+5. Recovery (bench/sandbox_recovery.py): deadline -> working kernel on the interrupt and the
+   restart path, cancel -> cell stopped, and the delay of live output (print -> tool.progress).
+   `--only recovery` runs just this part.
+
 Each timed row also gets a breakdown: time spent, within the measured call
 only (not in the background pool-refill task), in the liveness checks (and how
 many hit the docker API), data-link sync, /outputs collection, the ZMQ round
@@ -64,6 +68,9 @@ from datadesk.llm.scripted import ScriptedModel  # noqa: E402
 from datadesk.settings import Settings  # noqa: E402
 from datadesk.store.threads import Thread  # noqa: E402
 from datadesk.tools.registry import ToolContext, ToolResult  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from sandbox_recovery import bench_recovery  # noqa: E402
 
 GOAL_WARM_MS = 15.0
 GOAL_POOL_FIRST_MS = 300.0
@@ -160,7 +167,7 @@ class Probe:
         self._patch(owner, name, wrapper)
 
     def install(self, backend: str) -> None:
-        import datadesk.sandbox.registry as registry_mod
+        import datadesk.sandbox.recovery as registry_mod  # the registry's execution step (data-link sync)
         from datadesk.tools.requery import RequeryService
         from datadesk.sandbox.messaging import KernelChannel
         from datadesk.sandbox.registry import KernelRegistry
@@ -185,7 +192,11 @@ class Probe:
         self.wrap_async(KernelRegistry, "_take", "take from pool / start (_take)")
         self.wrap_async(RequeryService, "ensure_available", "re-query check")
         self.wrap_sync(registry_mod, "sync_data_links", "sync_data_links")
-        self.wrap_async(kernel_cls, "read_outputs", "collect /outputs")
+        from datadesk.sandbox.base import Kernel
+
+        # the local kernel reads /outputs with the base class's method
+        self.wrap_async(kernel_cls if "read_outputs" in kernel_cls.__dict__ else Kernel, "read_outputs",
+                        "collect /outputs")
 
     def uninstall(self) -> None:
         while self._undo:
@@ -487,7 +498,10 @@ class Bench:
                 ("first execution with the pool", self._pool_rows),
                 ("first execution without the pool, memory", self.bench_cold_and_memory),
                 ("aggregation", self.bench_aggregate),
+                ("recovery and live output", functools.partial(bench_recovery, self)),
             ]
+            if self.args.only:
+                phases = [p for p in phases if self.args.only in p[0]]
             for label, fn in phases:
                 t0 = time.perf_counter()
                 print(f"... {label}", file=sys.stderr, flush=True)
@@ -572,6 +586,7 @@ def main() -> int:
     ap.add_argument("--backend", choices=["docker", "local"], default="docker")
     ap.add_argument("--cpus", type=float, default=1.0, help="CPUs per docker kernel (sandbox.cpus)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sandbox.json")
+    ap.add_argument("--only", default="", help="run only the phases whose label contains this (e.g. recovery)")
     args = ap.parse_args()
     args.runs = args.runs or (3 if args.tiny else 30)
     args.rows = args.rows or (100_000 if args.tiny else 10_000_000)

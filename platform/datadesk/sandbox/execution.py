@@ -32,8 +32,8 @@ TAIL_CHARS = 10_000
 FILE_CAP_BYTES = 50 * 1024 * 1024
 TRACEBACK_MAX_LINES = 40
 
-# How long to wait for the kernel to go idle after an interrupt.
-INTERRUPT_GRACE_S = 5.0
+# How long to wait for the kernel to go idle after an interrupt (then it is restarted).
+INTERRUPT_GRACE_S = 3.0
 # iopub poll granularity; also how often liveness is checked while silent.
 POLL_S = 0.25
 # After the shell execute_reply arrived, how long iopub may stay silent before the
