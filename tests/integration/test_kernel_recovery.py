@@ -68,6 +68,16 @@ def test_loop_that_ignores_the_interrupt_is_restarted_and_the_model_is_told(box)
     assert "NameError" in run(py(rt, c, "lost")).content
 
 
+def test_cell_wedged_in_c_code_is_restarted(box) -> None:
+    """Catastrophic backtracking holds the GIL inside the regex engine: not even the kernel's
+    control thread can take the interrupt, so the kernel is restarted after the grace."""
+    rt, backend, run = box
+    c = ctx(rt, tid="wedged")
+    r = run(py(rt, c, "import re\nre.match(r'(a+)+$', 'a' * 40 + 'b')", timeout_s=1.5))
+    assert r.is_error and "TIMEOUT" in r.content and "restarted" in r.content, r.content
+    check_42(run(answers_42(rt, c)))
+
+
 def test_cancel_during_an_infinite_loop_stops_the_cell(box) -> None:
     rt, backend, run = box
     c = ctx(rt, tid="stop")
