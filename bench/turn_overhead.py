@@ -9,6 +9,14 @@
    auth, thread lookup, record appends, context building, token counting, the
    manifest, SSE encoding.
 2. Tail read: newest 50 records of a 100,000-record log vs a 100-record log.
+3. Re-attach (what a reload costs): a turn parked in a tool after N events, two app
+   "workers" (two runtimes on one data directory, each under uvicorn on 127.0.0.1): the time
+   from `GET /api/threads/{tid}/events` to the newest event, from the start of the turn and
+   with `Last-Event-ID`, in the worker running the turn (memory) and in the other one (the
+   thread's events.jsonl); then the latency of a live `tool.progress` event to a re-attached
+   client in each, and the bytes kept for the turn. With `--browser`: the real server, the web
+   UI in Chromium (Playwright) and a python cell printing every 0.2 s in the local sandbox: the
+   time from `page.reload()` to the running card showing the output replayed.
 
 Prints a table and writes JSON to bench/results/turn_overhead.json.
 """
@@ -16,13 +24,17 @@ Prints a table and writes JSON to bench/results/turn_overhead.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "platform"))
@@ -30,7 +42,7 @@ sys.path.insert(0, str(ROOT / "platform"))
 from datadesk.chat.runtime import Runtime  # noqa: E402
 from datadesk.domain.records import Record  # noqa: E402
 from datadesk.llm.base import ModelDelta  # noqa: E402
-from datadesk.llm.scripted import ScriptedModel, tool_step  # noqa: E402
+from datadesk.llm.scripted import ScriptedModel, ScriptStep, tool_step  # noqa: E402
 from datadesk.settings import SandboxSettings, Settings, SummarySettings  # noqa: E402
 from datadesk.store.layout import Layout  # noqa: E402
 from datadesk.store.threadlog import ThreadLog  # noqa: E402
@@ -107,6 +119,143 @@ def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0) 
     }
 
 
+@contextlib.contextmanager
+def served(app: Any) -> Iterator[str]:
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def read_until(client: Any, url: str, want: int, last_id: str | None = None) -> tuple[float, float]:
+    """(ms to the first event, ms to event `want`) of one re-attach."""
+    headers = {"Last-Event-ID": last_id} if last_id else {}
+    t0 = time.perf_counter()
+    first = None
+    with client.stream("GET", url, headers=headers) as resp:
+        assert resp.status_code == 200, resp.status_code
+        for line in resp.iter_lines():
+            if line.startswith("id:"):
+                first = first or (time.perf_counter() - t0) * 1000
+                if int(line.rsplit(":", 1)[1]) >= want:
+                    return first, (time.perf_counter() - t0) * 1000
+    raise AssertionError("the stream ended early")
+
+
+def live_latency(client: Any, url: str, last_id: str, pulse: threading.Event, reps: int) -> list[float]:
+    """ms from a tool's report to its `tool.progress` at a re-attached client."""
+    out = []
+    with client.stream("GET", url, headers={"Last-Event-ID": last_id}) as resp:
+        lines = resp.iter_lines()
+        for _ in range(reps):
+            pulse.set()
+            for line in lines:
+                if line.startswith("data:") and '"message"' in line:
+                    out.append((time.perf_counter() - float(json.loads(line[5:])["message"])) * 1000)
+                    break
+    return out
+
+
+def bench_reattach(home: Path, events: int, reps: int) -> dict[str, Any]:
+    """See the module docstring (3)."""
+    import httpx
+
+    from datadesk.api.app import create_app
+    from datadesk.tools.registry import ToolResult, ToolSpec
+
+    release, parked, pulse = threading.Event(), threading.Event(), threading.Event()
+    model = ScriptedModel([ScriptStep(text="x" * 8 * events, tool_calls=tool_step("park", {}).tool_calls), "released"],
+                          chunk_size=8)
+    settings = Settings(home=home, sandbox=SandboxSettings(backend="none"), summary=SummarySettings(enabled=False))
+    rt_a, rt_b = Runtime(settings=settings, model=model), Runtime(settings=settings, model=ScriptedModel([]))
+
+    async def park(args: Any, ctx: Any) -> ToolResult:
+        parked.set()
+        while not release.is_set():
+            if pulse.is_set():
+                pulse.clear()
+                ctx.report(message=repr(time.perf_counter()))
+            await asyncio.sleep(0.001)
+        return ToolResult("released")
+
+    rt_a.tools.register(ToolSpec(name="park", description="parks", parameters={"type": "object"}), park)
+    name = f"reattach{events}"
+    _, token = rt_a.users.add(name, ["demo"], [])
+    with served(create_app(rt_a)) as base_a, served(create_app(rt_b)) as base_b, \
+            httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        tid = c.post(f"{base_a}/api/threads", json={}).json()["id"]
+        poster = threading.Thread(target=lambda: c.post(f"{base_a}/api/threads/{tid}/messages",
+                                                        json={"content": "go"}), daemon=True)
+        poster.start()
+        assert parked.wait(30)
+        turn = rt_a.turns.get(tid)
+        time.sleep(0.5)  # the text pieces are in the file
+        n = turn.journal.n
+        last = f"{turn.turn_id}:{n - 1}"
+        row: dict[str, Any] = {"events": n, "kept_kb": round(turn.journal.kept_bytes / 1024, 1),
+                               "file_kb": round(rt_a.threads.get(tid, name, ["demo"]).events_path.stat().st_size
+                                                / 1024, 1)}
+        for side, base in (("same_worker", base_a), ("other_worker", base_b)):
+            url = f"{base}/api/threads/{tid}/events"
+            full = [read_until(c, url, n) for _ in range(reps)]
+            tail = [read_until(c, url, n, last)[1] for _ in range(reps)]
+            row[side] = {"from_start_first_ms": round(statistics.median(f for f, _ in full), 2),
+                         "from_start_all_ms": round(statistics.median(a for _, a in full), 2),
+                         "last_event_id_ms": round(statistics.median(tail), 2),
+                         "live_progress_ms": round(statistics.median(
+                             live_latency(c, url, f"{turn.turn_id}:{n}", pulse, max(5, reps // 2))), 2)}
+            n = rt_a.turns.get(tid).journal.n
+        release.set()
+        poster.join(30)
+    return row
+
+
+def bench_browser_reload(reps: int) -> dict[str, Any]:
+    """See the module docstring (3, `--browser`)."""
+    sys.path.insert(0, str(ROOT))
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS, login, run_server
+    from tests.fakes.openai_server import FakeOpenAIServer
+
+    code = "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n"
+    card = "details.tool-card[data-tool='python']"
+    llm = FakeOpenAIServer().start()
+    llm.add_tool_calls([{"id": "call_long", "name": "python", "arguments": {"code": code}}])
+    times = []
+    with tempfile.TemporaryDirectory() as tmp, run_server(Path(tmp), llm) as srv, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page()
+        login(page, srv)
+        page.click("#new-thread")
+        page.wait_for_selector("#messages .empty")
+        page.fill("#input", "Run the long job")
+        page.press("#input", "Enter")
+        page.wait_for_selector(f"{card}.running .live-output", state="attached", timeout=60_000)
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            page.reload()
+            page.wait_for_selector(f"{card}.running .live-output", state="attached", timeout=30_000)
+            times.append((time.perf_counter() - t0) * 1000)
+        page.click("#stop")
+        page.wait_for_selector("#send:not([hidden])")
+        browser.close()
+    llm.stop()
+    return {"reloads": reps, "reload_to_card_ms_median": round(statistics.median(times), 1),
+            "reload_to_card_ms_max": round(max(times), 1)}
+
+
 def make_log(path: Path, n: int) -> None:
     enc = __import__("msgspec").json.Encoder()
     with open(path, "wb") as fh:
@@ -143,6 +292,7 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="small sizes (CI smoke run)")
     ap.add_argument("--turns", type=int, default=50)
     ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--browser", action="store_true", help="also time a reload of the web UI (Chromium)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "turn_overhead.json")
     args = ap.parse_args()
     turns, records, reps = (5, 2_000, 5) if args.tiny else (args.turns, args.records, 50)
@@ -155,6 +305,8 @@ def main() -> int:
         cfg.write_text(cfg.read_text() + "memory = true\n")  # the same turn with memory injected
         turn_rows.append(bench_turns(home, turns, False, memory_facts=20))
         tail_rows = bench_tail(Path(tmp), [100, records], reps)
+        browser = bench_browser_reload(3 if args.tiny else 10) if args.browser else None
+        reattach_rows = [bench_reattach(home, k, 5 if args.tiny else 20) for k in ((200,) if args.tiny else (200, 5_000))]
 
     print("\nPlatform overhead per turn (scripted model; model and tool time excluded)")
     print(f"{'turn kind':<22}{'turns':>6}{'median ms':>11}{'p90 ms':>9}{'first':>8}{'last':>8}{'tool ms':>9}")
@@ -170,9 +322,22 @@ def main() -> int:
         print(f"{r['records']:>10}{r['file_mb']:>9}{r['tail50_ms_median']:>13}{r['full_read_ms']:>14}")
     ratio = tail_rows[1]["tail50_ms_median"] / max(tail_rows[0]["tail50_ms_median"], 1e-9)
     print(f"\ntail(50) on {records:,} records vs 100 records: {ratio:.2f}x")
+    print("\nRe-attach to a running turn (GET .../events; median ms to the first / to the newest event)")
+    print(f"{'events':>7}{'kept KB':>9}{'file KB':>9}  {'worker':<13}{'first':>7}{'all':>8}{'Last-Event-ID':>15}"
+          f"{'live progress':>15}")
+    for r in reattach_rows:
+        for side in ("same_worker", "other_worker"):
+            x = r[side]
+            print(f"{r['events']:>7}{r['kept_kb']:>9}{r['file_kb']:>9}  {side.replace('_', ' '):<13}"
+                  f"{x['from_start_first_ms']:>7}{x['from_start_all_ms']:>8}{x['last_event_id_ms']:>15}"
+                  f"{x['live_progress_ms']:>15}")
+    if browser:
+        print(f"\nWeb UI: reload -> running card with its output replayed: median {browser['reload_to_card_ms_median']} ms,"
+              f" max {browser['reload_to_card_ms_max']} ms ({browser['reloads']} reloads)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"tiny": args.tiny, "turns": turn_rows, "tail": tail_rows,
-                                    "tail_ratio": round(ratio, 3), "python": sys.version.split()[0]},
+                                    "tail_ratio": round(ratio, 3), "reattach": reattach_rows, "browser_reload": browser,
+                                    "python": sys.version.split()[0]},
                                    indent=2))
     print(f"wrote {args.out}")
     return 0
