@@ -136,3 +136,24 @@ def test_two_tabs_see_one_turn_and_stop_from_the_other_tab_ends_the_card(server,
     finally:
         a_ctx.close()
         b_ctx.close()
+
+
+def test_a_cell_past_its_deadline_ends_as_timed_out_live_and_after_a_reload(server, page) -> None:
+    llm = server.llm
+    llm.clear()
+    code = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
+    llm.add_tool_calls([{"id": "call_slow", "name": "python", "arguments": {"code": code, "timeout_s": 2}}])
+    llm.add_text("The cell ran out of time.")
+    login(page, server)
+    new_chat(page)
+    page.fill("#input", "Run the slow cell")
+    page.press("#input", "Enter")
+    until(page, f"document.querySelector(\"{CARD}.running\")")
+    wait_idle(page)
+    card = page.locator(CARD)
+    assert card.get_attribute("data-state") == "timed-out"
+    assert "timed out" in card.locator(".tool-status").inner_text()
+    page.reload()
+    page.wait_for_selector(CARD)
+    assert page.locator(CARD).get_attribute("data-state") == "timed-out"
+    assert page.locator(f"{CARD}.running").count() == 0
