@@ -111,3 +111,23 @@ def test_a_quiet_stream_yields_keep_alives(tmp_path: Path, monkeypatch: pytest.M
     live, filed = asyncio.run(run())
     for got in (live, filed):
         assert got[0] is None and got[1] is None and got[-1].type == "done"
+
+
+def test_a_worker_thread_of_a_tool_can_emit() -> None:
+    import threading
+
+    from datadesk.chat.turns import RunningTurn
+    from datadesk.domain.events import ToolProgress
+
+    async def run() -> list:
+        turn = RunningTurn(turn_id="t", thread_id="th", user_id="u")
+        it = turn.journal.subscribe()
+        worker = threading.Thread(target=lambda: turn.emit(ToolProgress(call_id="c", name="sql", elapsed_s=1.0,
+                                                                        rows=10)))
+        worker.start()
+        worker.join()
+        first = await anext(it)
+        return [first]
+
+    got = asyncio.run(run())
+    assert got[0].type == "tool.progress" and got[0].data["rows"] == 10
