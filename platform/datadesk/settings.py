@@ -128,6 +128,9 @@ class SandboxSettings(msgspec.Struct, forbid_unknown_fields=True):
     allow_unsafe_local: bool = False
     heartbeat_s: float = 5.0  # how often a worker touches its heartbeat file (kernel ownership)
     owner_stale_s: float = 60.0  # a worker whose heartbeat is older is gone: its kernels are orphans
+    # docker backend: each kernel runs as its own uid = gid from this range, used by no host account
+    docker_uid_base: int = 1_900_000_000
+    docker_uid_count: int = 65_536
     # backend "gateway": kernels on a Jupyter Kernel Gateway / Enterprise Gateway (sandbox/gateway.py)
     gateway_url: str = ""
     gateway_token: str = ""  # also DATADESK_GATEWAY_TOKEN; sent as `Authorization: token ...` only

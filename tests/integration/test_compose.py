@@ -221,7 +221,8 @@ def test_app_image_completes_a_turn_with_a_docker_kernel() -> None:
             finished = next(d for e, d in events if e == "tool.finished")
             assert finished["ok"], finished
             preview = finished["preview"]
-            assert "product 42 uid 1000" in preview  # uid 1000: the docker kernel, not the app's root
+            uid = int(re.search(r"product 42 uid (\d+)", preview).group(1))
+            assert uid >= 1_900_000_000  # a kernel uid of its own (sandbox.docker_uid_base), not the app's root
             assert "file: /outputs/report/answer.csv saved as artifact" in preview  # read via docker exec
             assert events[-2][1]["content"] == "The product is 42."
             tool_msgs = [m for m in fake.requests[-1]["messages"] if m["role"] == "tool"]

@@ -1,11 +1,13 @@
 """The production kernel backend: one locked-down container per kernel (docker SDK).
 
 Each container: no network, read-only root, sized tmpfs for /tmp, HOME and
-/outputs, all capabilities dropped, no-new-privileges, pids/memory/CPU limits,
-a non-root user, an init process and a clean environment (no app secrets).
+/outputs, all capabilities dropped, no-new-privileges, the seccomp profile its
+image was built with, pids/memory/CPU limits, a uid of its own that no host
+account has, an init process and a clean environment (no app secrets).
 The kernel speaks ZMQ over `ipc` sockets in a bind-mounted per-kernel
-directory: there is no TCP at all. The thread's data is a read-only bind
-mount at /data (a slot directory of hard links, see files.py).
+directory that only the app and the kernel can enter, sealed once the kernel
+is up (confinement.py): there is no TCP at all. The thread's data is a
+read-only bind mount at /data (a slot directory of hard links, see files.py).
 
 /outputs is a sized tmpfs inside the container, so code cannot fill the host
 disk; after each execution its new regular files are read through the
@@ -45,16 +47,19 @@ from datadesk.sandbox.base import (
     ExecutionResult, Kernel, KernelLocator, KernelPlacement, OnOutput, OnStatus, SandboxBackend, SandboxError,
     SandboxUnavailable,
 )
+from datadesk.sandbox.confinement import UID_LABEL, ConfinementError, EngineConfinement, KernelDirs, container_uid
 from datadesk.sandbox.execution import probe_channel, tell_status
 from datadesk.sandbox.files import LISTING_FORMAT, OutputFile, plan_outputs, read_outputs_tar
-from datadesk.sandbox.messaging import CONNECTION_FILE, IPYKERNEL_ARGS, KernelChannel, write_connection_file
+from datadesk.sandbox.messaging import (
+    CONNECTION_FILE, IPYKERNEL_ARGS, KernelChannel, socket_paths, write_connection_file,
+)
 from datadesk.sandbox.ownership import owner_alive, this_worker
 from datadesk.settings import SandboxSettings
 from datadesk.store.files import read_json
 
 log = logging.getLogger(__name__)
 
-SANDBOX_UID = 1000
+LEGACY_UID = 1000  # the kernel user of containers started before kernels had uids of their own
 KERNEL_DIR = "/run/kernel"
 ALIVE_CACHE_S = 1.0
 MAX_DEPTH = 8  # of /outputs, as files.read_new_outputs
@@ -69,7 +74,13 @@ ENV = {
     "OMP_NUM_THREADS": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
     "LANG": "C.UTF-8",
+    "USER": "sandbox",  # the kernel uid has no passwd entry: getpass.getuser() reads these
+    "LOGNAME": "sandbox",
 }
+# the kernel's sockets must be group-class writable (umask 007), or the ACL that lets the app
+# connect is masked away (unix_bind applies the umask; see confinement.py)
+LAUNCH = ["sh", "-c", 'umask 007 && exec "$@"', "sh"]
+UID_ATTEMPTS = 5
 
 
 class DockerSandbox(SandboxBackend):
@@ -83,6 +94,7 @@ class DockerSandbox(SandboxBackend):
         self.home_label = hashlib.sha256(str(Path(home).resolve()).encode()).hexdigest()[:16]
         self._client: Any = None
         self._health: tuple[float, tuple[bool, str]] = (0.0, (False, "not checked yet"))
+        self.confinement = EngineConfinement(lambda: self.client, settings)
 
     @property
     def client(self) -> Any:
@@ -167,6 +179,8 @@ class DockerKernel(Kernel):
         self._pid = 0
         self._pid_visible = False
         self._attached = False
+        self.uid: int | None = None  # the kernel's uid = gid on the host
+        self._dirs: KernelDirs | None = None
 
     # -- ownership -----------------------------------------------------------------
     @classmethod
@@ -190,6 +204,7 @@ class DockerKernel(Kernel):
             return self
         self._pid = int(state.get("Pid") or 0)
         self._pid_visible = _is_container_process(self._pid, self._container.id)
+        self.uid = container_uid(self._container.attrs) or LEGACY_UID
         if not connect:
             return self
         if not state.get("Running"):
@@ -226,37 +241,61 @@ class DockerKernel(Kernel):
                     "(socket paths must stay under ~100 characters, so keep the data directory path short)")
 
     def _run_container(self) -> Any:
-        s, p = self.settings, self.placement
+        """Create and start the kernel's container as a uid of its own, with its socket dir, key
+        and /data slot opened to that uid (and the app) only. Another kernel may draw the same
+        uid at the same moment: the younger container then gives it up and draws again."""
         self._check_shared()
-        p.run_dir.mkdir(parents=True, exist_ok=True)
-        p.data_dir.mkdir(parents=True, exist_ok=True)
+        sandbox = self.sandbox
+        try:
+            confinement = sandbox.confinement
+            profile = confinement.seccomp_profile()
+            for _ in range(UID_ATTEMPTS):
+                uid = confinement.draw_uid()
+                self._prepare_dirs(uid)
+                container = sandbox.client.containers.create(**self._container_options(uid, profile))
+                if confinement.uid_clash(container, uid):
+                    container.remove(force=True)
+                    continue
+                self.uid = uid
+                try:
+                    container.start()
+                except BaseException:
+                    container.remove(force=True)
+                    raise
+                return container
+        except ConfinementError as exc:
+            raise SandboxUnavailable(str(exc)) from None
+        raise SandboxUnavailable(f"no free kernel uid after {UID_ATTEMPTS} draws (sandbox.docker_uid_count)")
+
+    def _prepare_dirs(self, uid: int) -> None:
+        """A fresh connection file (HMAC key) in a socket dir that only the app and `uid` can enter."""
+        p = self.placement
+        self._dirs = KernelDirs(p.run_dir, p.data_dir, uid)
+        self._dirs.prepare_run_dir()
         write_connection_file(p.run_dir, f"{KERNEL_DIR}/k")
-        try:  # the kernel user binds its sockets here and reads the connection file
-            os.chown(p.run_dir, SANDBOX_UID, SANDBOX_UID)
-            os.chown(p.run_dir / CONNECTION_FILE, SANDBOX_UID, SANDBOX_UID)
-            os.chmod(p.run_dir, 0o700)
-        except PermissionError:  # the app is not root: open the private dir to the kernel user
-            os.chmod(p.run_dir, 0o777)
-            os.chmod(p.run_dir / CONNECTION_FILE, 0o644)
-        return self.sandbox.client.containers.run(
-            s.image,
-            command=["python", "-m", "ipykernel_launcher", "-f", f"{KERNEL_DIR}/{CONNECTION_FILE}", *IPYKERNEL_ARGS],
+        self._dirs.grant_files(p.run_dir / CONNECTION_FILE)
+
+    def _container_options(self, uid: int, seccomp: str) -> dict[str, Any]:
+        s, p = self.settings, self.placement
+        return dict(
+            image=s.image,
+            command=[*LAUNCH, "python", "-m", "ipykernel_launcher", "-f", f"{KERNEL_DIR}/{CONNECTION_FILE}",
+                     *IPYKERNEL_ARGS],
             name=f"datadesk-{p.kernel_id}",
-            detach=True,
-            labels=self.sandbox.labels(p.kernel_id),
+            labels={**self.sandbox.labels(p.kernel_id), UID_LABEL: str(uid)},
             network_mode="none",
             read_only=True,
             tmpfs={
                 "/tmp": f"size={s.tmp_mb}m,mode=1777",
-                "/home/sandbox": f"size=64m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700",
-                "/outputs": f"size={s.outputs_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755",
+                "/home/sandbox": f"size=64m,uid={uid},gid={uid},mode=0700",
+                "/outputs": f"size={s.outputs_mb}m,uid={uid},gid={uid},mode=0755",
             },
             volumes={str(p.data_dir): {"bind": "/data", "mode": "ro"},
                      str(p.run_dir): {"bind": KERNEL_DIR, "mode": "rw"}},
             working_dir="/outputs",
-            user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+            user=f"{uid}:{uid}",
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+            security_opt=["no-new-privileges", f"seccomp={seccomp}"],
             pids_limit=s.pids_limit,
             mem_limit=f"{s.memory_mb}m",
             memswap_limit=f"{s.memory_mb}m",
@@ -266,6 +305,17 @@ class DockerKernel(Kernel):
             ipc_mode="private",
             stdin_open=False,
         )
+
+    def _seal(self) -> None:
+        """The kernel answered: once its sockets are bound it may create nothing more in its socket
+        dir (so code cannot write to the host disk there)."""
+        deadline = time.monotonic() + 2.0
+        while not all(os.path.exists(s) for s in socket_paths(self.placement.run_dir)):
+            if time.monotonic() > deadline:
+                break  # the channels in use answered; a late heartbeat socket is not needed
+            time.sleep(0.005)
+        if self._dirs is not None:
+            self._dirs.seal()
 
     async def start(self) -> None:
         t0 = time.monotonic()
@@ -296,6 +346,7 @@ class DockerKernel(Kernel):
         self._channel = KernelChannel(host_info, self.placement.run_dir, self.is_alive)
         try:
             await self._channel.connect(self.settings.start_timeout_s)
+            await asyncio.to_thread(self._seal)
         except BaseException as exc:
             logs = await asyncio.to_thread(self._logs)
             await self.shutdown()
@@ -439,8 +490,9 @@ class DockerKernel(Kernel):
         """stdout of `cmd` run in the kernel container as the sandbox user, in chunks (stderr is
         logged at debug level); bounded in time by coreutils' `timeout`."""
         api = self.sandbox.client.api
+        uid = self.uid or LEGACY_UID
         exec_id = api.exec_create(self._container.id, ["timeout", str(EXEC_TIMEOUT_S), *cmd],
-                                  user=f"{SANDBOX_UID}:{SANDBOX_UID}", stdout=True, stderr=True)["Id"]
+                                  user=f"{uid}:{uid}", stdout=True, stderr=True)["Id"]
         stream = api.exec_start(exec_id, stream=True, demux=True)
         err = b""
         try:

@@ -6,8 +6,9 @@
 The image is built without any network inside Docker:
 
 1. its tag is ``datadesk-sandbox:<12 hex>``, a hash of the Dockerfile, the
-   wheel lock (requirements.txt), .dockerignore and the build constants
-   below; when that tag exists the build is skipped (well under a second);
+   wheel lock (requirements.txt), .dockerignore, the seccomp profile and the
+   build constants below; when that tag exists the build is skipped (well
+   under a second);
 2. the pinned wheels for CPython 3.11 / manylinux x86_64 are fetched on the
    host with ``pip download`` into ``sandbox_image/wheels/`` (offline when
    they are all there already);
@@ -15,7 +16,10 @@ The image is built without any network inside Docker:
    pullable, else ``datadesk-base:bookworm``, made once with
    ``debootstrap --variant=minbase`` + ``docker import`` (needs root);
 4. ``docker build`` (classic builder, through the Docker API) tags the result
-   and ``datadesk-sandbox:latest``.
+   and ``datadesk-sandbox:latest``. The seccomp profile kernels run under
+   (``sandbox_image/seccomp.json``) goes into the image as the label
+   ``org.datadesk.sandbox.seccomp`` (compact JSON): the app applies the
+   profile its image was built with, also when it has no checkout.
 
 Standard library + the ``docker`` SDK (imported lazily). Nothing from the rest
 of datadesk is imported.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -50,7 +55,8 @@ WHEEL_PLATFORMS = (
 )
 WHEEL_ABIS = ("cp311", "abi3", "none")
 LAYOUT_VERSION = 1  # bump when the build logic changes the image
-HASHED_FILES = ("Dockerfile", "requirements.txt", ".dockerignore")
+SECCOMP_FILE = "seccomp.json"  # the kernels' seccomp profile (see sandbox/confinement.py)
+HASHED_FILES = ("Dockerfile", "requirements.txt", ".dockerignore", SECCOMP_FILE)
 
 DEBIAN_SUITE = "bookworm"
 DEBIAN_PACKAGES = ("python3", "python3-venv")
@@ -58,6 +64,7 @@ DEBIAN_DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 PULL_TIMEOUT_S = 15
 LABEL_PREFIX = "org.datadesk.sandbox"
+SECCOMP_LABEL = f"{LABEL_PREFIX}.seccomp"
 
 Log = Callable[[str], None]
 
@@ -375,15 +382,28 @@ def build_image(
     chosen = choose_base(context_dir, client, base, log)
 
     log(f"[image] docker build --build-arg BASE_IMAGE={chosen} -t {tag} {context_dir}")
-    docker_build(client, context_dir, tag, chosen, LABEL_PREFIX, force, log, "[image]", t0)
+    docker_build(client, context_dir, tag, chosen, LABEL_PREFIX, force, log, "[image]", t0,
+                 extra_labels={SECCOMP_LABEL: seccomp_label(context_dir)})
     return tag
 
 
+def seccomp_label(context_dir: Path) -> str:
+    """The seccomp profile of the kernels, compact, for the image's label."""
+    path = Path(context_dir) / SECCOMP_FILE
+    try:
+        profile = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BuildError(f"{path}: not a readable JSON seccomp profile ({exc})") from exc
+    if not isinstance(profile, dict) or "defaultAction" not in profile:
+        raise BuildError(f"{path}: not a seccomp profile (no defaultAction)")
+    return json.dumps(profile, separators=(",", ":"))
+
+
 def docker_build(client, context_dir: Path, tag: str, base: str, label_prefix: str, nocache: bool,
-                 log: Log, prefix: str, t0: float) -> None:
+                 log: Log, prefix: str, t0: float, extra_labels: dict[str, str] | None = None) -> None:
     """`docker build --build-arg BASE_IMAGE=<base> -t <tag>` through the API (classic builder, no
     pull), its output streamed to `log`; then `<name>:latest` too. Raises BuildError naming why."""
-    labels = {label_prefix: "1", f"{label_prefix}.base": base, f"{label_prefix}.tag": tag}
+    labels = {label_prefix: "1", f"{label_prefix}.base": base, f"{label_prefix}.tag": tag, **(extra_labels or {})}
     image_id = None
     try:
         stream = client.api.build(path=str(context_dir), tag=tag, buildargs={"BASE_IMAGE": base}, labels=labels,
