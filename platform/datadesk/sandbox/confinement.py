@@ -2,7 +2,8 @@
 
 - **seccomp**: `sandbox_image/seccomp.json`, Docker's default allow-list made stricter (no
   ptrace, personality, keyctl, bpf, userfaultfd, perf_event_open, mount family, namespaces,
-  io_uring, 32-bit ABIs ...; refused calls fail with EPERM). The image build stores it in the
+  io_uring ...; refused calls fail with EPERM; the 32-bit ABIs are not in the filter at all, so
+  such a call ends the process with SIGSYS). The image build stores it in the
   image as the label `SECCOMP_LABEL`, so the app applies exactly the profile its image was
   built with, also where it runs from a wheel without the checkout (docker compose).
 - **kernel identity**: every kernel container runs as its own uid = gid, drawn from
