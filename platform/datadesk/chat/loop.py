@@ -197,9 +197,14 @@ class TurnLoop:
             except asyncio.TimeoutError:
                 result = ToolResult(f"{call.name} timed out after {limit:g} s", is_error=True)
             tool = self.services.tools.get(call.name, self.thread.meta.workspace)
-            outcome = await self.services.offload.process(tool.spec if tool else None, result, self.thread,
-                                                    ctx.origin("tool", call.name, call.arguments), cap, self.epoch,
-                                                    progress=ctx.report)
+            try:
+                outcome = await self.services.offload.process(
+                    tool.spec if tool else None, result, self.thread, ctx.origin("tool", call.name, call.arguments),
+                    cap, self.epoch, progress=ctx.report)
+            except asyncio.CancelledError:
+                if result.table is not None:  # stop the query behind the stream (safe from any thread)
+                    result.table.interrupt()
+                raise
             result = outcome.result
             if outcome.artifact is not None:
                 self.turn.emit(ArtifactCreated(call_id=call.id, artifact=ArtifactRef.of(outcome.artifact)))
