@@ -223,8 +223,9 @@ def read_acl(path: Path, default: bool = False) -> dict[tuple[str, int | None], 
 class KernelDirs:
     """The host directories a kernel container gets, opened to its uid and to nobody else.
 
-    `prepare` before the container starts (the socket dir writable by the kernel, its
-    connection file and /data slot readable), `seal` once the kernel has bound its sockets.
+    Before the container starts: `prepare_run_dir` (the socket dir, writable by the kernel),
+    then the connection file is written and `grant_files` makes it and the /data slot
+    readable by the kernel; `seal` once the kernel has bound its sockets.
     """
 
     def __init__(self, run_dir: Path, data_dir: Path, uid: int) -> None:
@@ -247,7 +248,8 @@ class KernelDirs:
         except OSError as exc:
             if not _acl_unsupported(exc):
                 raise
-            self._without_acls(d, 0o770)
+            self.acls = False
+            self._kernel_group(d, 0o770)
 
     def grant_files(self, connection_file: Path) -> None:
         """The connection file (the HMAC key) readable by the kernel; the /data slot listable."""
@@ -265,8 +267,7 @@ class KernelDirs:
         except OSError as exc:
             if not _acl_unsupported(exc):
                 raise
-            os.chown(d, 0, self.uid)
-            os.chmod(d, 0o750)
+            self._kernel_group(d, 0o750)
 
     def seal(self) -> None:
         """The kernel has bound its sockets: it may no longer create anything in its socket dir."""
@@ -275,13 +276,13 @@ class KernelDirs:
         else:
             os.chmod(self.run_dir, 0o750)
 
-    def _without_acls(self, d: Path, mode: int) -> None:
+    def _kernel_group(self, d: Path, mode: int) -> None:
+        """Without ACLs: `d` owned by root with the kernel's own group (only a root app can)."""
         if self.app_uid != 0:
             raise ConfinementError(
-                f"the file system of {d} does not support POSIX ACLs, which a non-root app needs to give "
-                "a kernel (and only it) its socket directory: set sandbox.run_dir to a directory on ext4, "
-                "xfs, btrfs or tmpfs, or run the app as root")
-        self.acls = False
+                f"the file system of {d} does not support POSIX ACLs, which a non-root app needs to open "
+                "a kernel's directories to it (and only it): keep the data directory and sandbox.run_dir "
+                "on ext4, xfs, btrfs or tmpfs, or run the app as root")
         os.chown(d, 0, self.uid)
         os.chmod(d, mode)
 
