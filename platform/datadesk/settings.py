@@ -93,6 +93,13 @@ class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):
     result_max_bytes: int = 2 * 1024**3
     stream_timeout_s: float = 600.0
     upload_max_bytes: int = 200 * 1024**2
+    # per-upload limits, checked while the file streams (offload.columns.UploadLimits)
+    upload_max_unpacked_bytes: int = 512 * 1024**2  # an .xlsx's inflated size, before inflating
+    upload_max_zip_ratio: float = 200.0
+    upload_max_rows: int = 10_000_000
+    upload_max_columns: int = 4_096
+    upload_max_cell_bytes: int = 1024**2
+    upload_max_seconds: float = 300.0
     ttl_s: float = 7 * 24 * 3600
     thread_max_count: int = 200
     thread_max_bytes: int = 5 * 1024**3

@@ -21,7 +21,7 @@ from datadesk.domain.ids import InvalidId
 from datadesk.domain.tools import ToolError
 from datadesk.memory.store import DuplicateFact, FactNotFound, FactStateError, MemoryInputError
 from datadesk.offload.store import ArtifactNotFound
-from datadesk.offload.uploads import UploadError
+from datadesk.offload.uploads import UploadError, UploadTooLarge
 from datadesk.store.threads import ThreadNotFound
 from datadesk.store.users import UserError
 from datadesk.store.workspaces import WorkspaceConfigError
@@ -42,6 +42,7 @@ ERROR_STATUS: dict[type[Exception], int] = {
     FactStateError: 409,
     TurnConflict: 409,
     MessageTooLong: 413,
+    UploadTooLarge: 413,
     TooManyTurns: 429,
     WorkspaceConfigError: 500,
 }

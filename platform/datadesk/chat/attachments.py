@@ -8,10 +8,16 @@ Ingesting runs in a worker thread that stops when the request is cancelled (the 
 away): a cancelled or failed upload leaves no artifact and no temp file
 (`offload.uploads.ingest_upload_async`). Rows and bytes written go to an optional `progress`
 callback. Temp files a crash left behind are swept by `offload.tempfiles`.
+
+An upload holds the thread's turn slot as a task of its own, so Stop, clear and delete cancel it
+like a turn (`TurnRegistry.cancel`); its work is bounded by the `offload.upload_max_*` limits
+(`UploadLimits`). A pasted table takes the slot too while it is written: refused (409) while a
+turn runs, it leaves no artifact.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import time
@@ -26,6 +32,7 @@ from datadesk.domain.records import Record, UserRecordMeta, record_meta
 from datadesk.domain.users import User
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload import preview
+from datadesk.offload.columns import UploadLimits
 from datadesk.offload.pipeline import OffloadCapability, OffloadPipeline
 from datadesk.offload.quota import ArtifactQuota
 from datadesk.offload.tabular import TabularParseError, detect_text
@@ -42,6 +49,16 @@ Receive = Callable[[int], Awaitable[str]]
 
 class MessageTooLong(ValueError):
     """A message too large for the model that is not a table it could read as a file."""
+
+
+class UploadStopped(UploadError):
+    """The upload was cancelled by Stop, clear or delete of its thread; nothing was kept."""
+
+
+def upload_limits(s: OffloadSettings) -> UploadLimits:
+    return UploadLimits(unpacked_bytes=s.upload_max_unpacked_bytes, zip_ratio=s.upload_max_zip_ratio,
+                        rows=s.upload_max_rows, columns=s.upload_max_columns,
+                        cell_bytes=s.upload_max_cell_bytes, seconds=s.upload_max_seconds)
 
 
 def staging_file(thread: Thread, prefix: str) -> tuple[int, str]:
@@ -71,8 +88,24 @@ class Attachments:
                      progress: Callable[..., None] | None = None) -> Artifact:
         """Receive one file into the thread (409 while a turn runs on it), make it an artifact
         within the quotas, and record it for the model. UploadError names what is wrong with it.
-        `progress(rows=, bytes=)` is called while the file is converted."""
+        `progress(rows=, bytes=)` is called while the file is converted. It runs as the turn's
+        task: cancelling the thread's turn stops it (UploadStopped), nothing kept."""
         turn = self.turns.reserve(thread.id, user.id)
+        try:
+            task = turn.task = asyncio.ensure_future(self._upload(thread, user, receive, progress, turn.turn_id))
+            try:
+                return await task
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if task.cancelled() and (me is None or not me.cancelling()):
+                    raise UploadStopped("the upload was stopped (Stop, or the thread was cleared or "
+                                        "deleted); nothing was kept") from None
+                raise
+        finally:
+            self.turns.release(turn)
+
+    async def _upload(self, thread: Thread, user: User, receive: Receive,
+                      progress: Callable[..., None] | None, turn_id: str) -> Artifact:
         tmp_path: str | None = None
         try:
             fd, tmp_path = staging_file(thread, ".upload-")
@@ -81,13 +114,12 @@ class Attachments:
             tmp_path = None  # consumed by the ingest
             text = self.note(user, thread, art, head, schema, filename)
             thread.append(lambda seq: Record(
-                seq=seq, role="user", ts=time.time(), turn_id=turn.turn_id, content=text,
+                seq=seq, role="user", ts=time.time(), turn_id=turn_id, content=text,
                 meta=record_meta(UserRecordMeta(kind="upload", artifact=art.id, filename=filename,
                                                 image=art.format in IMAGES)),
             ), thread.epoch)
             return art
         finally:
-            self.turns.release(turn)
             if tmp_path and os.path.exists(tmp_path):
                 os.unlink(tmp_path)
 
@@ -100,16 +132,20 @@ class Attachments:
         if len(text) <= 8 * limit and (len(text) <= limit or count_tokens(text) <= limit):
             return text
         if len(text) <= MAX_PASTE_CHARS and detect_text(text) in ("csv", "tsv", "json"):
-            fd, tmp = staging_file(thread, ".paste-")
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            # the thread's slot first: while a turn runs the message is refused (409), no artifact
+            turn = self.turns.reserve(thread.id, user.id)
             try:
+                fd, tmp = staging_file(thread, ".paste-")
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(text)
                 art, head, schema = await self._ingest(thread, user, Path(tmp), PASTE_NAME)
             except (UploadError, TabularParseError):
                 pass  # not a table after all: refused below like any long text
             else:
                 return ("[The user pasted a table too large to show here; it was saved as a file.]\n"
                         + self.note(user, thread, art, head, schema, PASTE_NAME))
+            finally:
+                self.turns.release(turn)
         raise MessageTooLong(
             f"the message is too long for the model (about {count_tokens(text[:400_000]):,}+ tokens; limit "
             f"{limit:,}). Upload large data as a file instead, or shorten the message.")
@@ -121,7 +157,8 @@ class Attachments:
         cache data making room."""
         origin = ArtifactOrigin(source="upload", user=user.id, thread=thread.id, workspace=thread.workspace,
                                 filename=filename)
-        art, head, schema = await ingest_upload_async(self.offload, thread, tmp, filename, origin, progress)
+        art, head, schema = await ingest_upload_async(self.offload, thread, tmp, filename, origin, progress,
+                                                      upload_limits(self.settings))
         self.quota.after_create(art)
         return art, head, schema
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from datadesk.offload.columns import TabularParseError, unique_names
+from datadesk.offload.columns import LimitExceeded, TabularParseError, UploadLimits, human, unique_names
 
 Source = str | bytes | Path
 
@@ -26,19 +27,23 @@ Source = str | bytes | Path
 _CONVERSION_RE = re.compile(r"In CSV column #(\d+): (?:Row #\d+: )?CSV conversion error to ([^:]+): (.*)", re.S)
 _COLUMNS_RE = re.compile(r"Expected (\d+) columns, got (\d+)")
 _CHUNK = 1 << 20
-_MAX_BLOCK = 256 << 20  # a single record larger than this is refused
 
 
-def csv_batches(source: Source, delimiter: str = ",", *, block_size: int = 1 << 20) -> Iterator[pa.RecordBatch]:
+def csv_batches(source: Source, delimiter: str = ",", *, block_size: int = 1 << 20,
+                limits: UploadLimits | None = None) -> Iterator[pa.RecordBatch]:
     """Yield record batches of a CSV/TSV with inferred types, streaming.
 
     `source` is CSV text (str), raw bytes, or a file path. Raises
     TabularParseError for an empty file, a row with the wrong number of
     columns (naming its line) and non-UTF-8 input (naming the byte offset).
     Batch sizes follow pyarrow's blocks (`block_size` bytes of input).
+    `limits` bound rows, columns, seconds and cell size: a record (line) may be
+    at most 4 cells' worth of bytes, so pyarrow never holds more than that.
     """
     if isinstance(source, str):
         source = source.encode("utf-8")
+    limits = limits if limits is not None else UploadLimits().started()
+    max_block = max(block_size, 4 * limits.cell_bytes)
     opener = _opener(source)
     _check_bom(opener)
     forced: set[str] = set()
@@ -48,11 +53,13 @@ def csv_batches(source: Source, delimiter: str = ",", *, block_size: int = 1 << 
         try:
             reader = _open(opener, delimiter, block_size, forced, names)
         except pa.ArrowInvalid as exc:
-            if _straddles(exc) and block_size < _MAX_BLOCK:
-                block_size *= 4
+            if _straddles(exc):
+                block_size = _grow(block_size, max_block, limits, yielded)
                 continue
             raise _translate(exc, source, delimiter) from None
         header = reader.schema.names
+        if len(header) > limits.columns:
+            raise limits.refuse_columns(len(header))
         if names is None and header != unique_names(header):
             names = unique_names(header)
             continue  # reopen with clean names: Parquet needs unique ones
@@ -67,9 +74,9 @@ def csv_batches(source: Source, delimiter: str = ",", *, block_size: int = 1 << 
                 break
             except pa.ArrowInvalid as exc:
                 restart = True
-                if _straddles(exc) and block_size < _MAX_BLOCK:
+                if _straddles(exc):
                     # One record is longer than a block (huge quoted field).
-                    block_size *= 4
+                    block_size = _grow(block_size, max_block, limits, yielded)
                     break
                 column = _conflicting_column(exc, reader.schema)
                 if column is None or column in forced:
@@ -83,6 +90,7 @@ def csv_batches(source: Source, delimiter: str = ",", *, block_size: int = 1 << 
                 batch, skip = batch.slice(skip), 0
             if batch.num_rows:
                 yielded += batch.num_rows
+                _check_batch(batch, limits, yielded)
                 yield batch
         if restart:
             continue
@@ -91,6 +99,27 @@ def csv_batches(source: Source, delimiter: str = ",", *, block_size: int = 1 << 
             yield pa.RecordBatch.from_arrays(
                 [pa.array([], type=f.type) for f in reader.schema], schema=reader.schema)
         return
+
+
+def _grow(block_size: int, max_block: int, limits: UploadLimits, yielded: int) -> int:
+    """The next block size for a record longer than a block, or LimitExceeded past the cap."""
+    if block_size >= max_block:
+        raise LimitExceeded(
+            f"a CSV record after row {yielded:,} is longer than {human(max_block)} (4 cells of the "
+            f"{human(limits.cell_bytes)} cell limit, offload.upload_max_cell_bytes); a cell that big "
+            "is not table data")
+    return min(block_size * 4, max_block)
+
+
+def _check_batch(batch: pa.RecordBatch, limits: UploadLimits, rows: int) -> None:
+    limits.tick()
+    if rows > limits.rows:
+        raise limits.refuse_rows()
+    for name, col in zip(batch.schema.names, batch.columns):
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            longest = pc.max(pc.binary_length(col)).as_py()
+            if longest is not None and longest > limits.cell_bytes:
+                raise limits.refuse_cell(f"a cell of column {name!r} (before row {rows + 1:,})")
 
 
 def _opener(source: bytes | Path) -> Callable[[], pa.NativeFile]:

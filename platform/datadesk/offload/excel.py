@@ -4,6 +4,10 @@ The header is the first non-empty row of the sheet. Cells keep their Python
 types (int/float/bool/datetime/str) and go through the same per-column
 inference as JSON rows (`rows_to_batch`). Fully empty rows are skipped: in
 read-only mode they are mostly formatting leftovers and carry no data.
+
+An .xlsx is a zip: its entries are checked before anything is inflated (`check_archive`:
+unpacked size, compression ratio, nested archives), then rows stream under `UploadLimits`
+(rows, columns, cell size, seconds; Excel's own 1,048,576 x 16,384 grid too).
 """
 
 from __future__ import annotations
@@ -14,7 +18,12 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from datadesk.offload.columns import TabularParseError, rows_to_batch
+from datadesk.offload.columns import LimitExceeded, TabularParseError, UploadLimits, human, rows_to_batch
+
+EXCEL_MAX_ROWS = 1_048_576
+EXCEL_MAX_COLUMNS = 16_384
+_RATIO_FROM = 1024 * 1024  # entries smaller than this are not held to the ratio
+_TICK_ROWS = 2048
 
 
 def _last_filled(row: tuple[Any, ...]) -> int:
@@ -26,16 +35,56 @@ def _last_filled(row: tuple[Any, ...]) -> int:
     return 0
 
 
-def xlsx_batches(path: Path, sheet: str | None = None, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
+def check_archive(path: Path, limits: UploadLimits) -> None:
+    """Refuse a zip whose entries (from its central directory, before inflating any) unpack to
+    more than `limits.unpacked_bytes` or compress better than `limits.zip_ratio`, or that holds
+    another archive. Python's zipfile never inflates past an entry's declared size (the CRC
+    check fails instead), so the declared sizes bound the work."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            total = 0
+            for info in infos:
+                total += info.file_size
+                if total > limits.unpacked_bytes:
+                    raise LimitExceeded(
+                        f"the workbook unpacks to more than {human(limits.unpacked_bytes)} "
+                        "(offload.upload_max_unpacked_bytes); save a smaller file or export the sheet as CSV")
+                ratio = info.file_size / max(info.compress_size, 1)
+                if info.file_size >= _RATIO_FROM and ratio > limits.zip_ratio:
+                    raise LimitExceeded(
+                        f"workbook part {info.filename!r} is compressed {ratio:,.0f}:1, more than the "
+                        f"{limits.zip_ratio:g}:1 allowed (offload.upload_max_zip_ratio): a zip bomb?")
+                if info.filename.lower().endswith((".zip", ".gz", ".7z", ".rar")) or _is_zip(zf, info):
+                    raise LimitExceeded(f"the workbook holds another archive ({info.filename!r}); "
+                                        "nested archives are refused")
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise TabularParseError(f"not a readable .xlsx workbook: {exc}") from None
+
+
+def _is_zip(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bool:
+    """Whether an entry is itself a zip (4 bytes inflated); embedded objects are not read."""
+    if info.is_dir() or info.file_size < 4 or info.filename.startswith("xl/embeddings/"):
+        return False
+    with zf.open(info) as fh:
+        return fh.read(4) == b"PK\x03\x04"
+
+
+def xlsx_batches(path: Path, sheet: str | None = None, batch_rows: int = 65_536,
+                 limits: UploadLimits | None = None) -> Iterator[pa.RecordBatch]:
     """Open `sheet` (default: the first one) and return an iterator of batches.
 
     Opening, choosing the sheet and finding the header happen now, so an
     unreadable file, an unknown sheet or an empty sheet raise
-    TabularParseError (naming the sheet) before any batch is requested.
+    TabularParseError (naming the sheet) before any batch is requested;
+    a file past `limits` raises LimitExceeded (before inflating, for sizes).
     """
     import openpyxl  # heavy import; only needed for Excel uploads
 
     from openpyxl.utils.exceptions import InvalidFileException
+
+    limits = limits if limits is not None else UploadLimits().started()
+    check_archive(path, limits)
 
     # A file object, not the path: openpyxl refuses paths that do not end in
     # .xlsx, and uploads sit under temporary names (we sniff by content).
@@ -61,7 +110,7 @@ def xlsx_batches(path: Path, sheet: str | None = None, batch_rows: int = 65_536)
         # Some writers store a wrong <dimension>; trusting it would silently
         # cut rows, so read until the real end of the sheet data.
         ws.reset_dimensions()
-        rows = ws.iter_rows(values_only=True)
+        rows = _bounded(ws.iter_rows(values_only=True), limits)
         header: tuple[Any, ...] | None = None
         for row in rows:
             width = _last_filled(row)
@@ -70,10 +119,34 @@ def xlsx_batches(path: Path, sheet: str | None = None, batch_rows: int = 65_536)
                 break
         if header is None:
             raise TabularParseError(f"sheet {ws.title!r} is empty: no header row")
+    except zipfile.BadZipFile as exc:
+        _close(wb)
+        raise TabularParseError(f"not a readable .xlsx workbook: {exc}") from None
     except BaseException:
         _close(wb)
         raise
     return _stream(wb, rows, list(header), batch_rows)
+
+
+def _bounded(rows: Iterator[tuple[Any, ...]], limits: UploadLimits) -> Iterator[tuple[Any, ...]]:
+    """The sheet's rows (empty ones included, as openpyxl fills gaps), stopped at the limits."""
+    max_rows = min(limits.rows, EXCEL_MAX_ROWS)
+    max_cols = min(limits.columns, EXCEL_MAX_COLUMNS)
+    cap = limits.cell_bytes // 4  # a str of n chars is at most 4n UTF-8 bytes; checked exactly below
+    for n, row in enumerate(rows, 1):
+        if n % _TICK_ROWS == 0:
+            limits.tick()
+        if n > max_rows:
+            raise limits.refuse_rows(max_rows)
+        if len(row) > max_cols:
+            width = _last_filled(row)
+            if width > max_cols:
+                raise limits.refuse_columns(width)
+            row = row[:width]
+        for i, v in enumerate(row):
+            if type(v) is str and len(v) > cap and len(v.encode("utf-8", "surrogatepass")) > limits.cell_bytes:
+                raise limits.refuse_cell(f"the cell in row {n}, column {i + 1}")
+        yield row
 
 
 def _stream(wb: Any, rows: Iterator[tuple[Any, ...]], header: list[Any],
@@ -94,6 +167,8 @@ def _stream(wb: Any, rows: Iterator[tuple[Any, ...]], header: list[Any],
                 buf, width = [], len(header)
         if buf or not emitted:
             yield _to_batch(header, width, buf)
+    except zipfile.BadZipFile as exc:
+        raise TabularParseError(f"not a readable .xlsx workbook: {exc}") from None
     finally:
         _close(wb)
 

@@ -20,7 +20,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datadesk.offload.columns import (TabularParseError, cell_text, infer_array,
+from datadesk.offload.columns import (TabularParseError, UploadLimits, cell_text, infer_array,
                                       records_to_batch, rows_to_batch, unique_names)
 from datadesk.offload.csvfile import csv_batches
 from datadesk.offload.excel import xlsx_batches
@@ -138,23 +138,30 @@ def _text_prefix(head: bytes, complete: bool) -> str | None:
 
 # ------------------------------------------------------------------------ files
 
-def file_batches(path: Path, fmt: str, batch_rows: int = 65_536, *,
-                 sheet: str | None = None) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]]:
+def file_batches(path: Path, fmt: str, batch_rows: int = 65_536, *, sheet: str | None = None,
+                 limits: UploadLimits | None = None) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]]:
     """Open a file of a sniffed format: (schema when known up front, batches).
 
     Parquet gives its schema (so an empty file still has columns); the
     others infer types while reading and return None. Errors that can be
     seen on opening (bad workbook, empty sheet, non-UTF-8 JSON) raise now.
+    `limits` (rows, columns, cell size, seconds, unpacked size) raise LimitExceeded.
     """
     path = Path(path)
+    limits = limits if limits is not None else UploadLimits().started()
     if fmt == "parquet":
         try:
             pf = pq.ParquetFile(path)
-        except (pa.ArrowInvalid, OSError) as exc:
+            schema = pf.schema_arrow
+        except (pa.ArrowException, OSError, ValueError) as exc:
             raise TabularParseError(f"not a readable Parquet file: {exc}") from None
-        return pf.schema_arrow, _parquet_batches(pf, batch_rows)
+        if len(schema) > limits.columns:
+            raise limits.refuse_columns(len(schema))
+        if pf.metadata.num_rows > limits.rows:
+            raise limits.refuse_rows()
+        return schema, _parquet_batches(pf, batch_rows, limits)
     if fmt in ("csv", "tsv"):
-        return None, csv_batches(path, "\t" if fmt == "tsv" else ",")
+        return None, csv_batches(path, "\t" if fmt == "tsv" else ",", limits=limits)
     if fmt == "json":
         data = path.read_bytes()
         bom = 3 if data.startswith(codecs.BOM_UTF8) else 0
@@ -167,14 +174,22 @@ def file_batches(path: Path, fmt: str, batch_rows: int = 65_536, *,
                                     "save it as UTF-8") from None
         return None, json_batches(text, batch_rows)
     if fmt == "xlsx":
-        return None, xlsx_batches(path, sheet, batch_rows)
+        return None, xlsx_batches(path, sheet, batch_rows, limits)
     if fmt == "xls":
         raise TabularParseError("legacy .xls is not supported; save as .xlsx")
     raise TabularParseError(f"{fmt!r} is not a tabular format")
 
 
-def _parquet_batches(pf: pq.ParquetFile, batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _parquet_batches(pf: pq.ParquetFile, batch_rows: int, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
+    rows = 0
     try:
-        yield from pf.iter_batches(batch_size=batch_rows)
+        for batch in pf.iter_batches(batch_size=batch_rows):
+            rows += batch.num_rows
+            limits.tick()
+            yield batch
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        if isinstance(exc, TabularParseError):
+            raise
+        raise TabularParseError(f"the Parquet file is damaged after row {rows:,}: {exc}") from None
     finally:
         pf.close()

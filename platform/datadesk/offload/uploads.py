@@ -22,6 +22,7 @@ from datadesk.domain.tools import TabularStream
 from datadesk.offload.pipeline import OffloadPipeline
 from datadesk.offload.sink import file_digest
 from datadesk.offload.store import new_artifact_id
+from datadesk.offload.columns import LimitExceeded, UploadLimits
 from datadesk.offload.tabular import TabularParseError, file_batches, sniff_file
 from datadesk.offload.worker import WriteJob, run_job
 from datadesk.store.threads import Thread
@@ -34,21 +35,29 @@ class UploadError(ValueError):
     """The uploaded file cannot be used; the message says why (format, line, sheet, encoding)."""
 
 
+class UploadTooLarge(UploadError):
+    """The file passed one of the upload limits (`UploadLimits`); the message names it (413)."""
+
+
 Ingested = tuple[Artifact, pa.Table | None, pa.Schema | None]
 
 
 async def ingest_upload_async(pipeline: OffloadPipeline, thread: Thread, tmp: Path, filename: str,
-                              origin: ArtifactOrigin, progress: Callable[..., None] | None = None) -> Ingested:
+                              origin: ArtifactOrigin, progress: Callable[..., None] | None = None,
+                              limits: UploadLimits | None = None) -> Ingested:
     """`ingest_upload` in a worker thread. `progress(rows=, bytes=)` is called on the event loop
     while it writes; cancelling the caller stops it: no artifact, `tmp` removed."""
     job = pipeline.job(progress)
-    return await run_job(job, ingest_upload, pipeline, thread, tmp, filename, origin, job,
+    return await run_job(job, ingest_upload, pipeline, thread, tmp, filename, origin, job, limits,
                          discard=pipeline.store.discard)
 
 
 def ingest_upload(pipeline: OffloadPipeline, thread: Thread, tmp: Path, filename: str,
-                  origin: ArtifactOrigin, job: WriteJob | None = None) -> Ingested:
-    """Turn the uploaded file at `tmp` into an artifact of `thread`; `tmp` is consumed either way."""
+                  origin: ArtifactOrigin, job: WriteJob | None = None,
+                  limits: UploadLimits | None = None) -> Ingested:
+    """Turn the uploaded file at `tmp` into an artifact of `thread`; `tmp` is consumed either way.
+    Past one of `limits` (the clock starts now): UploadTooLarge naming it, nothing kept."""
+    limits = (limits or UploadLimits()).started(job.check if job is not None else None)
     try:
         if job is not None:
             job.check()
@@ -61,10 +70,12 @@ def ingest_upload(pipeline: OffloadPipeline, thread: Thread, tmp: Path, filename
             raise UploadError(f"{filename}: unsupported or unrecognised file type (by content); accepted: "
                               "CSV, TSV, Excel (.xlsx), Parquet, JSON, PNG, JPEG, GIF, WebP")
         try:
-            schema, batches = file_batches(tmp, fmt)
+            schema, batches = file_batches(tmp, fmt, limits=limits)
             aid = new_artifact_id()
             with TabularStream(schema, batches) as table:
                 art, head, full_schema = pipeline.write_table(thread, aid, table, origin, "upload", job=job)
+        except LimitExceeded as exc:
+            raise UploadTooLarge(f"{filename}: {exc}") from None
         except TabularParseError as exc:
             raise UploadError(f"{filename}: {exc}") from None
         except pa.ArrowException as exc:
