@@ -12,6 +12,15 @@ kernel is trusted:
   images only from the app itself and `data:` URIs, so a Markdown image that
   points at another host is never fetched (it cannot leak data).
 
+Rendering is bounded: a text past `FULL_RENDER_CHARS` is shown as escaped plain
+text (`<pre>`), and while an answer streams `LiveMarkdown` renders each finished
+block once (cached) and only the open tail again; an open block past
+`LIVE_BLOCK_CHARS` is shown as plain text until the answer completes.
+
+Images in model or tool output may point only at `data:` URIs or (when the caller
+allows it) this thread's artifact views: a relative or same-site URL such as
+`/login?code=...` would make the victim's browser call the app (login CSRF).
+
 HTML reports written by code are sanitized with the same allow-list (plus
 headings, figures and inline images) and served from a sandboxed response.
 """
@@ -22,7 +31,8 @@ import base64
 import html
 import re
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Iterable
+from urllib.parse import unquote, urlsplit
 
 import nh3
 from markdown_it import MarkdownIt
@@ -39,6 +49,9 @@ _ATTRS: dict[str, set[str]] = {
 }
 _TABLE_LINE = re.compile(r"^\|.*\|\s*$")
 _TABLE_RULE = re.compile(r"^\|(\s*:?-+:?\s*\|)+\s*$")
+_FENCE = re.compile(r"^ {0,3}(```|~~~)")
+FULL_RENDER_CHARS = 512 * 1024  # past this a text is shown as escaped plain text, not rendered
+LIVE_BLOCK_CHARS = 64 * 1024  # while streaming, an open block past this is shown as plain text
 
 
 @lru_cache(maxsize=1)
@@ -61,11 +74,89 @@ def sanitize(fragment: str, *, img_src: Callable[[str], str | None] | None = Non
                      link_rel="noopener noreferrer", attribute_filter=attr_filter, strip_comments=True)
 
 
-def markdown_html(text: str, *, img_src: Callable[[str], str | None] | None = None) -> str:
-    """Markdown (as a model writes it) to sanitized HTML."""
+def artifact_view_url(aid: str) -> str:
+    return f"/api/artifacts/{aid}/view"
+
+
+def model_img_src(artifact_ids: Iterable[str] = ()) -> Callable[[str], str | None]:
+    """The image rule for model/tool output: `data:` URIs and the view URLs of the given artifacts
+    (this thread's) stay; any other relative URL, and an absolute one whose path names an app
+    endpoint (`/login`, `/api/...`, on whatever host), is dropped: the browser would call the app
+    with the victim's cookie (`img-src 'self'`). Other hosts stay for the CSP to block."""
+    allowed = {artifact_view_url(a) for a in artifact_ids}
+
+    def check(src: str) -> str | None:
+        s = src.strip()
+        if s[:5].lower() == "data:" or s in allowed:
+            return s
+        parts = urlsplit(s)
+        if not parts.scheme and not s.startswith("//"):
+            return None  # relative: this app
+        path = unquote(parts.path).replace("\\", "/").lower()
+        if re.match(r"/+(login|logout|api)\b", path):
+            return None
+        return s
+
+    return check
+
+
+def plain_html(text: str) -> str:
+    """Text shown verbatim (escaped): the degraded view of a giant answer."""
+    return f'<pre class="dd-plain">{html.escape(text)}</pre>' if text else ""
+
+
+def markdown_html(text: str, *, img_src: Callable[[str], str | None] | None = None,
+                  limit: int = FULL_RENDER_CHARS) -> str:
+    """Markdown (as a model writes it) to sanitized HTML; past `limit` chars, escaped plain text.
+    Images keep only `data:` sources unless `img_src` says otherwise."""
     if not text:
         return ""
-    return sanitize(_md().render(text), img_src=img_src)
+    if len(text) > limit:
+        return plain_html(text)
+    return sanitize(_md().render(text), img_src=img_src or model_img_src())
+
+
+class LiveMarkdown:
+    """The HTML of an answer while it streams, bounded in cost per update: each finished block
+    (text up to a blank line outside a code fence) is rendered once and cached; only the open
+    tail is rendered again, and shown as plain text past `LIVE_BLOCK_CHARS`. Not thread-safe:
+    one caller feeds and renders (rendering may run in a worker thread between feeds)."""
+
+    def __init__(self, *, img_src: Callable[[str], str | None] | None = None,
+                 block_limit: int = LIVE_BLOCK_CHARS) -> None:
+        self._img_src = img_src
+        self._limit = block_limit
+        self._done: list[str] = []  # HTML of the finished blocks
+        self._open = ""  # text after the last finished block
+        self._scanned = 0  # offset in `_open` of the first line not yet scanned
+        self._fence = False  # inside a code fence at `_scanned`
+        self._ends: list[int] = []  # offsets in `_open` where a finished block ends
+
+    def feed(self, text: str) -> None:
+        self._open += text
+        while (nl := self._open.find("\n", self._scanned)) >= 0:
+            line = self._open[self._scanned:nl]
+            if _FENCE.match(line):
+                self._fence = not self._fence
+            elif not self._fence and not line.strip():
+                self._ends.append(nl + 1)
+            self._scanned = nl + 1
+
+    def _block(self, text: str) -> str:
+        return markdown_html(text, img_src=self._img_src, limit=self._limit)
+
+    def render(self) -> str:
+        """The HTML of everything fed so far."""
+        start = 0
+        for end in self._ends:
+            if self._open[start:end].strip():
+                self._done.append(self._block(self._open[start:end]))
+            start = end
+        if start:
+            self._open = self._open[start:]
+            self._scanned -= start
+        self._ends.clear()
+        return "".join(self._done) + self._block(self._open)
 
 
 def tool_html(content: str) -> str:
@@ -74,7 +165,7 @@ def tool_html(content: str) -> str:
     lines = content.splitlines()
     has_table = any(_TABLE_LINE.match(a) and _TABLE_RULE.match(b) for a, b in zip(lines, lines[1:]))
     if has_table:
-        return markdown_html(content)
+        return markdown_html(content, limit=LIVE_BLOCK_CHARS)
     return f"<pre>{html.escape(content)}</pre>"
 
 

@@ -19,7 +19,7 @@ from litestar.response.sse import ServerSentEventMessage
 
 from datadesk.api.access import find_thread, member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
-from datadesk.api.render import markdown_html, tool_html
+from datadesk.api.render import LiveMarkdown, markdown_html, tool_html
 from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut, ThreadPatch
 from datadesk.chat.journal import Cursor, JournalEvent, event_id
 from datadesk.chat.loop import start_turn
@@ -76,8 +76,8 @@ class ThreadController(Controller):
         records = handle.log.tail(limit + 1)
         has_more = len(records) > limit
         records = records[-limit:]
-        return ThreadDetail(thread=thread_out(rt, handle.meta),
-                            records=[record_view(r) for r in records], has_more=has_more)
+        views = await asyncio.to_thread(lambda: [record_view(r) for r in records])  # rendering is CPU
+        return ThreadDetail(thread=thread_out(rt, handle.meta), records=views, has_more=has_more)
 
     @patch("/{tid:str}")
     async def rename_thread(self, tid: FromPath[str], data: JSONBody[ThreadPatch], user: CurrentUser,
@@ -166,37 +166,52 @@ class ThreadController(Controller):
 
 
 class _Rendering:
-    """The answer's sanitized Markdown, added to `message.delta` a few times a second."""
+    """The answer's sanitized Markdown, added to `message.delta` a few times a second. Bounded and
+    off the event loop: `LiveMarkdown` renders each finished block once and only the open tail
+    again (plain text past its limit), in a worker thread, and the next rendering waits at least
+    twice as long as the last one took."""
 
     def __init__(self) -> None:
-        self.text: list[str] = []
+        self.live = LiveMarkdown()
+        self.has_text = False
         self.rendered_at = 0.0
+        self.wait_s = HTML_EVERY_S
         self.stale = False  # text arrived since the last rendering
 
-    def events(self, ev: JournalEvent) -> list[tuple[str, dict[str, Any]]]:
+    async def _render(self) -> str:
+        start = time.monotonic()
+        out = await asyncio.to_thread(self.live.render)
+        self.rendered_at = time.monotonic()
+        self.wait_s = max(HTML_EVERY_S, 2 * (self.rendered_at - start))
+        self.stale = False
+        return out
+
+    async def events(self, ev: JournalEvent, send: bool = True) -> list[tuple[str, dict[str, Any]]]:
         """What to send for `ev`: a final rendering of the text before it when due, then `ev`
-        (with `html` where it has some)."""
+        (with `html` where it has some). With `send` false (a replayed event) nothing renders."""
         data, out = ev.data, []
         if ev.type == "message.delta":
-            self.text.append(str(data.get("text", "")))
-            now = time.monotonic()
-            if now - self.rendered_at >= HTML_EVERY_S:
-                self.rendered_at, self.stale = now, False
-                data = {**data, "html": markdown_html("".join(self.text))}
+            self.live.feed(str(data.get("text", "")))
+            self.has_text = True
+            if send and time.monotonic() - self.rendered_at >= self.wait_s:
+                data = {**data, "html": await self._render()}
             else:
                 self.stale = True
-        elif ev.type in ("tool.started", "error", "done") and self.text:
-            if self.stale:  # the text before a tool call (or an error) gets its final rendering
-                out.append(("message.delta", {"text": "", "html": markdown_html("".join(self.text))}))
-            self.text.clear()
-            self.stale = False
+        elif ev.type in ("tool.started", "error", "done") and self.has_text:
+            if self.stale and send:  # the text before a tool call (or an error) gets its final rendering
+                out.append(("message.delta", {"text": "", "html": await self._render()}))
+            self._reset()
         elif ev.type == "message.completed":
-            self.text.clear()
-            data = {**data, "html": markdown_html(str(data.get("content") or ""))}
-        elif ev.type == "tool.finished":
-            data = {**data, "html": tool_html(str(data.get("preview") or ""))}
+            self._reset()
+            if send:
+                data = {**data, "html": await asyncio.to_thread(markdown_html, str(data.get("content") or ""))}
+        elif ev.type == "tool.finished" and send:
+            data = {**data, "html": await asyncio.to_thread(tool_html, str(data.get("preview") or ""))}
         out.append((ev.type, data))
         return out
+
+    def _reset(self) -> None:
+        self.live, self.has_text, self.stale = LiveMarkdown(), False, False
 
 
 async def _stream(attached: Attachment, cancel_on_leave: RunningTurn | None) -> AsyncIterator[ServerSentEventMessage]:
@@ -212,7 +227,7 @@ async def _stream(attached: Attachment, cancel_on_leave: RunningTurn | None) -> 
             if ev is None:
                 yield ServerSentEventMessage(data=None, comment="ping")
                 continue
-            sent = render.events(ev)
+            sent = await render.events(ev, send=ev.n > attached.seen)
             if ev.n <= attached.seen:
                 continue
             for i, (type_, data) in enumerate(sent):
