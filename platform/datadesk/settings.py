@@ -100,6 +100,7 @@ class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):
     upload_max_columns: int = 4_096
     upload_max_cell_bytes: int = 1024**2
     upload_max_seconds: float = 300.0
+    upload_max_memory_bytes: int = 1024**3  # an .xlsx is parsed in a child process of this address space
     ttl_s: float = 7 * 24 * 3600
     thread_max_count: int = 200
     thread_max_bytes: int = 5 * 1024**3

@@ -269,3 +269,51 @@ def test_pasted_table_while_a_turn_runs_leaves_no_artifact(harness_factory) -> N
     asyncio.run(scenario())
     files = [p.name for p in thread.artifacts_dir.iterdir() if p.name != ".lock"]
     assert len([f for f in files if f.endswith(".parquet")]) == 1  # only the accepted one
+
+
+def test_xlsx_parse_runs_in_a_memory_bounded_child(make, tmp_path) -> None:
+    """Shared strings are all held before the first row: only a child's RLIMIT_AS bounds them."""
+    h = make(upload_max_memory_bytes=450 * 1024**2)
+    body = "".join(f"<si><t>{n}</t></si>" for n in range(2_000_000))  # ~40 MB, ~2 M Python strs
+    book = xlsx(tmp_path / "strings.xlsx", sheet_xml([(1, ['<c r="A1" t="s"><v>0</v></c>'])]),
+                shared=f"<sst {_NS}>{body}</sst>")
+    ok = xlsx(tmp_path / "ok.xlsx", sheet_xml([(1, [inline("A1", "n")]), (2, [num("A2", 7)])]))
+    with TestClient(h.app()) as client:
+        _refused(h, client, book, "strings.xlsx", 413, "upload_max_memory_bytes")
+        tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+        r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("ok.xlsx", ok.read_bytes())},
+                        headers=h.auth("alice"))
+        assert r.status_code == 201 and r.json()["artifact"]["rows"] == 1, r.text
+
+
+def test_stop_kills_an_xlsx_parse_in_its_child(make, tmp_path) -> None:
+    h = make()
+    body = "".join(f"<si><t>{n}</t></si>" for n in range(1_500_000))  # seconds of parsing in the child
+    book = xlsx(tmp_path / "slow.xlsx", sheet_xml([(1, ['<c r="A1" t="s"><v>0</v></c>'])]),
+                shared=f"<sst {_NS}>{body}</sst>").read_bytes()
+    with TestClient(h.app()) as client:
+        tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+    thread = h.rt.threads.get(tid, "alice", ["demo"])
+    user = h.rt.users.get("alice")
+
+    async def scenario() -> float:
+        received = asyncio.Event()
+
+        async def receive(fd: int) -> str:
+            with os.fdopen(fd, "wb") as out:
+                out.write(book)
+            received.set()
+            return "slow.xlsx"
+
+        up = asyncio.ensure_future(h.rt.attachments.upload(thread, user, receive))
+        await received.wait()
+        await asyncio.sleep(0.5)  # the child is parsing the shared strings now
+        assert not up.done()
+        assert await h.rt.turns.cancel(tid) is True
+        with pytest.raises(UploadStopped):
+            await up
+        return 0.0
+
+    asyncio.run(scenario())
+    assert not h.rt.turns.running(tid)
+    assert [p.name for p in thread.artifacts_dir.iterdir() if p.name != ".lock"] == []

@@ -58,7 +58,8 @@ class UploadStopped(UploadError):
 def upload_limits(s: OffloadSettings) -> UploadLimits:
     return UploadLimits(unpacked_bytes=s.upload_max_unpacked_bytes, zip_ratio=s.upload_max_zip_ratio,
                         rows=s.upload_max_rows, columns=s.upload_max_columns,
-                        cell_bytes=s.upload_max_cell_bytes, seconds=s.upload_max_seconds)
+                        cell_bytes=s.upload_max_cell_bytes, seconds=s.upload_max_seconds,
+                        memory_bytes=s.upload_max_memory_bytes)
 
 
 def staging_file(thread: Thread, prefix: str) -> tuple[int, str]:

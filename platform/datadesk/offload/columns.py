@@ -39,6 +39,7 @@ class UploadLimits:
     columns: int = 4_096
     cell_bytes: int = 1024**2
     seconds: float = 300.0
+    memory_bytes: int = 0  # > 0: an .xlsx is parsed in a child process with this address space
     deadline: float = 0.0  # time.monotonic() past which reading stops (0: not started)
     check: Callable[[], None] | None = None  # raises when the read was cancelled
 

@@ -12,6 +12,14 @@ unpacked size, compression ratio, nested archives), then rows stream under `Uplo
 
 from __future__ import annotations
 
+import json
+import os
+import resource
+import signal
+import struct
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -79,12 +87,17 @@ def xlsx_batches(path: Path, sheet: str | None = None, batch_rows: int = 65_536,
     TabularParseError (naming the sheet) before any batch is requested;
     a file past `limits` raises LimitExceeded (before inflating, for sizes).
     """
+    limits = limits if limits is not None else UploadLimits().started()
+    check_archive(path, limits)
+    if limits.memory_bytes:
+        return _in_child(Path(path), sheet, batch_rows, limits)
+    return _open(path, sheet, batch_rows, limits)
+
+
+def _open(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
     import openpyxl  # heavy import; only needed for Excel uploads
 
     from openpyxl.utils.exceptions import InvalidFileException
-
-    limits = limits if limits is not None else UploadLimits().started()
-    check_archive(path, limits)
 
     # A file object, not the path: openpyxl refuses paths that do not end in
     # .xlsx, and uploads sit under temporary names (we sniff by content).
@@ -126,6 +139,91 @@ def xlsx_batches(path: Path, sheet: str | None = None, batch_rows: int = 65_536,
         _close(wb)
         raise
     return _stream(wb, rows, list(header), batch_rows)
+
+
+# ------------------------------------------------- the parse in a bounded child process
+# openpyxl holds every shared string as a Python object before the first row (measured: 128 MiB
+# of short strings took ~1 GB and 40 s), which nothing in-process can bound or interrupt. So the
+# parse runs in a child with RLIMIT_AS (offload.upload_max_memory_bytes), killed at the deadline
+# or on cancel; it writes each batch as a length-prefixed Arrow IPC stream (batches may differ in
+# type) to a file next to the upload, read back here once it succeeded.
+
+_CHILD_LIMIT, _CHILD_PARSE, _CHILD_MEMORY = 3, 4, 5
+
+
+def _in_child(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
+    out = path.with_name(path.name + ".batches")
+    spec = {"path": str(path), "out": str(out), "sheet": sheet, "batch_rows": batch_rows,
+            "limits": {"unpacked_bytes": limits.unpacked_bytes, "zip_ratio": limits.zip_ratio, "rows": limits.rows,
+                       "columns": limits.columns, "cell_bytes": limits.cell_bytes,
+                       "seconds": max(0.0, limits.deadline - time.monotonic()) if limits.deadline else limits.seconds}}
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding the datadesk package
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": root}  # not the app's secrets
+
+    def bound() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        cpu = int(limits.seconds) + 5
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+
+    proc = subprocess.Popen([sys.executable, "-m", "datadesk.offload.excel", json.dumps(spec)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            preexec_fn=bound, start_new_session=True)
+    try:
+        while proc.poll() is None:
+            limits.tick()  # past the deadline or cancelled: the child is killed below
+            time.sleep(0.05)
+        message = (proc.stdout.read() if proc.stdout else b"").decode("utf-8", "replace").strip()
+        if proc.returncode == _CHILD_LIMIT:
+            raise LimitExceeded(message)
+        if proc.returncode == _CHILD_PARSE:
+            raise TabularParseError(message)
+        if proc.returncode != 0:  # MemoryError, or killed by the kernel when the limit hit elsewhere
+            raise LimitExceeded(f"reading the workbook needed more than {human(limits.memory_bytes)} of memory "
+                                "(offload.upload_max_memory_bytes); save a smaller file or export the sheet as CSV")
+    except BaseException:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out.unlink(missing_ok=True)
+        raise
+    finally:
+        if proc.stdout:
+            proc.stdout.close()
+    return _read_back(out, limits)
+
+
+def _read_back(out: Path, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
+    try:
+        with open(out, "rb") as fh:
+            while head := fh.read(8):
+                (n,) = struct.unpack("<Q", head)
+                yield from pa.ipc.open_stream(pa.py_buffer(fh.read(n)))
+                if limits.check is not None:
+                    limits.check()
+    finally:
+        out.unlink(missing_ok=True)
+
+
+def _child(spec: dict[str, Any]) -> int:
+    limits = UploadLimits(**spec["limits"]).started()
+    try:
+        with open(spec["out"], "wb") as fh:
+            for batch in _open(Path(spec["path"]), spec["sheet"], spec["batch_rows"], limits):
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, batch.schema) as writer:
+                    writer.write_batch(batch)
+                data = sink.getvalue()
+                fh.write(struct.pack("<Q", data.size))
+                fh.write(data)
+    except LimitExceeded as exc:
+        sys.stdout.write(str(exc))
+        return _CHILD_LIMIT
+    except TabularParseError as exc:
+        sys.stdout.write(str(exc))
+        return _CHILD_PARSE
+    except MemoryError:
+        return _CHILD_MEMORY
+    return 0
 
 
 def _bounded(rows: Iterator[tuple[Any, ...]], limits: UploadLimits) -> Iterator[tuple[Any, ...]]:
@@ -183,3 +281,7 @@ def _to_batch(header: list[Any], width: int, rows: list[tuple[Any, ...]]) -> pa.
     # (the same position always gets the same name) rather than being lost.
     names = [str(h) if h is not None else None for h in header] + [None] * (width - len(header))
     return rows_to_batch(names, rows)
+
+
+if __name__ == "__main__":
+    sys.exit(_child(json.loads(sys.argv[1])))
