@@ -16,7 +16,7 @@ from litestar.static_files import create_static_files_router
 
 from datadesk import __version__
 from datadesk.api.artifacts import ArtifactController
-from datadesk.api.auth import provide_runtime, provide_user
+from datadesk.api.auth import guard_request, provide_runtime, provide_user
 from datadesk.api.errors import exception_handlers
 from datadesk.api.memory import MemoryController
 from datadesk.api.workspace import WorkspaceController
@@ -53,6 +53,7 @@ def create_app(rt: Runtime) -> Litestar:
             create_static_files_router(path="/static", directories=[WEB_DIR], include_in_schema=False),
         ],
         dependencies={"user": Provide(provide_user), "rt": Provide(provide_runtime)},
+        before_request=guard_request,  # auth, content type and a strict decode before the body is used
         exception_handlers=exception_handlers(),  # api/errors.py: one table, domain error -> status
         middleware=[lambda app: SecurityMiddleware(app, csrf_key), login_limit.middleware],
         request_max_body_size=rt.settings.server.max_body_bytes,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import re
+from typing import Any
 
+import msgspec
 from litestar import Request
 from litestar.di import NamedDependency
-from litestar.exceptions import NotAuthorizedException
+from litestar.exceptions import ClientException, HTTPException, NotAuthorizedException
 
 from datadesk.chat.runtime import Runtime
 from datadesk.domain.redaction import redact
@@ -49,7 +52,52 @@ def authenticate(request: Request, rt: Runtime) -> User:
 
 
 async def provide_user(request: Request) -> User:
-    return authenticate(request, request.app.state.runtime)
+    user = request.scope.get("state", {}).get("datadesk_user")
+    return user if user is not None else authenticate(request, request.app.state.runtime)
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _json_type(request: Request) -> Any:
+    """The msgspec Struct a handler's JSON `data` body decodes into (None: no JSON body)."""
+    field = request.route_handler.parsed_data_field
+    if field is None:
+        return None
+    kw = field.kwarg_definition
+    media = getattr(kw, "media_type", None)
+    if media is not None and getattr(media, "value", media) != "application/json":
+        return None
+    ann = field.annotation
+    return ann if isinstance(ann, type) and issubclass(ann, msgspec.Struct) else None
+
+
+async def guard_request(request: Request) -> None:
+    """Before any body is read: authenticate (a 401 never waits for the body), require a JSON
+    content type where the handler takes JSON (415), and decode the body strictly (`"false"` or
+    `0` is not a boolean; a lone surrogate is refused by name), so a bad body is a 400 that says why."""
+    if "user" in request.route_handler.parsed_fn_signature.parameters:
+        user = authenticate(request, request.app.state.runtime)
+        request.scope.setdefault("state", {})["datadesk_user"] = user
+    struct = _json_type(request)
+    if struct is None or request.method in ("GET", "HEAD", "DELETE"):
+        return
+    body = await request.body()
+    if not body:
+        return  # the handler's own validation names what is missing
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        raise HTTPException(status_code=415, detail=f"unsupported Content-Type {ctype or '(none)'!r}: "
+                                                   "this endpoint takes 'application/json'")
+    try:
+        msgspec.json.decode(body, type=struct, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ClientException(f"invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        if _SURROGATE.search(body):
+            raise ClientException("invalid request body: text may not contain lone UTF-16 surrogates "
+                                  "(\\ud800-\\udfff escapes without their pair)") from None
+        raise ClientException(f"request body is not valid JSON: {exc}") from None
 
 
 async def provide_runtime(request: Request) -> Runtime:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Callable
+from urllib.parse import unquote
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from datadesk.api.security import APP_CSP, EXTRA_HEADERS
 from datadesk.chat.attachments import MessageTooLong
 from datadesk.chat.turns import TooManyTurns, TurnConflict
 from datadesk.domain.ids import InvalidId
@@ -27,6 +29,7 @@ from datadesk.store.users import UserError
 from datadesk.store.workspaces import WorkspaceConfigError
 
 log = logging.getLogger(__name__)
+ID_RULE = "[A-Za-z0-9_-]{1,64}"  # domain/ids.py ID_PATTERN, as the error says it
 
 # The most specific class of an exception decides (DuplicateFact is a MemoryInputError, but 409).
 ERROR_STATUS: dict[type[Exception], int] = {
@@ -73,19 +76,61 @@ def domain_error(request: Request, exc: Exception) -> Response[dict[str, Any]]:
     """A domain exception from the table, answered with its status and its own message."""
     status = error_status(exc)
     extra = next((make(exc) for cls, make in ERROR_EXTRA.items() if isinstance(exc, cls)), None)
-    return Response(error_body(status, str(exc), extra), status_code=status)
+    return _answer(status, str(exc), extra)
+
+
+# Unmatched routes are answered by the router, outside the app's middleware: the headers go here.
+SECURITY_HEADERS = {"content-security-policy": APP_CSP,
+                    **{k.decode(): v.decode() for k, v in EXTRA_HEADERS}}
+
+
+def _answer(status: int, message: str, extra: Any = None,
+            headers: dict[str, str] | None = None) -> Response[dict[str, Any]]:
+    return Response(error_body(status, message, extra), status_code=status,
+                    headers={**SECURITY_HEADERS, **(headers or {})})
+
+
+ID_KINDS = {"threads": "thread", "artifacts": "artifact", "memory": "fact", "workspaces": "workspace"}
+
+
+def _encoded_slash_id(raw_path: bytes) -> tuple[str, str] | None:
+    """(kind, id) of a path segment holding an encoded '/' or '\\' (no route can match it)."""
+    parts = raw_path.decode("latin-1").split("/")
+    for before, seg in zip(parts, parts[1:]):
+        if "%2f" in seg.lower() or "%5c" in seg.lower():
+            return ID_KINDS.get(before, "resource"), unquote(seg)
+    return None
+
+
+def _route_error(request: Request, exc: HTTPException) -> tuple[int, str] | None:
+    """The router's bare 404/405, said with the path (an encoded '/' in an id: a 400 with the rule)."""
+    path = request.scope.get("path", "")
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        bad = _encoded_slash_id(request.scope.get("raw_path") or b"")
+        if bad:
+            return 400, f"invalid {bad[0]} id {bad[1]!r}: ids must match {ID_RULE}"
+        return 404, f"no such route: {path!r} (the API is described at /schema)"
+    if exc.status_code == 405 and exc.detail == "Method Not Allowed":
+        return 405, f"method {request.method} is not allowed on {path!r}"
+    return None
 
 
 def http_error(request: Request, exc: HTTPException) -> Response[dict[str, Any]]:
     """Litestar's own HTTP exceptions (401, 403, 404, 410, ...), in the same body shape."""
-    return Response(error_body(exc.status_code, exc.detail, exc.extra), status_code=exc.status_code,
-                    headers=exc.headers)
+    status, message = _route_error(request, exc) or (exc.status_code, exc.detail)
+    if status == 500:
+        return internal_error(request, exc)
+    return _answer(status, message, exc.extra, exc.headers)
 
 
 def internal_error(request: Request, exc: Exception) -> Response[dict[str, Any]]:
-    """Anything else: logged with its traceback; the answer names only the exception type."""
+    """Anything else: logged with its traceback; the answer names only the exception type. A
+    client that left while its body was read is no server error: one INFO line, no traceback."""
+    if isinstance(exc, HTTPException) and "disconnected" in str(exc.detail):
+        log.info("client left during %s %s: %s", request.method, request.scope.get("path"), exc.detail)
+        return _answer(400, "client disconnected before the request body was complete")
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return Response(error_body(500, f"internal error ({type(exc).__name__})"), status_code=500)
+    return _answer(500, f"internal error ({type(exc).__name__})")
 
 
 def exception_handlers() -> dict[Any, Any]:

@@ -118,11 +118,11 @@ class SecurityMiddleware:
         sid = _cookie(headers, SESSION_COOKIE)
         if not sid:
             return None  # unauthenticated: the route answers 401
-        sent = (_header(headers, CSRF_HEADER) or b"").decode("latin-1")
+        sent = _header(headers, CSRF_HEADER) or b""
         if not sent:
             return ("missing CSRF token: state-changing requests from the browser must send the "
                     "X-CSRF-Token header (from GET /api/me)")
-        if not hmac.compare_digest(sent, csrf_token(self.key, sid)):
+        if not hmac.compare_digest(sent, csrf_token(self.key, sid).encode()):  # bytes: any header value
             return "invalid CSRF token: reload the page and try again"
         return None
 

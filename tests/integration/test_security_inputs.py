@@ -1,0 +1,121 @@
+"""Bad inputs from one user get a 4xx that names the problem, never a 500 (issue 15)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from litestar.testing import TestClient
+
+from datadesk.llm.scripted import ScriptedModel
+from datadesk.store.layout import Layout
+from datadesk.store.users import UserStore
+
+pytestmark = pytest.mark.security
+
+
+@pytest.fixture
+def env(home, harness_factory):
+    cfg = Layout(home).workspace_config("demo")
+    cfg.write_text(cfg.read_text() + "memory = true\n")
+    h = harness_factory(ScriptedModel(then="fine"))
+    _, h.tokens["dana"] = UserStore(h.rt.layout).add("dana", ["demo"], ["memory"])
+    with TestClient(h.app(), raise_server_exceptions=False) as client:
+        yield h, client
+
+
+def test_a_non_ascii_csrf_header_is_a_403_not_a_500(env) -> None:
+    h, client = env
+    assert client.post("/api/login", json={"token": h.tokens["alice"]}).status_code == 200
+    r = client.post("/api/threads", json={}, headers={"X-CSRF-Token": "é".encode("latin-1")})
+    assert r.status_code == 403 and "CSRF" in r.json()["error"]
+
+
+def test_memory_text_with_a_lone_surrogate_is_refused_by_name(env) -> None:
+    h, client = env
+    auth = {**h.auth("dana"), "content-type": "application/json"}
+    for body in (b'{"text": "a \\ud800 b"}', b'{"text": "a \\udc00"}'):
+        r = client.post("/api/memory?workspace=demo", content=body, headers=auth)
+        assert r.status_code == 400 and "surrogate" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("value", ["yes", "false", 0, 1, None])
+def test_booleans_are_strict(env, value) -> None:
+    h, client = env
+    r = client.put("/api/memory/settings?workspace=demo", json={"enabled": value}, headers=h.auth("dana"))
+    assert r.status_code == 400 and "bool" in r.json()["error"], r.text
+    r = client.put("/api/memory/settings?workspace=demo", json={"enabled": False}, headers=h.auth("dana"))
+    assert r.status_code == 200 and r.json()["enabled"] is False
+
+
+def test_json_endpoints_refuse_other_content_types(env) -> None:
+    h, client = env
+    r = client.post("/api/threads", content=b'{"title": "x"}',
+                    headers={**h.auth("alice"), "content-type": "text/plain"})
+    assert r.status_code == 415 and "application/json" in r.json()["error"]
+    r = client.post("/api/threads", content=b'{"title": "x"', headers={**h.auth("alice"), "content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
+
+
+def test_unknown_routes_and_bad_ids_say_what_is_wrong_with_security_headers(env) -> None:
+    h, client = env
+    r = client.get("/api/nope", headers=h.auth("alice"))
+    assert r.status_code == 404 and "/api/nope" in r.json()["error"]
+    assert "default-src 'self'" in r.headers["content-security-policy"]
+    assert r.headers["x-content-type-options"] == "nosniff"
+    r = client.get("/api/threads/a%2Fb", headers=h.auth("alice"))
+    assert r.status_code == 400 and "[A-Za-z0-9_-]{1,64}" in r.json()["error"]
+    r = client.get("/api/threads/bad.id", headers=h.auth("alice"))
+    assert r.status_code == 400 and "[A-Za-z0-9_-]{1,64}" in r.json()["error"]
+    r = client.delete("/api/threads", headers=h.auth("alice"))
+    assert r.status_code == 405 and "DELETE" in r.json()["error"]
+    assert "content-security-policy" in r.headers
+
+
+def test_unauthenticated_requests_are_refused_before_the_body_is_read(env) -> None:
+    h, client = env
+    seen = []
+
+    async def app_receive_wrapper(scope, receive, send):  # noqa: ANN001
+        async def counting_receive():
+            msg = await receive()
+            seen.append(msg["type"])
+            return msg
+        await inner(scope, counting_receive, send)
+
+    inner = client.app
+    client.app = app_receive_wrapper
+    try:
+        r = client.post("/api/threads", json={"title": "x" * 1000})
+        assert r.status_code == 401 and seen == []
+        r = client.post("/api/threads", json={"title": "x"}, headers=h.auth("alice"))
+        assert r.status_code == 201 and "http.request" in seen  # the wrapper does see reads
+    finally:
+        client.app = inner
+
+
+def test_a_client_that_aborts_its_body_is_no_error(env, caplog) -> None:
+    h, client = env
+    app = client.app
+    sent = []
+    messages = [{"type": "http.request", "body": b"{\"", "more_body": True}, {"type": "http.disconnect"}]
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(msg):
+        sent.append(msg)
+
+    for auth in ([], [(b"authorization", f"Bearer {h.tokens['alice']}".encode())]):
+        sent.clear()
+        messages[:] = [{"type": "http.request", "body": b"{\"", "more_body": True}, {"type": "http.disconnect"}]
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/api/threads", "raw_path": b"/api/threads", "query_string": b"",
+                 "root_path": "", "server": ("testserver", 80), "client": ("127.0.0.1", 5),
+                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"100"), *auth]}
+        with caplog.at_level(logging.INFO):
+            with client.portal() as portal:
+                portal.call(app, scope, receive, send)
+        status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+        assert status in (400, 401)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
