@@ -152,7 +152,7 @@ _CHILD_LIMIT, _CHILD_PARSE, _CHILD_MEMORY = 3, 4, 5
 
 
 def _in_child(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
-    out = path.with_name(path.name + ".batches")
+    out = path.with_name(path.name + ".batches.tmp")  # a temp name the sweeper knows (offload.tempfiles)
     spec = {"path": str(path), "out": str(out), "sheet": sheet, "batch_rows": batch_rows,
             "limits": {"unpacked_bytes": limits.unpacked_bytes, "zip_ratio": limits.zip_ratio, "rows": limits.rows,
                        "columns": limits.columns, "cell_bytes": limits.cell_bytes,

@@ -84,10 +84,11 @@ def ingest_upload(pipeline: OffloadPipeline, thread: Thread, tmp: Path, filename
             raise UploadError(f"{filename}: the file has no data rows")
         return art, head, full_schema
     finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        for leftover in (tmp, tmp.with_name(tmp.name + ".batches.tmp")):  # what an .xlsx child wrote
+            try:
+                os.unlink(leftover)
+            except FileNotFoundError:
+                pass
 
 
 def _image(pipeline: OffloadPipeline, thread: Thread, tmp: Path, fmt: str, origin: ArtifactOrigin,
