@@ -159,7 +159,7 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
 class AuthSettings(msgspec.Struct, forbid_unknown_fields=True):
     login_attempts_per_minute: int = 10
     session_ttl_s: int = 7 * 24 * 3600
-    login_code_ttl_s: int = 24 * 3600
+    login_code_ttl_s: int = 600  # a login link works for minutes
     cookie_secure: bool = False
 
 

@@ -396,6 +396,7 @@ def test_demo_banner_and_no_code_execution_notice(tmp_path, browser) -> None:
         page = ctx.new_page()
         try:
             page.goto(demo.login_url("admin"))
+            page.click("#login-confirm")
             page.wait_for_selector("#app-view:not([hidden])")
             banner = page.locator("#banner-demo")
             assert banner.is_visible() and "Demo model in use" in banner.inner_text()
@@ -406,6 +407,7 @@ def test_demo_banner_and_no_code_execution_notice(tmp_path, browser) -> None:
             page.click("#logout")
             page.wait_for_selector("#login-view:not([hidden])")
             page.goto(demo.login_url("viewer"))
+            page.click("#login-confirm")
             page.wait_for_selector("#app-view:not([hidden])")
             notice = page.locator("#banner-sandbox")
             assert notice.is_visible() and "code-execution permission" in notice.inner_text()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import logging
 
 import httpx
@@ -120,7 +122,10 @@ def test_bad_bodies(env) -> None:
 def test_login_code_cookie_logout_and_rate_limit(env) -> None:
     h, client, _ = env
     code = h.rt.users.new_login_code("alice", 60)
-    r = client.get(f"/login?code={code}", follow_redirects=False)
+    r = client.get(f"/login?code={code}", follow_redirects=False)  # a confirm page; the form POSTs
+    assert r.status_code == 200 and "datadesk_session=" not in r.headers.get("set-cookie", "")
+    confirm = re.search(r'name="confirm" value="([0-9a-f]+)"', r.text).group(1)
+    r = client.post("/login", data={"code": code, "confirm": confirm}, follow_redirects=False)
     assert r.status_code in (302, 303, 307)
     cookie = r.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie and "datadesk_session=" in cookie

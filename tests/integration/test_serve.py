@@ -55,7 +55,10 @@ def test_fresh_serve_prints_login_url_and_runs_the_demo(server) -> None:
     assert (cwd / "var" / "users.json").exists()
     assert (cwd / "var" / "workspaces" / "demo" / "data" / "warehouse.duckdb").exists()
     with httpx.Client(base_url=base, timeout=30) as c:
-        r = c.get(url.replace(url.split("/login")[0], base), follow_redirects=False)
+        page = c.get(url.replace(url.split("/login")[0], base), follow_redirects=False)
+        assert page.status_code == 200 and "Sign in as" in page.text  # a confirm page, then its form
+        confirm = re.search(r'name="confirm" value="([0-9a-f]+)"', page.text).group(1)
+        r = c.post("/login", data={"code": code, "confirm": confirm}, follow_redirects=False)
         assert r.status_code in (302, 303, 307)
         me = c.get("/api/me").json()
         assert me["id"] == "admin"
@@ -73,3 +76,27 @@ def test_fresh_serve_prints_login_url_and_runs_the_demo(server) -> None:
     logged = log.read_text()
     assert "GET /login?code=[REDACTED]" in logged
     assert code not in logged.split(url)[1]  # printed once at start, never in the access log
+
+
+def test_a_restart_after_the_admin_logged_in_prints_no_login_url(server) -> None:
+    base, log, cwd = server
+    code = re.search(r"/login\?code=(\S+)", log.read_text()).group(1)
+    from datadesk.store.layout import Layout
+    from datadesk.store.users import UserStore
+
+    users = UserStore(Layout(cwd / "var"))
+    assert users.redeem_login_code(code) is not None
+    users.record_login("admin")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DATADESK_"))}
+    env.update(PYTHONPATH=str(ROOT / "platform"), PYTHONUNBUFFERED="1")
+    log2 = cwd / "second.log"
+    with open(log2, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "datadesk.cli", "serve", "--port", str(free_port())],
+                                cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "users login-url" in log2.read_text() or proc.poll() is not None, timeout=60)
+        text = log2.read_text()
+        assert "datadesk users login-url" in text and "login?code=" not in text, text
+    finally:
+        proc.terminate()
+        proc.wait(10)

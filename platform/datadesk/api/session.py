@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+import hmac
+import html
+import secrets
+from typing import Annotated, Any
 
-from litestar.params import FromQuery, JSONBody
+from litestar.enums import RequestEncodingType
+from litestar.params import Body, FromQuery, JSONBody
 from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
-from litestar.exceptions import NotAuthorizedException
+from litestar.exceptions import ClientException, NotAuthorizedException
 from litestar.response import Redirect, Response
 
 from datadesk import __version__
@@ -34,6 +39,49 @@ def session_cookie(rt: RuntimeDep, sid: str) -> Cookie:
                   secure=rt.settings.auth.cookie_secure, max_age=rt.settings.auth.session_ttl_s)
 
 
+LOGIN_NONCE_COOKIE = "datadesk_login"  # binds the confirm form to the browser that opened the link
+LOGIN_NONCE_TTL_S = 600
+
+
+def _page(title: str, body: str, status: int = 200, cookies: list[Cookie] | None = None) -> Response[str]:
+    doc = (f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+           '<meta name="viewport" content="width=device-width,initial-scale=1">'
+           f'<link rel="stylesheet" href="/static/app.css"></head><body class="dd-login-page"><main>'
+           f'<h1>{html.escape(title)}</h1>{body}</main></body></html>')
+    return Response(doc, status_code=status, media_type="text/html", cookies=cookies or [])
+
+
+def _confirm_token(request: Request, nonce: str) -> str:
+    key = request.app.state.csrf_key
+    return hmac.new(key, b"login-confirm:" + nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def _cross_site(request: Request) -> bool:
+    """A browser says the request came from another site (Sec-Fetch-Site, else Origin)."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return site not in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    return origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}"
+
+
+def _signed_in(request: Request, rt: RuntimeDep):
+    sid = request.cookies.get(SESSION_COOKIE)
+    return rt.users.by_session(sid) if sid else None
+
+
+def _already_signed_in(user: Any, other: Any) -> Response[str]:
+    whose = f" as {html.escape(other.name)}" if other is not None else ""
+    return _page("Already signed in", (
+        f"<p>You are signed in as <strong>{html.escape(user.name)}</strong>. This link would sign you "
+        f"in{whose} instead, so nothing was changed.</p><p>To switch accounts, log out first "
+        "(in the app), then open the link again. <a href=\"/\">Back to the app</a></p>"), status=409)
+
+
+_BAD_LINK = ("This login link is invalid, expired or already used. Ask an admin for a new one "
+             "(`datadesk users login-url NAME`).")
+
+
 class SessionController(Controller):
     path = "/"
 
@@ -42,22 +90,65 @@ class SessionController(Controller):
         """Exchange an API token or a one-time login code for a session cookie."""
         if bool(data.token) == bool(data.code):
             raise NotAuthorizedException("send exactly one of 'token' or 'code'")
-        user = rt.users.by_token(data.token) if data.token else rt.users.redeem_login_code(data.code or "")
+        user = rt.users.by_token(data.token) if data.token else rt.users.peek_login_code(data.code or "")
+        current = _signed_in(request, rt)
+        if user is not None and current is not None and current.id != user.id:
+            raise ClientException(f"you are signed in as {current.name}: log out first to sign in as "
+                                  "another user", status_code=409)
+        if data.code:
+            user = rt.users.redeem_login_code(data.code)
         if user is None:
             raise NotAuthorizedException("invalid, used or expired login code or token")
         sid = rt.users.new_session(user.id, rt.settings.auth.session_ttl_s)
+        rt.users.record_login(user.id)
         return Response({"user": user.id, "csrf": csrf_token(request.app.state.csrf_key, sid)}, cookies=[session_cookie(rt, sid)])
 
-    @get("/login", opt={"login": True}, include_in_schema=False)
-    async def login_link(self, rt: RuntimeDep, code: FromQuery[str] = "") -> Response[Any]:
-        """The printed login URL: redeem the one-time code, set the cookie, go to the app."""
+    @get("/login", include_in_schema=False)  # redeems nothing (the POST does, rate-limited)
+    async def login_link(self, request: Request, rt: RuntimeDep, code: FromQuery[str] = "") -> Response[Any]:
+        """The printed login URL: a page that asks to confirm (POST); opening it changes nothing,
+        and it never replaces the session of someone already signed in."""
+        target = rt.users.peek_login_code(code)
+        current = _signed_in(request, rt)
+        if current is not None:
+            return _already_signed_in(current, target)
+        if target is None:
+            return Response(_BAD_LINK, status_code=401, media_type="text/plain")
+        nonce = secrets.token_urlsafe(24)
+        cookies = [Cookie(key=LOGIN_NONCE_COOKIE, value=nonce, httponly=True, samesite="strict", path="/login",
+                          secure=rt.settings.auth.cookie_secure, max_age=LOGIN_NONCE_TTL_S)]
+        if request.cookies.get(SESSION_COOKIE):  # a stale session cookie: dropped, it would block the POST
+            cookies.append(Cookie(key=SESSION_COOKIE, value="", max_age=0, path="/", httponly=True, samesite="strict"))
+        return _page("Sign in to DataDesk", (
+            f"<p>Sign in as <strong>{html.escape(target.name)}</strong>?</p>"
+            '<form method="post" action="/login">'
+            f'<input type="hidden" name="code" value="{html.escape(code)}">'
+            f'<input type="hidden" name="confirm" value="{_confirm_token(request, nonce)}">'
+            f'<button type="submit" id="login-confirm">Sign in as {html.escape(target.name)}</button>'
+            "</form><p>If you did not ask for this link, close this page.</p>"), cookies=cookies)
+
+    @post("/login", opt={"login": True}, include_in_schema=False, status_code=303)
+    async def login_confirm(
+        self, request: Request, rt: RuntimeDep,
+        data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)],
+    ) -> Response[Any]:
+        """The confirm form: only from this site, from the browser that opened the link (its
+        nonce cookie), and never while someone is signed in; then the code is redeemed."""
+        nonce = request.cookies.get(LOGIN_NONCE_COOKIE) or ""
+        sent = str(data.get("confirm") or "")
+        if _cross_site(request) or not nonce or not hmac.compare_digest(sent, _confirm_token(request, nonce)):
+            return _page("Login not confirmed", "<p>This sign-in was not confirmed from the login page. "
+                         "Open the login link again.</p>", status=403)
+        code = str(data.get("code") or "")
+        current = _signed_in(request, rt)
+        if current is not None:
+            return _already_signed_in(current, rt.users.peek_login_code(code))
         user = rt.users.redeem_login_code(code)
         if user is None:
-            return Response(
-                "This login link is invalid, expired or already used. Ask an admin for a new one "
-                "(`datadesk users login-url NAME`).", status_code=401, media_type="text/plain")
+            return Response(_BAD_LINK, status_code=401, media_type="text/plain")
         sid = rt.users.new_session(user.id, rt.settings.auth.session_ttl_s)
-        return Redirect("/", cookies=[session_cookie(rt, sid)])
+        rt.users.record_login(user.id)
+        gone = Cookie(key=LOGIN_NONCE_COOKIE, value="", max_age=0, path="/login", httponly=True, samesite="strict")
+        return Redirect("/", status_code=303, cookies=[session_cookie(rt, sid), gone])
 
     @post("/api/logout", status_code=200)
     async def logout(self, request: Request, user: CurrentUser, rt: RuntimeDep) -> Response[dict[str, Any]]:

@@ -49,6 +49,7 @@ class UsersDoc(msgspec.Struct, omit_defaults=True):
     version: int = 1
     users: dict[str, User] = msgspec.field(default_factory=dict)
     login_codes: list[LoginCode] = msgspec.field(default_factory=list)
+    logins: dict[str, float] = msgspec.field(default_factory=dict)  # user -> time of the last login
 
 
 class UserStore:
@@ -184,17 +185,35 @@ class UserStore:
         return None
 
     def new_login_code(self, uid: str, ttl_s: float) -> str:
-        """A one-time code for the login URL (exchanged for a session, then void)."""
+        """A one-time code for the login URL (exchanged for a session, then void); the user's
+        earlier codes stop working."""
         code = secrets.token_urlsafe(32)
 
         def change(doc: UsersDoc) -> None:
             self._need(doc, uid)
             now = time.time()
-            doc.login_codes = [c for c in doc.login_codes if c.expires > now]
+            doc.login_codes = [c for c in doc.login_codes if c.expires > now and c.user != uid]
             doc.login_codes.append(LoginCode(hash=_hash(code), user=uid, expires=now + ttl_s))
 
         self._update(change)
         return code
+
+    def peek_login_code(self, code: str) -> User | None:
+        """The active user a valid login code is for, without consuming it (for the confirm page)."""
+        if not code:
+            return None
+        digest, now = _hash(code), time.time()
+        doc = self._load()
+        hit = next((c for c in doc.login_codes if hmac.compare_digest(c.hash, digest) and c.expires > now), None)
+        user = doc.users.get(hit.user) if hit else None
+        return user if user and not user.revoked else None
+
+    def record_login(self, uid: str) -> None:
+        """Note that `uid` logged in (the startup login URL is printed only until an admin has)."""
+        self._update(lambda doc: doc.logins.__setitem__(uid, time.time()))
+
+    def has_logged_in(self, uid: str) -> bool:
+        return uid in self._load().logins
 
     def redeem_login_code(self, code: str) -> User | None:
         """Consume a login code; returns its user, or None if unknown/expired/used."""
