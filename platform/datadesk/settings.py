@@ -163,6 +163,7 @@ class AuthSettings(msgspec.Struct, forbid_unknown_fields=True):
     cookie_secure: bool = False
 
 
+    trusted_proxies: list[str] = msgspec.field(default_factory=list)  # IPs/CIDRs whose X-Forwarded-For counts
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
     home: Path = Path("var")
     llm: LLMSettings = msgspec.field(default_factory=LLMSettings)

@@ -119,3 +119,65 @@ def test_a_client_that_aborts_its_body_is_no_error(env, caplog) -> None:
         status = next(m["status"] for m in sent if m["type"] == "http.response.start")
         assert status in (400, 401)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def raw_call(client, method: str, path: str, body: bytes, headers: list, peer: str) -> tuple[int, bytes]:
+    """One request through the real app from a given peer address (TestClient cannot set it)."""
+    sent: list[dict] = []
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(msg):
+        sent.append(msg)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "server": ("testserver", 80), "client": (peer, 5000),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                         *headers]}
+    with client.portal() as portal:
+        portal.call(client.app, scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+@pytest.fixture
+def proxied(home, harness_factory):
+    h = harness_factory(ScriptedModel(then="fine"), auth={"login_attempts_per_minute": 3},
+                        server={"trusted_proxies": ["10.0.0.0/8"]})
+    with TestClient(h.app(), raise_server_exceptions=False) as client:
+        yield h, client
+
+
+def login(client, body: bytes, peer: str, forwarded: str | None = None) -> int:
+    headers = [(b"x-forwarded-for", forwarded.encode())] if forwarded else []
+    return raw_call(client, "POST", "/api/login", body, headers, peer)[0]
+
+
+def test_login_failures_lock_out_only_the_guessing_client_behind_a_trusted_proxy(proxied) -> None:
+    h, client = proxied
+    token = b'{"token": "%s"}' % h.tokens["alice"].encode()
+    # successes do not count: a user logging in often is never locked out
+    assert [login(client, token, "10.0.0.1", "203.0.113.7") for _ in range(5)] == [200] * 5
+    wrong = [login(client, b'{"code": "wrong"}', "10.0.0.1", "198.51.100.9") for _ in range(5)]
+    assert wrong[:3] == [401] * 3 and wrong[3:] == [429, 429]
+    # the guesser is locked out, the other client behind the same proxy is not
+    assert login(client, token, "10.0.0.1", "198.51.100.9") == 429
+    assert login(client, token, "10.0.0.1", "203.0.113.7") == 200
+    # X-Forwarded-For from an untrusted peer is ignored: it is counted as itself
+    spoof = [login(client, b'{"code": "wrong"}', "192.0.2.5", f"203.0.113.{i}") for i in range(4)]
+    assert spoof[-1] == 429
+    assert login(client, token, "192.0.2.6") == 200
+
+
+def test_client_address_takes_the_rightmost_untrusted_hop() -> None:
+    from datadesk.api.security import _networks, client_address
+
+    trusted = _networks(["10.0.0.0/8", "::1"])
+    scope = {"client": ("10.1.2.3", 1), "headers": [(b"x-forwarded-for", b"1.1.1.1, 2.2.2.2, 10.9.9.9")]}
+    assert client_address(scope, trusted) == "2.2.2.2"
+    assert client_address({**scope, "client": ("8.8.8.8", 1)}, trusted) == "8.8.8.8"
+    assert client_address(scope, []) == "10.1.2.3"
+    assert client_address({"client": ("10.1.2.3", 1), "headers": []}, trusted) == "10.1.2.3"

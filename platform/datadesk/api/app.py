@@ -9,7 +9,6 @@ from pathlib import Path
 from litestar import Litestar, Response, get
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.middleware.rate_limit import RateLimitConfig
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.static_files import create_static_files_router
@@ -20,7 +19,7 @@ from datadesk.api.auth import guard_request, provide_runtime, provide_user
 from datadesk.api.errors import exception_handlers
 from datadesk.api.memory import MemoryController
 from datadesk.api.workspace import WorkspaceController
-from datadesk.api.security import SecurityMiddleware, load_key
+from datadesk.api.security import LoginLimiter, SecurityMiddleware, load_key
 from datadesk.api.session import SessionController
 from datadesk.api.threads import ThreadController
 from datadesk.chat.runtime import Runtime
@@ -36,11 +35,6 @@ async def index() -> Response[bytes]:
 
 
 def create_app(rt: Runtime) -> Litestar:
-    login_limit = RateLimitConfig(
-        rate_limit=("minute", rt.settings.auth.login_attempts_per_minute),
-        check_throttle_handler=lambda request: bool(request.route_handler.opt.get("login")),
-    )
-
     csrf_key = load_key(rt.layout.home)
     app = Litestar(
         route_handlers=[
@@ -55,7 +49,9 @@ def create_app(rt: Runtime) -> Litestar:
         dependencies={"user": Provide(provide_user), "rt": Provide(provide_runtime)},
         before_request=guard_request,  # auth, content type and a strict decode before the body is used
         exception_handlers=exception_handlers(),  # api/errors.py: one table, domain error -> status
-        middleware=[lambda app: SecurityMiddleware(app, csrf_key), login_limit.middleware],
+        middleware=[lambda app: SecurityMiddleware(app, csrf_key),
+                    lambda app: LoginLimiter(app, rt.settings.auth.login_attempts_per_minute,
+                                             rt.settings.server.trusted_proxies)],
         request_max_body_size=rt.settings.server.max_body_bytes,
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
                                      render_plugins=[SwaggerRenderPlugin()]),

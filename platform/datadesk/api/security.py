@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 import secrets
+import time
+from collections import deque
 from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -128,8 +131,79 @@ class SecurityMiddleware:
 
     @staticmethod
     async def _refuse(send: Any, message: str) -> None:
-        body = msgspec.json.encode({"status_code": 403, "error": message, "detail": message})
-        await send({"type": "http.response.start", "status": 403, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"content-security-policy", APP_CSP.encode()), *EXTRA_HEADERS]})
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 403, message)
+
+
+def _networks(trusted: list[str]) -> list[Any]:
+    return [ipaddress.ip_network(t, strict=False) for t in trusted]
+
+
+def client_address(scope: Scope, trusted: list[Any]) -> str:
+    """The client's address: the peer, or, when the peer is a trusted proxy, the rightmost
+    X-Forwarded-For entry that is not itself a trusted proxy (never a header from anyone else)."""
+    peer = (scope.get("client") or ("unknown", 0))[0]
+
+    def is_trusted(addr: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(addr.strip())
+        except ValueError:
+            return False
+        return any(ip in net for net in trusted)
+
+    if not trusted or not is_trusted(peer):
+        return peer
+    forwarded = b",".join(v for k, v in scope.get("headers", []) if k == b"x-forwarded-for")
+    hops = [h.strip() for h in forwarded.decode("latin-1").split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not is_trusted(hop):
+            return hop
+    return peer
+
+
+class LoginLimiter:
+    """ASGI middleware on the login routes (handler opt `login`): only failed attempts (401, 403)
+    count, per client address (behind `server.trusted_proxies`, per forwarded client), so a user's
+    own valid logins never lock them out and one client's guesses lock out only that client.
+    Past `per_minute` failures in a minute the address gets 429 until the oldest ages out."""
+
+    def __init__(self, app: ASGIApp, per_minute: int, trusted_proxies: list[str]) -> None:
+        self.app = app
+        self.per_minute = per_minute
+        self.trusted = _networks(trusted_proxies)
+        self.failures: dict[str, deque[float]] = {}
+
+    def _recent(self, addr: str, now: float) -> deque[float]:
+        q = self.failures.setdefault(addr, deque())
+        while q and q[0] <= now - 60:
+            q.popleft()
+        return q
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        handler = scope.get("route_handler")
+        if scope["type"] != "http" or not (handler is not None and handler.opt.get("login")):
+            await self.app(scope, receive, send)
+            return
+        addr, now = client_address(scope, self.trusted), time.monotonic()
+        recent = self._recent(addr, now)
+        if len(recent) >= self.per_minute:
+            wait = max(1, int(recent[0] + 60 - now) + 1)
+            await _answer(send, 429, f"too many failed login attempts from {addr}: try again in {wait} s",
+                          ((b"retry-after", str(wait).encode()),))
+            return
+
+        async def watch(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and message["status"] in (401, 403):
+                recent.append(time.monotonic())
+            await send(message)
+
+        await self.app(scope, receive, watch)
+        if not recent and len(self.failures) > 10_000:
+            self.failures.pop(addr, None)  # bounded: addresses with no recent failure are dropped
+
+
+async def _answer(send: Any, status: int, message: str, extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    body = msgspec.json.encode({"status_code": status, "error": message, "detail": message})
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"content-security-policy", APP_CSP.encode()), *EXTRA_HEADERS, *extra]})
+    await send({"type": "http.response.body", "body": body})
