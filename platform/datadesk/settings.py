@@ -154,6 +154,7 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
     workers: int = 1  # app processes (`datadesk serve --workers N`); they share state through file locks
     max_body_bytes: int = 1_048_576
     public_url: str | None = None
+    trusted_proxies: list[str] = msgspec.field(default_factory=list)  # IPs/CIDRs whose X-Forwarded-For counts
 
 
 class AuthSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -163,7 +164,6 @@ class AuthSettings(msgspec.Struct, forbid_unknown_fields=True):
     cookie_secure: bool = False
 
 
-    trusted_proxies: list[str] = msgspec.field(default_factory=list)  # IPs/CIDRs whose X-Forwarded-For counts
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
     home: Path = Path("var")
     llm: LLMSettings = msgspec.field(default_factory=LLMSettings)
