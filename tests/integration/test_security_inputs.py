@@ -181,3 +181,30 @@ def test_client_address_takes_the_rightmost_untrusted_hop() -> None:
     assert client_address({**scope, "client": ("8.8.8.8", 1)}, trusted) == "8.8.8.8"
     assert client_address(scope, []) == "10.1.2.3"
     assert client_address({"client": ("10.1.2.3", 1), "headers": []}, trusted) == "10.1.2.3"
+
+
+def test_credentials_in_the_llm_base_url_never_reach_the_log(caplog) -> None:
+    import asyncio
+
+    from datadesk.llm.client import OpenAIChatModel
+    from datadesk.settings import LLMSettings
+    from tests.fakes.openai_server import FakeOpenAIServer
+
+    with FakeOpenAIServer() as fake:
+        fake.add_text("hello", chunks=2)
+        url = fake.base_url.replace("http://", "http://dduser:pa55-w0rd-xyz@")
+        model = OpenAIChatModel(LLMSettings(base_url=url, api_key="sk-test-secret-123", model="fake-model",
+                                            retry_backoff_s=0.01))
+
+        async def turn() -> list:
+            try:
+                return [ev async for ev in model.stream([{"role": "user", "content": "hi"}], [])]
+            finally:
+                await model.aclose()
+
+        with caplog.at_level(logging.DEBUG):
+            events = asyncio.run(turn())
+    assert events
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "HTTP Request" in text  # httpx did log the request
+    assert "pa55-w0rd-xyz" not in text and "sk-test-secret-123" not in text

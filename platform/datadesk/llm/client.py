@@ -42,6 +42,41 @@ from datadesk.llm.base import (
 from datadesk.settings import LLMSettings
 
 log = logging.getLogger(__name__)
+# the SDK and its transport log request URLs (httpx: "HTTP Request: POST https://user:pass@...")
+# (filters do not reach child loggers, so each is named; openai may bundle httpx as httpx2)
+SDK_LOGGERS = ("openai", "openai._base_client", *(f"{core}{sub}" for core in ("httpcore", "httpcore2")
+               for sub in ("", ".connection", ".http11", ".http2", ".proxy")), "httpx", "httpx2")
+
+
+class RedactURLSecrets(logging.Filter):
+    """A filter on the SDK's loggers: credentials in the base URL (`user:secret@`, `?api-key=`)
+    and the API key never reach a log line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a malformed record: leave it to logging's own error path
+            return True
+        clean = redact(text, tuple(self.secrets))
+        if clean != text:
+            record.msg, record.args = clean, ()
+        return True
+
+
+URL_FILTER = RedactURLSecrets()
+
+
+def guard_sdk_logs(*secrets: str) -> None:
+    """Install the one URL filter on the SDK loggers (idempotent) and add `secrets` to it."""
+    URL_FILTER.secrets.update(s for s in secrets if s and len(s) >= 4)
+    for name in SDK_LOGGERS:
+        logger = logging.getLogger(name)
+        if URL_FILTER not in logger.filters:
+            logger.addFilter(URL_FILTER)
 
 # A Retry-After above this is not waited for (we would hold a user's turn for
 # minutes); our own exponential backoff applies instead.
@@ -199,6 +234,8 @@ class OpenAIChatModel:
             timeout=settings.timeout_s,
         )
         self.base_url = self._safe_url(str(self._client.base_url))
+        parts = urlsplit(settings.base_url or "")
+        guard_sdk_logs(self._key, parts.password or "")
         self._stream_options = True  # dropped if an old server rejects it
 
     async def aclose(self) -> None:
