@@ -3,7 +3,7 @@
 Precedence: explicit constructor values (tests) > environment > TOML file >
 defaults. The TOML file is `$DATADESK_CONFIG`, else `$DATADESK_HOME/datadesk.toml`
 if it exists. Its tables mirror the sub-settings: `[llm]`, `[chat]`, `[context]`,
-`[sql]`, `[offload]`, `[sandbox]`, `[server]`, `[auth]`. Every field is documented in the README (a test checks).
+`[sql]`, `[limits]`, `[offload]`, `[sandbox]`, `[server]`, `[auth]`. Every field is documented in the README (a test checks).
 """
 
 from __future__ import annotations
@@ -82,6 +82,15 @@ class MemorySettings(msgspec.Struct, forbid_unknown_fields=True):
 
 class SQLSettings(msgspec.Struct, forbid_unknown_fields=True):
     timeout_s: float = 30.0
+
+
+class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True):
+    """Bounds on what one user's work may take from the server (issue 15), in one place."""
+
+    sql_memory_mb: int = 512  # DuckDB memory_limit of a warehouse instance (its queries together)
+    sql_threads: int = 2  # DuckDB threads of a warehouse instance
+    sql_temp_mb: int = 1024  # max_temp_directory_size (spill files, under <home>/tmp/sql)
+    max_threads_per_user: int = 1_000  # threads one user may hold per workspace
 
 
 class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -169,6 +178,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     llm: LLMSettings = msgspec.field(default_factory=LLMSettings)
     chat: ChatSettings = msgspec.field(default_factory=ChatSettings)
     sql: SQLSettings = msgspec.field(default_factory=SQLSettings)
+    limits: LimitsSettings = msgspec.field(default_factory=LimitsSettings)
     offload: OffloadSettings = msgspec.field(default_factory=OffloadSettings)
     context: ContextSettings = msgspec.field(default_factory=ContextSettings)
     summary: SummarySettings = msgspec.field(default_factory=SummarySettings)

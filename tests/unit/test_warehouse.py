@@ -330,3 +330,54 @@ def test_parallel_streams_on_one_warehouse(wh):
         t.join()
     assert not errors, errors
     assert sorted(results) == [1] * 4 + [190_560] * 4
+
+
+# -- resource limits (issue 15) ----------------------------------------------------
+
+BOMB = "SELECT list(a.range) FROM range(20000) a, range(20000) b"  # 400 M list entries
+
+
+@pytest.mark.security
+def test_memory_bomb_stops_at_the_limit_with_a_clear_message(built, tmp_path):
+    import resource
+
+    from datadesk.store.sqllimits import SQLLimits
+    from datadesk.store.warehouse import SQLLimit
+
+    db, _ = built
+    limits = SQLLimits(memory_mb=128, threads=2, temp_mb=64, tmp_root=tmp_path / "tmp" / "sql")
+    wh = Warehouse(db, db.parent, timeout_s=20, max_rows=10, limits=limits)
+    with pytest.raises(SQLLimit, match=r"more than 128 MB of memory \(limits.sql_memory_mb\); filter or aggregate"):
+        wh.query_sync(BOMB)
+    with pytest.raises(SQLLimit, match="limits.sql_memory_mb"):
+        with wh.record_batches(BOMB) as stream:
+            list(stream)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 1_500_000  # KiB: loose, see bench/bombs.py
+    # normal queries still work, and the spill directories are gone with their connections
+    assert wh.query_sync("SELECT count(*) FROM readings").rows == [[READINGS_ROWS]]
+    assert not any((tmp_path / "tmp" / "sql").iterdir())
+    assert sorted(p.name for p in db.parent.iterdir()) == [WAREHOUSE_FILE]  # nothing in the data dir
+
+
+def test_limits_are_set_and_locked(built, tmp_path):
+    from datadesk.store.sqllimits import SQLLimits
+
+    db, _ = built
+    limits = SQLLimits(memory_mb=100, threads=1, temp_mb=50, tmp_root=tmp_path / "sql")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "b.csv").write_text("a\n1\n")
+    for wh in (Warehouse(db, db.parent, timeout_s=5, limits=limits),
+               Warehouse(tmp_path / "data" / "none.duckdb", tmp_path / "data", timeout_s=5, limits=limits,
+                         views={"b": str(tmp_path / "data" / "b.csv")})):
+        con = wh._connect()
+        try:
+            mem, threads, temp, temp_max = con.execute(
+                "SELECT current_setting('memory_limit'), current_setting('threads'), "
+                "current_setting('temp_directory'), current_setting('max_temp_directory_size')").fetchall()[0]
+            assert mem.startswith(("95", "100")) and threads == 1  # DuckDB shows MiB
+            assert temp.startswith(str(tmp_path / "sql")) and temp_max.startswith(("47", "50"))
+            with pytest.raises(duckdb.Error, match="locked"):
+                con.execute("SET memory_limit='10GB'")
+        finally:
+            wh._release(con)
+        assert not any((tmp_path / "sql").iterdir())

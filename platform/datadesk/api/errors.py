@@ -24,7 +24,7 @@ from datadesk.domain.tools import ToolError
 from datadesk.memory.store import DuplicateFact, FactNotFound, FactStateError, MemoryInputError
 from datadesk.offload.store import ArtifactNotFound
 from datadesk.offload.uploads import UploadError, UploadTooLarge
-from datadesk.store.threads import ThreadNotFound
+from datadesk.store.threads import ThreadNotFound, TooManyThreads
 from datadesk.store.users import UserError
 from datadesk.store.workspaces import WorkspaceConfigError
 
@@ -47,6 +47,7 @@ ERROR_STATUS: dict[type[Exception], int] = {
     MessageTooLong: 413,
     UploadTooLarge: 413,
     TooManyTurns: 429,
+    TooManyThreads: 429,
     WorkspaceConfigError: 500,
 }
 

@@ -32,6 +32,7 @@ from datadesk.store.layout import Layout
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.store.users import UserStore
 from datadesk.store.warehouse import Warehouse
+from datadesk.store.sqllimits import SQLLimits
 from datadesk.store.workspaces import Workspaces
 from datadesk.summary.service import SummaryService
 from datadesk.summary.store import SummaryStore
@@ -65,8 +66,9 @@ class Runtime:
         self.summary_model = summary_model or self.model  # the same LLM unless told otherwise
         self.layout = Layout(settings.home)
         self.users = UserStore(self.layout)
-        self.threads = ThreadStore(self.layout)
-        self.workspaces = Workspaces(self.layout, settings.sql.timeout_s)
+        self.threads = ThreadStore(self.layout, settings.limits.max_threads_per_user)
+        self.workspaces = Workspaces(self.layout, settings.sql.timeout_s,
+                                     SQLLimits.from_settings(settings.limits, self.layout.home))
         # one turn per thread, N per user, cancel: across every worker of the host (file locks)
         self.turns = TurnRegistry(settings.chat.max_turns_per_user, lock_dir=self.layout.home / "locks" / "turns")
         self._background: set[asyncio.Task[Any]] = set()

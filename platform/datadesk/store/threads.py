@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -24,6 +26,10 @@ log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
 LOCK_FILE = "thread.lock"
+
+
+class TooManyThreads(Exception):
+    """The user holds `limits.max_threads_per_user` threads in this workspace already (API: 429)."""
 
 
 class ThreadNotFound(LookupError):
@@ -216,12 +222,30 @@ def _rewrite_jsonl_file(path: Path, transform: Callable[[Any], Any]) -> int:
 class ThreadStore:
     """Create, find, list and delete a user's threads across their workspaces."""
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, max_threads_per_user: int = 0) -> None:
         self.layout = layout
+        self.max_threads_per_user = max_threads_per_user  # per workspace; 0: no limit
+        self._create_lock = threading.Lock()
 
     def create(self, workspace: str, owner: str, title: str = "New chat", project: str | None = None) -> Thread:
         check_id(workspace, "workspace")
         check_id(owner, "user")
+        with self._create_lock:  # count and create as one step (within this process)
+            self._check_count(workspace, owner)
+            return self._create(workspace, owner, title, project)
+
+    def _check_count(self, workspace: str, owner: str) -> None:
+        limit = self.max_threads_per_user
+        root = self.layout.threads_dir(workspace, owner)
+        if limit <= 0 or not root.is_dir():
+            return
+        with os.scandir(root) as entries:
+            count = sum(1 for e in entries if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
+        if count >= limit:
+            raise TooManyThreads(f"thread limit reached: {count} threads in workspace {workspace}, at most {limit} "
+                                 "per user (limits.max_threads_per_user); delete threads you no longer need")
+
+    def _create(self, workspace: str, owner: str, title: str, project: str | None) -> Thread:
         # 64 random bits: collisions are astronomically unlikely, and checked anyway
         for _ in range(5):
             tid = new_id("t")

@@ -6,6 +6,8 @@ then locked down before any user SQL runs:
 
     SET allowed_directories=['<data_dir>/']   only the workspace's data dir
     SET enable_external_access=false          no other files, no network
+    SET memory_limit, threads, temp_directory, max_temp_directory_size
+                                              bounds (store/sqllimits.py)
     SET lock_configuration=true               the SQL cannot undo the above
 
 Two layers guard the warehouse: the statement check here (only SELECT-like
@@ -31,12 +33,15 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
+from datadesk.store.sqllimits import SQLLimits, TempDirs, limit_message
+
 # Opening the same file twice in one process shares one DuckDB instance (the
 # Python client's instance cache), and its settings are instance-wide: once
 # locked they cannot be SET again. This lock makes "open, then lock down or
 # verify the lockdown" atomic with respect to other threads.
 _SETUP_LOCK = threading.Lock()
 T = TypeVar("T")
+_TEMP = TempDirs()  # spill directory of each instance, removed with its last connection
 _CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 # Extra time the async wrapper waits beyond the statement timeout before giving
 # up on a worker thread whose query ignored the interrupt.
@@ -68,6 +73,10 @@ class SQLRefused(SQLError):
 
 class SQLTimeout(SQLError):
     """The statement ran past the timeout and was interrupted."""
+
+
+class SQLLimit(SQLError):
+    """The statement needed more memory or temp space than the limits allow and was stopped."""
 
 
 class SQLCancelled(SQLError):
@@ -230,6 +239,7 @@ class QueryControl:
         self._timer: threading.Timer | None = None
         self.timeout_s = timeout_s
         self.fired = False  # the deadline interrupted the statement
+        self.limits: SQLLimits | None = None  # set by the warehouse: names the limit an error hit
         self.cancelled = False  # cancel() did
 
     def attach(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -277,6 +287,9 @@ class QueryControl:
             return SQLCancelled("the query was cancelled")
         if self.fired:
             return SQLTimeout(_timeout_message(self.timeout_s or 0))
+        limited = limit_message(exc, self.limits) if self.limits is not None else None
+        if limited is not None:
+            return SQLLimit(limited)
         return SQLError(_short(exc))
 
 
@@ -288,8 +301,9 @@ class BatchStream:
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader,
-                 control: QueryControl) -> None:
+                 control: QueryControl, release: Callable[[duckdb.DuckDBPyConnection], None] | None = None) -> None:
         self._con, self._reader, self._control = con, reader, control
+        self._release = release or (lambda c: c.close())
         self.schema: pa.Schema = reader.schema
         self.sql_types: list[str] = []  # DuckDB's own type names (BIGINT, TIMESTAMP, ...)
         self._closed = False
@@ -315,7 +329,7 @@ class BatchStream:
         if not self._closed:
             self._closed = True
             self._control.finish()
-            self._con.close()
+            self._release(self._con)
 
     def __enter__(self) -> "BatchStream":
         return self
@@ -333,7 +347,7 @@ class Warehouse:
     """
 
     def __init__(self, db_path: Path, data_dir: Path, timeout_s: float, max_rows: int = 100_000,
-                 views: dict[str, str] | None = None) -> None:
+                 views: dict[str, str] | None = None, limits: SQLLimits | None = None) -> None:
         """`views`: name -> absolute file or glob (Parquet/CSV) inside `data_dir`, exposed as views
         (then the DuckDB file, if any, is attached read-only and its tables shown as views too)."""
         self.views = dict(views or {})
@@ -341,6 +355,13 @@ class Warehouse:
         self.data_dir = Path(data_dir).absolute()
         self.timeout_s = float(timeout_s)
         self.max_rows = int(max_rows)
+        self.limits = limits or SQLLimits()
+
+    def _release(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Close a connection from `_connect`; the last one of an instance removes its spill dir."""
+        key = f"con:{id(con)}" if self.views else str(self.db_path)
+        con.close()
+        _TEMP.closed(key)
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
         if self.views:
@@ -363,14 +384,17 @@ class Warehouse:
                     ).fetchall()[0]  # fetchall: DuckDB 2 refuses new work while a result is unfinished
                     if external or allowed not in (dirs or []):
                         raise SQLError("the warehouse is open in this process with other access settings")
+                    _TEMP.opened(str(self.db_path))
                 else:
                     # Order matters: allowed_directories can't change once
                     # external access is off, and nothing can once locked.
                     # no progress bar on stdout: it would end up in the server log
                     con.execute("SET enable_progress_bar=false")
-                    con.execute(f"SET allowed_directories=[{_sql_literal(allowed)}]")
-                    con.execute("SET enable_external_access=false")
-                    con.execute("SET lock_configuration=true")
+                    temp = self.limits.new_temp_dir()
+                    for stmt in [*self.limits.statements(temp), f"SET allowed_directories=[{_sql_literal(allowed)}]",
+                                 "SET enable_external_access=false", "SET lock_configuration=true"]:
+                        con.execute(stmt)
+                    _TEMP.fresh(str(self.db_path), temp)
             except BaseException as exc:
                 con.close()
                 if isinstance(exc, duckdb.Error):
@@ -395,9 +419,11 @@ class Warehouse:
             for name, target in self.views.items():
                 reader = "read_parquet" if target.lower().endswith(".parquet") else "read_csv_auto"
                 con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {reader}({_sql_literal(target)})')
-            con.execute(f"SET allowed_directories=[{_sql_literal(allowed)}]")
-            con.execute("SET enable_external_access=false")
-            con.execute("SET lock_configuration=true")
+            temp = self.limits.new_temp_dir()
+            for stmt in [*self.limits.statements(temp), f"SET allowed_directories=[{_sql_literal(allowed)}]",
+                         "SET enable_external_access=false", "SET lock_configuration=true"]:
+                con.execute(stmt)
+            _TEMP.fresh(f"con:{id(con)}", temp)
         except duckdb.Error as exc:
             con.close()
             raise SQLError(f"cannot open the warehouse views: {_short(exc)}") from None
@@ -407,11 +433,12 @@ class Warehouse:
                                                                                  QueryControl]:
         """A locked-down connection under `control` (a new one with `timeout_s` when None)."""
         control = control or QueryControl(timeout_s)
+        control.limits = self.limits
         con = self._connect()
         try:
             control.attach(con)
         except BaseException:
-            con.close()
+            self._release(con)
             raise
         return con, control
 
@@ -432,7 +459,7 @@ class Warehouse:
             raise control.error(exc) from None
         finally:
             control.finish()
-            con.close()
+            self._release(con)
         truncated = len(fetched) > self.max_rows
         return QueryResult(
             columns=[d[0] for d in description],
@@ -477,11 +504,11 @@ class Warehouse:
             reader = make_reader(batch_size)
         except BaseException as exc:
             control.finish()
-            con.close()
+            self._release(con)
             if not isinstance(exc, duckdb.Error):
                 raise
             raise control.error(exc) from None
-        stream = BatchStream(con, reader, control)
+        stream = BatchStream(con, reader, control, self._release)
         stream.sql_types = sql_types
         return stream
 
@@ -494,7 +521,7 @@ class Warehouse:
         except duckdb.Error as exc:
             raise SQLError(_short(exc)) from None
         finally:
-            con.close()
+            self._release(con)
         by_table: dict[tuple[str, str], list[ColumnInfo]] = {}
         for schema, table, name, typ, comment in columns:
             by_table.setdefault((schema, table), []).append(ColumnInfo(name, typ, comment or None))

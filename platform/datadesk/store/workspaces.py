@@ -22,6 +22,7 @@ import msgspec
 from datadesk.domain.ids import check_id
 from datadesk.store.files import write_atomic
 from datadesk.store.layout import Layout
+from datadesk.store.sqllimits import SQLLimits
 from datadesk.store.warehouse import Warehouse
 
 
@@ -87,9 +88,10 @@ class Workspaces:
     """The workspaces of this home: each one's config and warehouse, read once and cached.
     A bad `workspace.toml` raises WorkspaceConfigError when first asked for."""
 
-    def __init__(self, layout: Layout, sql_timeout_s: float) -> None:
+    def __init__(self, layout: Layout, sql_timeout_s: float, sql_limits: SQLLimits | None = None) -> None:
         self.layout = layout
         self.sql_timeout_s = sql_timeout_s
+        self.sql_limits = sql_limits or SQLLimits(tmp_root=layout.home / "tmp" / "sql")
         self._cache: dict[str, tuple[WorkspaceConfig, Warehouse]] = {}
         self._lock = threading.Lock()
 
@@ -107,7 +109,7 @@ class Workspaces:
                 wdir = self.layout.workspace_dir(ws)
                 wh = Warehouse(warehouse_path(self.layout, ws, cfg), self.layout.workspace_data_dir(ws),
                                views={k: str(wdir / v) for k, v in cfg.views.items()},
-                               timeout_s=self.sql_timeout_s)
+                               timeout_s=self.sql_timeout_s, limits=self.sql_limits)
                 hit = self._cache[ws] = (cfg, wh)
             return hit
 
