@@ -279,7 +279,7 @@ def test_xlsx_parse_runs_in_a_memory_bounded_child(make, tmp_path) -> None:
                 shared=f"<sst {_NS}>{body}</sst>")
     ok = xlsx(tmp_path / "ok.xlsx", sheet_xml([(1, [inline("A1", "n")]), (2, [num("A2", 7)])]))
     with TestClient(h.app()) as client:
-        _refused(h, client, book, "strings.xlsx", 413, "upload_max_memory_bytes")
+        _refused(h, client, book, "strings.xlsx", 413, "needed more than 450 MiB", "upload_max_memory_bytes")
         tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
         r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("ok.xlsx", ok.read_bytes())},
                         headers=h.auth("alice"))
@@ -317,3 +317,12 @@ def test_stop_kills_an_xlsx_parse_in_its_child(make, tmp_path) -> None:
     asyncio.run(scenario())
     assert not h.rt.turns.running(tid)
     assert [p.name for p in thread.artifacts_dir.iterdir() if p.name != ".lock"] == []
+
+
+def test_shared_strings_too_big_for_the_memory_limit_are_refused_at_once(make, tmp_path) -> None:
+    h = make(upload_max_memory_bytes=64 * 1024**2)  # shared strings may unpack to 8 MiB
+    body = "".join(f"<si><t>{n}</t></si>" for n in range(600_000))  # ~11 MB
+    book = xlsx(tmp_path / "strings.xlsx", sheet_xml([(1, ['<c r="A1" t="s"><v>0</v></c>'])]),
+                shared=f"<sst {_NS}>{body}</sst>")
+    with TestClient(h.app()) as client:
+        _refused(h, client, book, "strings.xlsx", 413, "shared strings", "upload_max_memory_bytes")
