@@ -12,6 +12,7 @@ from litestar.testing import TestClient
 
 from datadesk.api.render import markdown_html
 from datadesk.llm.scripted import ScriptedModel
+from tests.conftest import parse_sse
 
 pytestmark = pytest.mark.security
 
@@ -103,3 +104,26 @@ def test_model_images_cannot_call_app_endpoints(env) -> None:
     records = client.get(f"/api/threads/{tid}", headers=auth).json()["records"]
     html = next(r["html"] for r in records if r["role"] == "assistant")
     assert "<img" in html and "src=" not in html
+
+
+def test_images_may_show_this_threads_artifacts_only(harness_factory) -> None:
+    from datadesk.domain.artifacts import ArtifactOrigin
+
+    text: dict[str, str] = {}
+    h = harness_factory(ScriptedModel(then=lambda messages, tools: text["answer"]))
+    auth = h.auth("alice")
+    with TestClient(h.app()) as client:
+        mine, other = (client.post("/api/threads", json={}, headers=auth).json()["id"] for _ in range(2))
+        ids = {}
+        for tid in (mine, other):
+            handle = h.rt.threads.get(tid, "alice", ["demo"])
+            origin = ArtifactOrigin(source="python", user="alice", thread=tid, workspace="demo", filename="c.png")
+            ids[tid] = h.rt.artifacts.save_bytes(handle, b"\x89PNG\r\n\x1a\n", "png", "deliverable", "image/png",
+                                                 origin).id
+        text["answer"] = f"![mine](/api/artifacts/{ids[mine]}/view) ![theirs](/api/artifacts/{ids[other]}/view)"
+        body = client.post(f"/api/threads/{mine}/messages", json={"content": "chart"}, headers=auth).text
+        events = [d for e, d in parse_sse(body) if e == "message.completed"]
+        records = client.get(f"/api/threads/{mine}", headers=auth).json()["records"]
+    for html in (events[-1]["html"], next(r["html"] for r in records if r["role"] == "assistant")):
+        assert f'src="/api/artifacts/{ids[mine]}/view"' in html
+        assert ids[other] not in html

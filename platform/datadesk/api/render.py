@@ -124,7 +124,7 @@ class LiveMarkdown:
 
     def __init__(self, *, img_src: Callable[[str], str | None] | None = None,
                  block_limit: int = LIVE_BLOCK_CHARS) -> None:
-        self._img_src = img_src
+        self.img_src = img_src  # may be replaced between renderings (new artifacts)
         self._limit = block_limit
         self._done: list[str] = []  # HTML of the finished blocks
         self._open = ""  # text after the last finished block
@@ -143,7 +143,7 @@ class LiveMarkdown:
             self._scanned = nl + 1
 
     def _block(self, text: str) -> str:
-        return markdown_html(text, img_src=self._img_src, limit=self._limit)
+        return markdown_html(text, img_src=self.img_src, limit=self._limit)
 
     def render(self) -> str:
         """The HTML of everything fed so far."""

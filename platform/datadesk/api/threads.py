@@ -8,7 +8,7 @@ import contextlib
 import logging
 import re
 import time
-from typing import Annotated, Any, AsyncIterator
+from typing import Annotated, Any, AsyncIterator, Callable, Iterable
 
 import msgspec
 from litestar.params import FromPath, JSONBody, QueryParameter
@@ -19,7 +19,7 @@ from litestar.response.sse import ServerSentEventMessage
 
 from datadesk.api.access import find_thread, member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
-from datadesk.api.render import LiveMarkdown, markdown_html, tool_html
+from datadesk.api.render import LiveMarkdown, markdown_html, model_img_src, tool_html
 from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut, ThreadPatch
 from datadesk.chat.journal import Cursor, JournalEvent, event_id
 from datadesk.chat.loop import start_turn
@@ -35,11 +35,12 @@ HTML_EVERY_S = 0.25  # while an answer streams, its rendered Markdown is refresh
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def record_view(rec: Any) -> dict[str, Any]:
-    """A record for the UI: as stored, plus `html` (sanitized) for assistant text and tool results."""
+def record_view(rec: Any, artifact_ids: Iterable[str] = ()) -> dict[str, Any]:
+    """A record for the UI: as stored, plus `html` (sanitized) for assistant text and tool results;
+    images may show `data:` URIs and the thread's artifacts (`artifact_ids`) only."""
     out = msgspec.to_builtins(rec)
     if rec.role == "assistant" and rec.content:
-        out["html"] = markdown_html(rec.content)
+        out["html"] = markdown_html(rec.content, img_src=model_img_src(artifact_ids))
     elif rec.role == "tool" and rec.content:
         out["html"] = tool_html(rec.content)
     return out
@@ -76,7 +77,8 @@ class ThreadController(Controller):
         records = handle.log.tail(limit + 1)
         has_more = len(records) > limit
         records = records[-limit:]
-        views = await asyncio.to_thread(lambda: [record_view(r) for r in records])  # rendering is CPU
+        ids = [a.id for a in rt.artifacts.list(handle)]
+        views = await asyncio.to_thread(lambda: [record_view(r, ids) for r in records])  # rendering is CPU
         return ThreadDetail(thread=thread_out(rt, handle.meta), records=views, has_more=has_more)
 
     @patch("/{tid:str}")
@@ -143,7 +145,8 @@ class ThreadController(Controller):
         turn = await start_turn(rt.turn_services, rt.turns, handle, user, text, background)
         assert turn.journal is not None
         attached = Attachment(turn.journal.subscribe(), turn.turn_id, 0)
-        return ServerSentEvent(_stream(attached, None if background else turn), headers=SSE_HEADERS)
+        return ServerSentEvent(_stream(attached, None if background else turn, _artifact_ids(rt, handle)),
+                               headers=SSE_HEADERS)
 
     @get("/{tid:str}/events")
     async def turn_events(
@@ -162,7 +165,12 @@ class ThreadController(Controller):
         attached = rt.turns.attach(handle.id, handle.events_path, cursor)
         if attached is None:
             return Response(content=b"", status_code=204)
-        return ServerSentEvent(_stream(attached, None), headers=SSE_HEADERS)
+        return ServerSentEvent(_stream(attached, None, _artifact_ids(rt, handle)), headers=SSE_HEADERS)
+
+
+def _artifact_ids(rt: RuntimeDep, handle: Any) -> Callable[[], list[str]]:
+    """The thread's artifact ids now (read again at each rendering: a turn makes new ones)."""
+    return lambda: [a.id for a in rt.artifacts.list(handle)]
 
 
 class _Rendering:
@@ -171,7 +179,8 @@ class _Rendering:
     again (plain text past its limit), in a worker thread, and the next rendering waits at least
     twice as long as the last one took."""
 
-    def __init__(self) -> None:
+    def __init__(self, artifact_ids: Callable[[], Iterable[str]] = tuple) -> None:
+        self.artifact_ids = artifact_ids
         self.live = LiveMarkdown()
         self.has_text = False
         self.rendered_at = 0.0
@@ -180,6 +189,7 @@ class _Rendering:
 
     async def _render(self) -> str:
         start = time.monotonic()
+        self.live.img_src = model_img_src(self.artifact_ids())
         out = await asyncio.to_thread(self.live.render)
         self.rendered_at = time.monotonic()
         self.wait_s = max(HTML_EVERY_S, 2 * (self.rendered_at - start))
@@ -204,7 +214,9 @@ class _Rendering:
         elif ev.type == "message.completed":
             self._reset()
             if send:
-                data = {**data, "html": await asyncio.to_thread(markdown_html, str(data.get("content") or ""))}
+                img_src = model_img_src(self.artifact_ids())
+                data = {**data, "html": await asyncio.to_thread(markdown_html, str(data.get("content") or ""),
+                                                                img_src=img_src)}
         elif ev.type == "tool.finished" and send:
             data = {**data, "html": await asyncio.to_thread(tool_html, str(data.get("preview") or ""))}
         out.append((ev.type, data))
@@ -214,14 +226,15 @@ class _Rendering:
         self.live, self.has_text, self.stale = LiveMarkdown(), False, False
 
 
-async def _stream(attached: Attachment, cancel_on_leave: RunningTurn | None) -> AsyncIterator[ServerSentEventMessage]:
+async def _stream(attached: Attachment, cancel_on_leave: RunningTurn | None,
+                  artifact_ids: Callable[[], Iterable[str]] = tuple) -> AsyncIterator[ServerSentEventMessage]:
     """The turn's events as SSE with ids `<turn>:<n>`, those after `attached.seen` (the earlier
     ones only feed the rendering), and a `: ping` comment when nothing happens for a while. A
     client that leaves stops nothing, except the one that started a turn with `background:
     false` (`cancel_on_leave`). The stream ends at `done`, or without it when this client fell
     too far behind (it re-attaches with its last id)."""
     done = False
-    render = _Rendering()
+    render = _Rendering(artifact_ids)
     try:
         async for ev in attached.events:
             if ev is None:
