@@ -208,3 +208,28 @@ def test_credentials_in_the_llm_base_url_never_reach_the_log(caplog) -> None:
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "HTTP Request" in text  # httpx did log the request
     assert "pa55-w0rd-xyz" not in text and "sk-test-secret-123" not in text
+
+
+def test_the_local_backend_refuses_every_kernel_start_once_two_users_can_execute_code(home) -> None:
+    from tests.sandbox_kit import ctx, py, run_with, runtime_with_sandbox
+
+    users = UserStore(Layout(home))
+    users.add("alice", ["demo"], ["code_execution"])
+    rt = runtime_with_sandbox(home, {"backend": "local", "pool_size": 0})
+    c = ctx(rt)
+
+    async def body():
+        first = await py(rt, c, "import os\nsorted(k for k in os.environ if 'KEY' in k or 'DATADESK' in k)")
+        users.add("mallory", ["demo"], ["code_execution"])  # a second coder, added while it runs
+        second = await py(rt, ctx(rt, tid="t2"), "1 + 1")
+        return first, second
+
+    first, second = run_with(rt, body)
+    assert not first.is_error and "[]" in first.content, first.content  # the app's environment is not there
+    assert second.is_error and "2 users can execute code" in second.content and "docker" in second.content
+    # with the explicit opt-out the same start goes ahead
+    from datadesk.sandbox.local import LocalSandbox
+    from datadesk.settings import SandboxSettings
+
+    assert LocalSandbox(SandboxSettings(backend="local"), home).sharing_problem()
+    assert LocalSandbox(SandboxSettings(backend="local", allow_unsafe_local=True), home).sharing_problem() is None

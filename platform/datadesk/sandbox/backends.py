@@ -22,7 +22,7 @@ def sandbox_backend(settings: SandboxSettings, home: Path) -> SandboxBackend:
     if settings.backend == "local":
         from datadesk.sandbox.local import LocalSandbox
 
-        return LocalSandbox(settings)
+        return LocalSandbox(settings, home)  # home: users.json, read at every kernel start
     if settings.backend == "docker":
         from datadesk.sandbox.docker import DockerSandbox
 

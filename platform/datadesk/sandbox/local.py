@@ -42,6 +42,7 @@ from datadesk.sandbox.base import (
     OnStatus,
     SandboxBackend,
     SandboxError,
+    SandboxUnavailable,
 )
 from datadesk.sandbox.execution import INTERRUPT_GRACE_S, probe_channel, tell_status
 from datadesk.sandbox.messaging import (
@@ -82,18 +83,44 @@ class LocalSandbox(SandboxBackend):
 
     name = "local"
 
-    def __init__(self, settings: SandboxSettings) -> None:
+    def __init__(self, settings: SandboxSettings, home: Path | None = None) -> None:
         # RLIMIT_AS counts reserved address space: an idle kernel with pandas and pyarrow
         # already reserves ~1.1 GB, so the local limit is memory_mb on top of that.
         self.memory_bytes = (settings.memory_mb + 1536) << 20
         self.ready_timeout_s = settings.start_timeout_s
+        self.allow_unsafe = settings.allow_unsafe_local
+        self.home = home
+
+    def sharing_problem(self) -> str | None:
+        """Why no local kernel may start now: more than one active user can execute code (read
+        from users.json at every start, so a coder added while the server runs counts at once).
+        A local kernel runs as the app's own uid: it could read the app's files and rewrite them."""
+        if self.allow_unsafe or self.home is None:
+            return None
+        from datadesk.store.layout import Layout
+        from datadesk.store.users import UserStore
+
+        coders = [u.id for u in UserStore(Layout(self.home)).list()
+                  if "code_execution" in u.permissions and not u.revoked]
+        if len(coders) <= 1:
+            return None
+        return (f"the local sandbox is not a security boundary and {len(coders)} users can execute code "
+                f"({', '.join(coders)}): use sandbox.backend = \"docker\", or set "
+                "sandbox.allow_unsafe_local = true if every one of them may read and change this server")
+
+    def _gate(self) -> None:
+        problem = self.sharing_problem()
+        if problem:
+            raise SandboxUnavailable(problem)
 
     def kernel(self, placement: KernelPlacement) -> "LocalKernel":
+        self._gate()
         return LocalKernel(placement, memory_bytes=self.memory_bytes, ready_timeout_s=self.ready_timeout_s)
 
     async def attach(self, placement: KernelPlacement, locator: KernelLocator,
                      connect: bool = True) -> "LocalKernel":
         """Another worker's kernel on this host, found by its pid and the pid's start time."""
+        self._gate()
         return await LocalKernel.attach(placement, locator.pid, locator.pid_start, connect=connect,
                                         memory_bytes=self.memory_bytes, ready_timeout_s=self.ready_timeout_s)
 
