@@ -233,3 +233,19 @@ def test_the_local_backend_refuses_every_kernel_start_once_two_users_can_execute
 
     assert LocalSandbox(SandboxSettings(backend="local"), home).sharing_problem()
     assert LocalSandbox(SandboxSettings(backend="local", allow_unsafe_local=True), home).sharing_problem() is None
+
+
+def test_the_schema_is_json_and_no_page_loads_third_party_scripts(env) -> None:
+    h, client = env
+    for path in ("/schema", "/schema/openapi.json"):
+        r = client.get(path)
+        assert r.status_code == 200 and r.json()["info"]["title"] == "DataDesk", path
+        assert "cdn." not in r.text
+    assert client.get("/schema/swagger").status_code == 404
+
+
+def test_the_apps_secrets_on_disk_are_owner_only(env) -> None:
+    h, client = env
+    assert client.post("/api/login", json={"token": h.tokens["alice"]}).status_code == 200
+    for name in ("users.json", "sessions.json", "csrf.key"):
+        assert (h.rt.layout.home / name).stat().st_mode & 0o077 == 0, name

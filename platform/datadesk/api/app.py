@@ -10,7 +10,7 @@ from litestar import Litestar, Response, get
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.static_files import create_static_files_router
 
 from datadesk import __version__
@@ -54,7 +54,8 @@ def create_app(rt: Runtime) -> Litestar:
                                              rt.settings.server.trusted_proxies)],
         request_max_body_size=rt.settings.server.max_body_bytes,
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
-                                     render_plugins=[SwaggerRenderPlugin()]),
+                                     # JSON only: the UI plugins load their scripts from a CDN
+                                     render_plugins=[JsonRenderPlugin()]),
         on_startup=[rt.start],
         on_shutdown=[rt.stop],
         state=State({"runtime": rt, "csrf_key": csrf_key}),
