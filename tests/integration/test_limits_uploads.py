@@ -274,7 +274,7 @@ def test_pasted_table_while_a_turn_runs_leaves_no_artifact(harness_factory) -> N
 def test_xlsx_parse_runs_in_a_memory_bounded_child(make, tmp_path) -> None:
     """Shared strings are all held before the first row: only a child's RLIMIT_AS bounds them."""
     h = make(upload_max_memory_bytes=450 * 1024**2)
-    body = "".join(f"<si><t>{n}</t></si>" for n in range(2_000_000))  # ~40 MB, ~2 M Python strs
+    body = "".join(f"<si><t>{n}</t></si>" for n in range(1_600_000))  # ~34 MiB: under 1/12 of the limit
     book = xlsx(tmp_path / "strings.xlsx", sheet_xml([(1, ['<c r="A1" t="s"><v>0</v></c>'])]),
                 shared=f"<sst {_NS}>{body}</sst>")
     ok = xlsx(tmp_path / "ok.xlsx", sheet_xml([(1, [inline("A1", "n")]), (2, [num("A2", 7)])]))
@@ -320,7 +320,7 @@ def test_stop_kills_an_xlsx_parse_in_its_child(make, tmp_path) -> None:
 
 
 def test_shared_strings_too_big_for_the_memory_limit_are_refused_at_once(make, tmp_path) -> None:
-    h = make(upload_max_memory_bytes=64 * 1024**2)  # shared strings may unpack to 8 MiB
+    h = make(upload_max_memory_bytes=64 * 1024**2)  # shared strings may unpack to 5 MiB
     body = "".join(f"<si><t>{n}</t></si>" for n in range(600_000))  # ~11 MB
     book = xlsx(tmp_path / "strings.xlsx", sheet_xml([(1, ['<c r="A1" t="s"><v>0</v></c>'])]),
                 shared=f"<sst {_NS}>{body}</sst>")

@@ -32,7 +32,7 @@ EXCEL_MAX_ROWS = 1_048_576
 EXCEL_MAX_COLUMNS = 16_384
 _RATIO_FROM = 1024 * 1024  # entries smaller than this are not held to the ratio
 _TICK_ROWS = 2048
-_STRINGS_COST = 8  # memory per byte of sharedStrings.xml (short unique strings, measured)
+_STRINGS_COST = 12  # ~9-10 bytes of memory per byte of short unique strings + the child's ~390 MB base
 
 
 def _last_filled(row: tuple[Any, ...]) -> int:
@@ -64,8 +64,8 @@ def check_archive(path: Path, limits: UploadLimits) -> None:
                     raise LimitExceeded(
                         f"workbook part {info.filename!r} is compressed {ratio:,.0f}:1, more than the "
                         f"{limits.zip_ratio:g}:1 allowed (offload.upload_max_zip_ratio): a zip bomb?")
-                # openpyxl holds every shared string before the first row, ~8 bytes of memory per
-                # byte of XML for short strings (bench/upload_bombs.py): refuse now, not after a minute
+                # openpyxl holds every shared string before the first row, ~10 bytes of memory per
+                # byte of XML for short strings (bench/upload_bombs.py): refuse now, not after ~40 s
                 if (limits.memory_bytes and info.filename == "xl/sharedStrings.xml"
                         and info.file_size > limits.memory_bytes // _STRINGS_COST):
                     raise LimitExceeded(
