@@ -105,6 +105,7 @@ def main() -> None:
         ("xlsx shared strings 1 GiB ('A' * 1 MiB)", lambda p: shared_strings_bomb(p, (64 << 20) if quick else gib)),
         ("xlsx shared strings, 128 MiB of short unique strings", lambda p: small_strings(p, 128 << 20)),
         ("xlsx shared strings, 480 MiB of short unique strings", lambda p: small_strings(p, 480 << 20)),
+        ("xlsx shared strings, 80 MiB of short unique strings", lambda p: small_strings(p, 80 << 20)),
         ("xlsx sheet bomb: one cell at row 60,000,000",
          lambda p: xlsx(p, sheet_xml([(1, [inline("A1", "n")]), (2, [num("A2", 1)]),
                                       (60_000_000, [num("A60000000", 2)])]))),
