@@ -1,0 +1,226 @@
+"""Bombs against the whole app (issue 15): while user A's bomb runs, measure `/api/health`
+latency (p50/p99), user B's turn latency (a small SQL query), A's time to refusal and the app's
+peak RSS. The app runs in a child process (uvicorn, the real API, a scripted model that runs the
+SQL a message names), so its RSS is its own. Prints a table, writes bench/results/bombs.json.
+
+    python bench/bombs.py [--only sql_cross_join]
+
+To add a bomb: a function `(client, base, headers_a) -> str` (what A got back) in BOMBS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "bombs.json"
+
+APP = r"""
+import json, sys
+from pathlib import Path
+import msgspec, uvicorn
+from datadesk.api.app import create_app
+from datadesk.chat.runtime import Runtime
+from datadesk.llm.scripted import ScriptedModel, tool_step
+from datadesk.settings import Settings
+from datadesk.store.demo import create_demo_warehouse
+from datadesk.store.layout import Layout
+from datadesk.store.users import UserStore
+from datadesk.store.workspaces import ensure_demo_workspace
+
+home, port = Path(sys.argv[1]), int(sys.argv[2])
+layout = Layout(home)
+create_demo_warehouse(layout.workspace_data_dir("demo"))
+ensure_demo_workspace(layout)
+
+def step(messages, tools):
+    last = messages[-1]
+    if last.get("role") == "tool":
+        return "done: " + str(last.get("content"))[:300]
+    text = last.get("content") if isinstance(last.get("content"), str) else ""
+    if "run:" in text:
+        return tool_step("sql_query", {"sql": text.split("run:", 1)[1].strip()})
+    return "ok"
+
+settings = msgspec.convert({"home": str(home), "sandbox": {"backend": "none"}, "summary": {"enabled": False}},
+                           Settings, dec_hook=lambda t, o: Path(o))
+rt = Runtime(settings=settings, model=ScriptedModel(then=step))
+users = UserStore(rt.layout)
+tokens = {name: users.add(name, ["demo"], [])[1] for name in ("usera", "userb")}
+(home / "tokens.json").write_text(json.dumps(tokens))
+uvicorn.run(create_app(rt), host="127.0.0.1", port=port, log_level="warning")
+"""
+
+
+def rss_mb(pid: int, key: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def turn(client: httpx.Client, base: str, headers: dict[str, str], content: str) -> str:
+    tid = client.post(f"{base}/api/threads", json={}, headers=headers).json()["id"]
+    r = client.post(f"{base}/api/threads/{tid}/messages", json={"content": content}, headers=headers,
+                    timeout=600)
+    return r.text
+
+
+def sql_cross_join(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
+    """A cross join that grows a list of 400 M entries (GBs unbounded: the issue saw 6 GB in 22 s)."""
+    body = turn(client, base, headers, "run: SELECT list(a.range) FROM range(20000) a, range(20000) b")
+    return _tool_preview(body)
+
+
+def _tool_preview(sse: str) -> str:
+    for block in sse.replace("\r\n", "\n").split("\n\n"):
+        if "event: tool.finished" in block:
+            data = "\n".join(line[5:].lstrip(" ") for line in block.splitlines() if line.startswith("data:"))
+            return str(json.loads(data).get("preview", ""))[:160]
+    return "(no tool result)"
+
+
+def _upload_bomb(build: Callable[[Path], Path], name: str) -> Callable[[httpx.Client, str, dict[str, str]], str]:
+    """A file built by bench/upload_bombs.py, uploaded by A: what came back (status, error)."""
+    def bomb(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = build(Path(tmp) / name)
+            tid = client.post(f"{base}/api/threads", json={}, headers=headers).json()["id"]
+            with open(path, "rb") as fh:
+                r = client.post(f"{base}/api/threads/{tid}/uploads", files={"file": (name, fh)},
+                                headers=headers, timeout=600)
+            return f"{r.status_code} {r.text[:140]}"
+    return bomb
+
+
+def _upload_bombs() -> dict[str, Callable[[httpx.Client, str, dict[str, str]], str]]:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import upload_bombs as ub  # the builders (issue 15, uploads)
+    return {
+        "xlsx_shared_strings_1gib": _upload_bomb(lambda p: ub.shared_strings_bomb(p, 1024**3), "ss.xlsx"),
+        "xlsx_shared_strings_80mib": _upload_bomb(lambda p: ub.small_strings(p, 80 << 20), "ss80.xlsx"),
+        "xlsx_sheet_bomb": _upload_bomb(lambda p: ub.xlsx(p, ub.sheet_xml(
+            [(1, [ub.inline("A1", "n")]), (2, [ub.num("A2", 1)]), (60_000_000, [ub.num("A60000000", 2)])])),
+            "rows.xlsx"),
+        "csv_190mb_cell": _upload_bomb(lambda p: ub.one_cell_csv(p, 181), "cell.csv"),  # 190 MB: under the upload cap
+        "zip_50_levels": _upload_bomb(lambda p: ub.nested_zip(p, 50), "nested.zip"),
+    }
+
+
+BOMBS: dict[str, Callable[[httpx.Client, str, dict[str, str]], str]] = {
+    "sql_cross_join": sql_cross_join,
+    **_upload_bombs(),
+}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_bomb(name: str, bomb: Callable[..., str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        home, port = Path(tmp) / "var", free_port()
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
+        proc = subprocess.Popen([sys.executable, "-c", APP, str(home), str(port)], env=env)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            with httpx.Client() as client:
+                for _ in range(300):
+                    try:
+                        if client.get(f"{base}/api/health").status_code == 200 and (home / "tokens.json").exists():
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    time.sleep(0.1)
+                tokens = json.loads((home / "tokens.json").read_text())
+                ha = {"Authorization": f"Bearer {tokens['usera']}"}
+                hb = {"Authorization": f"Bearer {tokens['userb']}"}
+                return measure(name, bomb, client, base, ha, hb, proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+
+def measure(name: str, bomb: Callable[..., str], client: httpx.Client, base: str,
+            ha: dict[str, str], hb: dict[str, str], pid: int) -> dict[str, Any]:
+    rss_before = rss_mb(pid)
+    out: dict[str, Any] = {}
+    done = threading.Event()
+    peak = [rss_before]
+
+    def run_a() -> None:
+        t0 = time.monotonic()
+        try:
+            with httpx.Client() as own:
+                out["a_result"] = bomb(own, base, ha)
+        except Exception as exc:  # reported in the table, the run goes on
+            out["a_result"] = f"bench error: {exc!r}"[:160]
+        finally:
+            out["a_refusal_s"] = round(time.monotonic() - t0, 2)
+            done.set()
+
+    def sample_rss() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mb(pid))
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=run_a), threading.Thread(target=sample_rss)]
+    for t in threads:
+        t.start()
+    health: list[float] = []
+    b_turns: list[float] = []
+    time.sleep(0.3)  # let the bomb start
+    while not done.is_set() or not b_turns:
+        t0 = time.monotonic()
+        client.get(f"{base}/api/health", timeout=60)
+        health.append((time.monotonic() - t0) * 1000)
+        if not b_turns or (done.is_set() is False and len(health) % 20 == 0):
+            t0 = time.monotonic()
+            turn(client, base, hb, "run: SELECT count(*) FROM buildings")
+            b_turns.append(time.monotonic() - t0)
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    health.sort()
+    return {
+        "bomb": name, "a_refusal_s": out.get("a_refusal_s"), "a_result": out.get("a_result"),
+        "health_p50_ms": round(statistics.median(health), 1),
+        "health_p99_ms": round(health[min(len(health) - 1, int(len(health) * 0.99))], 1),
+        "health_samples": len(health), "b_turn_s_max": round(max(b_turns), 2),
+        "rss_before_mb": round(rss_before), "peak_rss_mb": round(max(peak[0], rss_mb(pid, "VmHWM"))),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", choices=sorted(BOMBS))
+    args = parser.parse_args()
+    rows = [run_bomb(name, fn) for name, fn in BOMBS.items() if args.only in (None, name)]
+    cols = ["bomb", "a_refusal_s", "health_p50_ms", "health_p99_ms", "b_turn_s_max", "rss_before_mb", "peak_rss_mb"]
+    print(" | ".join(cols))
+    for row in rows:
+        print(" | ".join(str(row[c]) for c in cols))
+        print("   A got:", row["a_result"])
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"bombs": rows}, indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
