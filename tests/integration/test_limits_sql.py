@@ -9,7 +9,7 @@ import resource
 import pytest
 from litestar.testing import TestClient
 
-from conftest import parse_sse
+from tests.conftest import parse_sse
 from datadesk.llm.scripted import ScriptedModel, tool_step
 
 pytestmark = pytest.mark.security
