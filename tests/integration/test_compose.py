@@ -198,7 +198,13 @@ def test_app_image_completes_a_turn_with_a_docker_kernel() -> None:
             login = re.search(r"(http://\S+/login\?code=\S+)", logs)
             assert login and login.group(1).startswith(f"http://127.0.0.1:{port}/"), logs[-3000:]
             with httpx.Client(timeout=30) as browser:
-                assert browser.get(login.group(1), follow_redirects=False).status_code in (302, 303, 307)
+                page = browser.get(login.group(1), follow_redirects=False)  # a confirm page, then its form
+                assert page.status_code == 200 and "Sign in as" in page.text, page.text[:500]
+                confirm = re.search(r'name="confirm" value="([0-9a-f]+)"', page.text).group(1)
+                code = login.group(1).split("code=")[1]
+                r = browser.post(f"http://127.0.0.1:{port}/login", data={"code": code, "confirm": confirm},
+                                 follow_redirects=False)
+                assert r.status_code in (302, 303, 307)
                 assert browser.get(f"http://127.0.0.1:{port}/api/me").json()["id"] == "admin"
 
             added = container.exec_run(["datadesk", "users", "add", "analyst", "--workspace", "demo",
