@@ -48,7 +48,7 @@ from datadesk.sandbox.base import (
     SandboxUnavailable,
 )
 from datadesk.sandbox.confinement import UID_LABEL, ConfinementError, EngineConfinement, KernelDirs, container_uid
-from datadesk.sandbox.execution import probe_channel, tell_status
+from datadesk.sandbox.execution import ChannelProbe, tell_status
 from datadesk.sandbox.files import LISTING_FORMAT, OutputFile, plan_outputs, read_outputs_tar
 from datadesk.sandbox.messaging import (
     CONNECTION_FILE, IPYKERNEL_ARGS, KernelChannel, socket_paths, write_connection_file,
@@ -165,7 +165,7 @@ class DockerSandbox(SandboxBackend):
         return await DockerKernel.attach(placement, self, locator.container, connect=connect)
 
 
-class DockerKernel(Kernel):
+class DockerKernel(ChannelProbe, Kernel):
     """One kernel container and the ZMQ channel to it over the bind-mounted ipc sockets."""
 
     def __init__(self, placement: KernelPlacement, sandbox: DockerSandbox) -> None:
@@ -424,12 +424,6 @@ class DockerKernel(Kernel):
     async def interrupt(self) -> None:
         if self._channel is not None:
             await self._channel.interrupt()
-
-    async def probe(self, timeout_s: float) -> ExecutionResult | None:
-        """A silent probe that never interrupts (status "ok": idle and answering); None when not running."""
-        if self._channel is None or not await self.is_alive():
-            return None
-        return await probe_channel(self._channel, timeout_s)
 
     async def execute(self, code: str, timeout_s: float, *, on_output: OnOutput | None = None,
                       on_status: OnStatus | None = None) -> ExecutionResult:

@@ -483,6 +483,18 @@ async def probe_channel(channel: Any, timeout_s: float) -> ExecutionResult:
     return await channel.run(PROBE_CODE, timeout_s, _no_interrupt, silent=True, grace_s=0.0)
 
 
+class ChannelProbe:
+    """`Kernel.probe` for kernels that talk through a `_channel` (local, docker, gateway)."""
+
+    _channel: Any
+
+    async def probe(self, timeout_s: float) -> ExecutionResult | None:
+        """A silent probe that never interrupts (status "ok": idle and answering); None when not running."""
+        if self._channel is None or not await self.is_alive():  # type: ignore[attr-defined]
+            return None
+        return await probe_channel(self._channel, timeout_s)
+
+
 def tell_status(on_status: OnStatus | None, message: str) -> None:
     if on_status is not None:
         try:

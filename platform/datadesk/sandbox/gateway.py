@@ -47,7 +47,7 @@ from datadesk.sandbox.base import (
     SandboxError,
     SandboxUnavailable,
 )
-from datadesk.sandbox.execution import INTERRUPT_GRACE_S, probe_channel, tell_status
+from datadesk.sandbox.execution import INTERRUPT_GRACE_S, ChannelProbe, tell_status
 from datadesk.sandbox.gateway_channel import GatewayChannel
 from datadesk.sandbox.gateway_config import GatewayConfig, http_problem, prove_mapping, status_problem
 from datadesk.sandbox.ownership import owner_alive, this_worker
@@ -170,7 +170,7 @@ class GatewaySandbox(SandboxBackend):
 # --------------------------------------------------------------------------- one kernel
 
 
-class GatewayKernel(Kernel):
+class GatewayKernel(ChannelProbe, Kernel):
     """One kernel on the gateway: REST for its lifecycle, a `GatewayChannel` for its messages."""
 
     interrupt_grace_s: float = INTERRUPT_GRACE_S
@@ -410,12 +410,6 @@ class GatewayKernel(Kernel):
         if r.status_code not in (200, 204):
             log.warning("interrupting gateway kernel %s: %s", self.remote_id,
                         status_problem(self.config, r, "POST /api/kernels/{id}/interrupt"))
-
-    async def probe(self, timeout_s: float) -> ExecutionResult | None:
-        """A silent probe that never interrupts (status "ok": idle and answering); None when not running."""
-        if self._channel is None or not await self.is_alive():
-            return None
-        return await probe_channel(self._channel, timeout_s)
 
     async def execute(self, code: str, timeout_s: float, *, on_output: OnOutput | None = None,
                       on_status: OnStatus | None = None) -> ExecutionResult:

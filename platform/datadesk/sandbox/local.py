@@ -44,7 +44,7 @@ from datadesk.sandbox.base import (
     SandboxError,
     SandboxUnavailable,
 )
-from datadesk.sandbox.execution import INTERRUPT_GRACE_S, probe_channel, tell_status
+from datadesk.sandbox.execution import INTERRUPT_GRACE_S, ChannelProbe, tell_status
 from datadesk.sandbox.messaging import (
     CONNECTION_FILE,
     IPYKERNEL_ARGS,
@@ -125,7 +125,7 @@ class LocalSandbox(SandboxBackend):
                                         memory_bytes=self.memory_bytes, ready_timeout_s=self.ready_timeout_s)
 
 
-class LocalKernel(Kernel):
+class LocalKernel(ChannelProbe, Kernel):
     """One ipykernel subprocess: its own session and process group, a clean environment."""
 
     # How long to wait for idle after an interrupt before restarting the kernel.
@@ -381,12 +381,6 @@ class LocalKernel(Kernel):
             await self._channel.interrupt()
         elif await self.is_alive() and self.pid:
             _killpg(self.pid, signal.SIGINT)
-
-    async def probe(self, timeout_s: float) -> ExecutionResult | None:
-        """A silent probe that never interrupts (status "ok": idle and answering); None when not running."""
-        if self._channel is None or not await self.is_alive():
-            return None
-        return await probe_channel(self._channel, timeout_s)
 
     async def execute(self, code: str, timeout_s: float, *, on_output: OnOutput | None = None,
                       on_status: OnStatus | None = None) -> ExecutionResult:
