@@ -91,6 +91,10 @@ class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True):
     sql_threads: int = 2  # DuckDB threads of a warehouse instance
     sql_temp_mb: int = 1024  # max_temp_directory_size (spill files, under <home>/tmp/sql)
     max_threads_per_user: int = 1_000  # threads one user may hold per workspace
+    sql_queries_per_user: int = 1  # queries one user may run at once (held until the result is written)
+    sql_queries: int = 2  # queries running at once in one app process, all users together
+    sql_queue_s: float = 10.0  # how long a query waits for a free slot before it is refused
+    app_memory_mb: int = 2_048  # the app process's memory ceiling: near it no new query starts, past it they stop
 
 
 class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):

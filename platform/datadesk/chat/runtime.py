@@ -28,6 +28,7 @@ from datadesk.sandbox.backends import build_kernel_registry
 from datadesk.sandbox.files import read_regular
 from datadesk.sandbox.registry import KernelRegistry
 from datadesk.settings import Settings
+from datadesk.store.admission import MemoryGuard, QuerySlots
 from datadesk.store.layout import Layout
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.store.users import UserStore
@@ -102,8 +103,11 @@ class Runtime:
         self.offload = OffloadPipeline(settings.offload, self.artifacts, count_tokens,
                                        on_created=self.quota.after_create)
         self.requery = RequeryService(self.offload, self.tools, self.artifacts)
+        limits = settings.limits
+        self.query_slots = QuerySlots(limits.sql_queries_per_user, limits.sql_queries, limits.sql_queue_s,
+                                      MemoryGuard(limits.app_memory_mb))
         register_sql_tool(self.tools, self.warehouse_for, settings.sql, settings.offload.threshold_chars,
-                          settings.offload.stream_timeout_s)
+                          settings.offload.stream_timeout_s, self.query_slots)
         register_artifact_tools(self.tools, self.requery)
         register_history_tools(self.tools)
         self.skills = SkillCatalog(self.layout)

@@ -65,6 +65,7 @@ class TabularStream:
         self._close = close
         self._interrupt = interrupt  # safe from any thread: stops a blocked read (a cancelled call)
         self._closed = False
+        self._after_close: list[Callable[[], None]] = []
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         return iter(self._batches)
@@ -74,11 +75,22 @@ class TabularStream:
         if self._interrupt is not None and not self._closed:
             self._interrupt()
 
+    def also_on_close(self, fn: Callable[[], None]) -> None:
+        """Run `fn` after the source is closed (e.g. release an admission slot); at once if it is."""
+        if self._closed:
+            fn()
+        else:
+            self._after_close.append(fn)
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self._close is not None:
-                self._close()
+            try:
+                if self._close is not None:
+                    self._close()
+            finally:
+                for fn in self._after_close:
+                    fn()
 
     def __enter__(self) -> "TabularStream":
         return self

@@ -241,6 +241,7 @@ class QueryControl:
         self.fired = False  # the deadline interrupted the statement
         self.limits: SQLLimits | None = None  # set by the warehouse: names the limit an error hit
         self.cancelled = False  # cancel() did
+        self.reason: str | None = None  # why, when it was not the user (e.g. the app's memory ceiling)
 
     def attach(self, con: duckdb.DuckDBPyConnection) -> None:
         with self._lock:
@@ -266,12 +267,14 @@ class QueryControl:
                 self.fired = True
                 self._con.interrupt()
 
-    def cancel(self) -> None:
-        """Interrupt the statement now (safe from any thread, before or after it started)."""
+    def cancel(self, reason: str | None = None) -> None:
+        """Interrupt the statement now (safe from any thread, before or after it started);
+        `reason` becomes the error's message (a limit the app enforced, not the user's Stop)."""
         with self._lock:
             if self._done:
                 return
             self.cancelled = True
+            self.reason = self.reason or reason
             if self._con is not None:
                 self._con.interrupt()
 
@@ -284,7 +287,7 @@ class QueryControl:
     def error(self, exc: BaseException) -> SQLError:
         """What an engine error means: cancelled, timed out, or the engine's own message."""
         if self.cancelled:
-            return SQLCancelled("the query was cancelled")
+            return SQLLimit(self.reason) if self.reason else SQLCancelled("the query was cancelled")
         if self.fired:
             return SQLTimeout(_timeout_message(self.timeout_s or 0))
         limited = limit_message(exc, self.limits) if self.limits is not None else None

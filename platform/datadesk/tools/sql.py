@@ -19,6 +19,7 @@ import pyarrow as pa
 from datadesk.domain.records import ToolRecordMeta
 from datadesk.domain.tools import TabularStream, ToolError, ToolResult, ToolSpec
 from datadesk.settings import SQLSettings
+from datadesk.store.admission import Busy, QuerySlots, Slot
 from datadesk.store.warehouse import (
     QueryControl, QueryResult, SQLError, Warehouse, check_statement, interruptible, jsonable,
 )
@@ -149,14 +150,26 @@ def _close_late(result: ToolResult) -> None:
         result.table.close()
 
 
+def hold_until_closed(result: ToolResult, slot: Slot) -> ToolResult:
+    """Keep `slot` for as long as the result is being read: an inline result is done now; a
+    stream for the offload writer holds it until the writer closes the stream."""
+    if result.table is None:
+        slot.release()
+    else:
+        result.table.also_on_close(slot.release)
+    return result
+
+
 def register_sql_tool(
     registry: ToolRegistry,
     warehouse_for: Callable[[ToolContext], Warehouse],
     settings: SQLSettings,
     threshold_chars: int = 8_000,
     stream_timeout_s: float = 600.0,
+    slots: QuerySlots | None = None,
 ) -> None:
-    """Register `sql_query`; `warehouse_for` picks the caller's workspace warehouse."""
+    """Register `sql_query`; `warehouse_for` picks the caller's workspace warehouse; `slots`
+    bounds how many queries run per user and in the app (held until the result is closed)."""
 
     async def handler(args: SqlQuery, ctx: ToolContext) -> ToolResult:
         sql = args.sql
@@ -164,12 +177,28 @@ def register_sql_tool(
             raise ToolError(SQL_HINT)
         wh = warehouse_for(ctx)
         try:
-            check_statement(sql)  # refuse on the loop, before any thread or connection
-            control = QueryControl()  # a cancelled call (Stop, tool timeout) interrupts the statement
-            return await interruptible(control, _first_rows, wh, sql, threshold_chars, stream_timeout_s, control,
-                                       late=_close_late)
-        except SQLError as exc:  # includes SQLRefused and SQLTimeout
+            check_statement(sql)  # refuse on the loop, before any thread, slot or connection
+        except SQLError as exc:
             raise ToolError(str(exc)) from None
+        try:
+            slot = await slots.acquire(ctx.user) if slots is not None else None
+        except Busy as exc:
+            raise ToolError(str(exc)) from None
+        control = QueryControl()  # a cancelled call (Stop, tool timeout) interrupts the statement
+        if slot is not None:
+            slot.on_pressure = control.cancel  # the memory guard may stop it
+        try:
+            result = await interruptible(control, _first_rows, wh, sql, threshold_chars, stream_timeout_s,
+                                         control, late=_close_late)
+        except SQLError as exc:  # includes SQLRefused, SQLTimeout and SQLLimit
+            if slot is not None:
+                slot.release()
+            raise ToolError(str(exc)) from None
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        return result if slot is None else hold_until_closed(result, slot)
 
     registry.register(
         ToolSpec(

@@ -1,0 +1,231 @@
+"""Admission of heavy work (issue 15): query slots per user and per app process, and the
+app's memory ceiling.
+
+DuckDB (and any other SQL source) runs inside the app process. Each query is bounded
+on its own (`limits.sql_memory_mb`, threads, temp space, timeout), but N users running
+queries at once would still add up. So a query needs a **slot** first:
+
+- at most `limits.sql_queries_per_user` running for one user, and
+- at most `limits.sql_queries` running in the app process (all users together).
+
+A slot is held until the result is done with -- for a large result, until the offload
+writer has closed the stream, not when the tool call returns. Past the per-user limit
+the call is refused at once (the user's own queries are what is running); past the
+global one it waits up to `limits.sql_queue_s` for a slot, then is refused. Both
+messages name the setting.
+
+The **memory guard** watches the app's resident memory (`/proc/self/statm`, no extra
+dependency) against `limits.app_memory_mb`: above `admit_fraction` of it no new heavy
+work is admitted; above `stop_fraction` a watchdog thread interrupts every running
+query (the largest consumer the app has), each failing with a message naming the
+ceiling. Sampling is cheap (one small read) and runs only while queries hold slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import Counter
+from typing import Callable
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class Busy(Exception):
+    """No slot (or no memory) for this work now: the message names the limit and what to do."""
+
+
+def rss_bytes() -> int:
+    """This process's resident set size, in bytes (0 when /proc is not there)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class MemoryGuard:
+    """The app's RSS against its ceiling (`limits.app_memory_mb`)."""
+
+    def __init__(self, ceiling_mb: int, admit_fraction: float = 0.8, stop_fraction: float = 0.92,
+                 sample: Callable[[], int] = rss_bytes) -> None:
+        self.ceiling = int(ceiling_mb) * 1024 * 1024
+        self.admit_fraction = admit_fraction
+        self.stop_fraction = stop_fraction
+        self.sample = sample
+        self.peak = 0
+
+    def rss(self) -> int:
+        value = self.sample()
+        self.peak = max(self.peak, value)
+        return value
+
+    def _mb(self, value: int) -> str:
+        return f"{value / 1024 / 1024:,.0f} MB"
+
+    def check_admit(self, what: str) -> None:
+        """Refuse new heavy work while the app is near its memory ceiling."""
+        if self.ceiling <= 0:
+            return
+        used = self.rss()
+        if used > self.ceiling * self.admit_fraction:
+            raise Busy(f"the server is short of memory ({self._mb(used)} of its {self._mb(self.ceiling)} "
+                       f"ceiling, limits.app_memory_mb): the {what} was not started; try again in a minute, "
+                       "or narrow it (filter, aggregate, LIMIT)")
+
+    def over_stop(self) -> int | None:
+        """The RSS when it is past the stop level (running work must be interrupted), else None."""
+        if self.ceiling <= 0:
+            return None
+        used = self.rss()
+        return used if used > self.ceiling * self.stop_fraction else None
+
+    def stop_message(self, used: int) -> str:
+        return (f"the query was stopped: the server reached its memory ceiling ({self._mb(used)} of "
+                f"{self._mb(self.ceiling)}, limits.app_memory_mb); filter or aggregate in SQL, or add a LIMIT")
+
+
+class Slot:
+    """One admitted piece of work; `release()` is idempotent and safe from any thread.
+    `on_pressure(message)` is called (from the watchdog thread) when the app must shed memory."""
+
+    def __init__(self, owner: "QuerySlots", user: str, what: str) -> None:
+        self._owner = owner
+        self.user = user
+        self.what = what
+        self.on_pressure: Callable[[str], None] | None = None
+        self._released = False
+        self._shed = False
+
+    def release(self) -> None:
+        self._owner._release(self)
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def __enter__(self) -> "Slot":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class QuerySlots:
+    """Per-user and global slots for queries, with the memory guard's watchdog."""
+
+    def __init__(self, per_user: int, total: int, wait_s: float, guard: MemoryGuard | None = None,
+                 watch_interval_s: float = 0.2) -> None:
+        self.per_user = max(1, int(per_user))
+        self.total = max(1, int(total))
+        self.wait_s = max(0.0, float(wait_s))
+        self.guard = guard
+        self.watch_interval_s = watch_interval_s
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._running: list[Slot] = []
+        self._by_user: Counter[str] = Counter()
+        self._watchdog: threading.Thread | None = None
+        self.stopped_for_memory = 0  # queries the watchdog interrupted (for the health report)
+
+    # -- admission -------------------------------------------------------------------------
+    def _refuse_user(self, user: str, what: str) -> Busy:
+        return Busy(f"you already have {self._by_user[user]} {what}(s) running (limits.sql_queries_per_user = "
+                    f"{self.per_user}): wait for it to finish, or stop it, before starting another")
+
+    def try_acquire(self, user: str, what: str = "SQL query") -> Slot | None:
+        """A slot now, or None when the global limit is reached; raises Busy past the user's
+        own limit or near the memory ceiling."""
+        if self.guard is not None:
+            self.guard.check_admit(what)
+        with self._lock:
+            if self._by_user[user] >= self.per_user:
+                raise self._refuse_user(user, what)
+            if len(self._running) >= self.total:
+                return None
+            slot = Slot(self, user, what)
+            self._running.append(slot)
+            self._by_user[user] += 1
+            self._ensure_watchdog()
+            return slot
+
+    async def acquire(self, user: str, what: str = "SQL query") -> Slot:
+        """A slot, waiting up to `wait_s` while the app's slots are all taken by others."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            slot = self.try_acquire(user, what)
+            if slot is not None:
+                return slot
+            if time.monotonic() >= deadline:
+                raise Busy(f"the server is running its maximum of {self.total} {what}(s) for all users "
+                           f"(limits.sql_queries) and none finished within {self.wait_s:g} s "
+                           "(limits.sql_queue_s): try again shortly")
+            await asyncio.sleep(0.05)
+
+    def acquire_blocking(self, user: str, what: str = "SQL query") -> Slot:
+        """`acquire` for worker threads."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            slot = self.try_acquire(user, what)
+            if slot is not None:
+                return slot
+            with self._lock:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Busy(f"the server is running its maximum of {self.total} {what}(s) for all users "
+                               f"(limits.sql_queries) and none finished within {self.wait_s:g} s "
+                               "(limits.sql_queue_s): try again shortly")
+                self._changed.wait(min(left, 0.2))
+
+    def _release(self, slot: Slot) -> None:
+        with self._lock:
+            if slot._released:
+                return
+            slot._released = True
+            self._running.remove(slot)
+            self._by_user[slot.user] -= 1
+            if self._by_user[slot.user] <= 0:
+                del self._by_user[slot.user]
+            self._changed.notify_all()
+
+    # -- state -----------------------------------------------------------------------------
+    def running(self, user: str | None = None) -> int:
+        with self._lock:
+            return len(self._running) if user is None else self._by_user[user]
+
+    # -- the watchdog ----------------------------------------------------------------------
+    def _ensure_watchdog(self) -> None:
+        """Start the sampling thread while slots are held (called under the lock)."""
+        if self.guard is None or self.guard.ceiling <= 0:
+            return
+        if self._watchdog is None or not self._watchdog.is_alive():
+            self._watchdog = threading.Thread(target=self._watch, name="datadesk-memory-guard", daemon=True)
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        assert self.guard is not None
+        while True:
+            with self._lock:
+                if not self._running:
+                    self._watchdog = None
+                    return
+            used = self.guard.over_stop()
+            if used is not None:
+                self.shed(self.guard.stop_message(used))
+            time.sleep(self.watch_interval_s)
+
+    def shed(self, message: str) -> int:
+        """Interrupt every running query (memory pressure); returns how many were told."""
+        with self._lock:
+            victims = [s for s in self._running if s.on_pressure is not None and not s._shed]
+            for slot in victims:
+                slot._shed = True
+        for slot in victims:
+            try:
+                slot.on_pressure(message)  # type: ignore[misc]
+            except Exception:  # noqa: BLE001 - a failed interrupt must not stop the others
+                pass
+        self.stopped_for_memory += len(victims)
+        return len(victims)
