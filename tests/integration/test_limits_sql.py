@@ -52,3 +52,22 @@ def test_thread_limit_per_user(harness_factory) -> None:
         tid = client.get("/api/threads", headers=h.auth("bob")).json()[0]["id"]
         assert client.delete(f"/api/threads/{tid}", headers=h.auth("bob")).status_code in (200, 204)
         assert client.post("/api/threads", json={}, headers=h.auth("bob")).status_code == 201
+
+
+def test_near_the_memory_ceiling_queries_and_uploads_are_refused_naming_it(harness_factory) -> None:
+    """limits.app_memory_mb below what the process already uses: nothing heavy is admitted, with a
+    clear message (tool error for the model, 503 for an upload); nothing is stored."""
+    h = harness_factory(ScriptedModel([
+        tool_step("sql_query", {"sql": "SELECT count(*) AS n FROM buildings"}, call_id="q"), "done",
+    ]), limits={"app_memory_mb": 16})
+    with TestClient(h.app()) as client:
+        tid = client.post("/api/threads", json={}, headers=h.auth("bob")).json()["id"]
+        events = parse_sse(client.post(f"/api/threads/{tid}/messages", json={"content": "x"},
+                                       headers=h.auth("bob")).text)
+        finished = [d for e, d in events if e == "tool.finished"]
+        assert not finished[0]["ok"] and "limits.app_memory_mb" in finished[0]["preview"]
+        r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("a.csv", b"a,b\n1,2\n")},
+                        headers=h.auth("bob"))
+        assert r.status_code == 503 and "short of memory" in r.json()["error"]
+        assert "limits.app_memory_mb" in r.json()["error"]
+        assert not list(h.rt.threads.get(tid, "bob", ["demo"]).artifacts_dir.glob("*.parquet"))

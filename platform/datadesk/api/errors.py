@@ -24,6 +24,7 @@ from datadesk.domain.tools import ToolError
 from datadesk.memory.store import DuplicateFact, FactNotFound, FactStateError, MemoryInputError
 from datadesk.offload.store import ArtifactNotFound
 from datadesk.offload.uploads import UploadError, UploadTooLarge
+from datadesk.store.admission import Busy
 from datadesk.store.threads import ThreadNotFound, TooManyThreads
 from datadesk.store.users import UserError
 from datadesk.store.workspaces import WorkspaceConfigError
@@ -48,6 +49,7 @@ ERROR_STATUS: dict[type[Exception], int] = {
     UploadTooLarge: 413,
     TooManyTurns: 429,
     TooManyThreads: 429,
+    Busy: 503,  # the app's query slots or memory ceiling: try again shortly
     WorkspaceConfigError: 500,
 }
 

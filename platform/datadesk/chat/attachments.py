@@ -38,6 +38,7 @@ from datadesk.offload.quota import ArtifactQuota
 from datadesk.offload.tabular import TabularParseError, detect_text
 from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload_async
 from datadesk.settings import OffloadSettings
+from datadesk.store.admission import MemoryGuard
 from datadesk.store.threads import Thread
 
 MAX_PASTE_CHARS = 4 * 1024 * 1024  # a longer message is never taken for a pasted table
@@ -77,8 +78,10 @@ class Attachments:
 
     def __init__(self, offload: OffloadPipeline, quota: ArtifactQuota, turns: TurnRegistry,
                  settings: OffloadSettings, max_message_tokens: int,
-                 capability: Callable[[User, str], OffloadCapability]) -> None:
+                 capability: Callable[[User, str], OffloadCapability],
+                 memory: MemoryGuard | None = None) -> None:
         self.offload = offload
+        self.memory = memory  # near the app's memory ceiling no upload starts (Busy -> 503)
         self.quota = quota
         self.turns = turns
         self.settings = settings
@@ -91,6 +94,8 @@ class Attachments:
         within the quotas, and record it for the model. UploadError names what is wrong with it.
         `progress(rows=, bytes=)` is called while the file is converted. It runs as the turn's
         task: cancelling the thread's turn stops it (UploadStopped), nothing kept."""
+        if self.memory is not None:
+            self.memory.check_admit("upload")
         turn = self.turns.reserve(thread.id, user.id)
         try:
             task = turn.task = asyncio.ensure_future(self._upload(thread, user, receive, progress, turn.turn_id))

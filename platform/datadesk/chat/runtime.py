@@ -92,7 +92,8 @@ class Runtime:
             calibrate=bool(getattr(self.model, "reports_real_usage", True)))
         # what the analyst does outside a turn (api/ only parses and shapes): uploads, pastes, re-query
         self.attachments = Attachments(self.offload, self.quota, self.turns, settings.offload,
-                                       settings.context.max_message_tokens, self.policy.offload_capability)
+                                       settings.context.max_message_tokens, self.policy.offload_capability,
+                                       self.query_slots.guard)
         self.user_requery = UserRequery(self.requery, self.turns)
         self.lifecycle = ThreadLifecycle(self.threads, self.turns, self.kernels)  # clear chat, delete thread
 
