@@ -18,6 +18,7 @@ from datadesk.api.artifacts import ArtifactController
 from datadesk.api.auth import guard_request, provide_runtime, provide_user
 from datadesk.api.errors import exception_handlers
 from datadesk.api.memory import MemoryController
+from datadesk.api.search import SearchController
 from datadesk.api.workspace import WorkspaceController
 from datadesk.api.security import LoginLimiter, SecurityMiddleware, load_key
 from datadesk.api.session import SessionController
@@ -42,6 +43,7 @@ def create_app(rt: Runtime) -> Litestar:
             ThreadController,
             ArtifactController,
             MemoryController,
+            SearchController,
             WorkspaceController,
             index,
             create_static_files_router(path="/static", directories=[WEB_DIR], include_in_schema=False),

@@ -72,9 +72,11 @@ class ThreadController(Controller):
     async def get_thread(
         self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep,
         limit: Annotated[int, QueryParameter(ge=1, le=1000, description="newest records to return")] = 200,
+        before: Annotated[int | None, QueryParameter(ge=1, description=(
+            "only records with a smaller seq (load earlier: the seq of the oldest record shown)"))] = None,
     ) -> ThreadDetail:
         handle = find_thread(rt, user, tid)
-        records = handle.log.tail(limit + 1)
+        records = handle.log.tail(limit + 1) if before is None else _before(handle, before, limit + 1)
         has_more = len(records) > limit
         records = records[-limit:]
         ids = [a.id for a in rt.artifacts.list(handle)]
@@ -166,6 +168,17 @@ class ThreadController(Controller):
         if attached is None:
             return Response(content=b"", status_code=204)
         return ServerSentEvent(_stream(attached, None, _artifact_ids(rt, handle)), headers=SSE_HEADERS)
+
+
+def _before(handle: Any, seq: int, n: int) -> list[Any]:
+    """The newest `n` records older than `seq`, oldest first (read from the end of the log)."""
+    found = []
+    for rec in handle.log.newest_first():
+        if rec.seq < seq:
+            found.append(rec)
+            if len(found) >= n:
+                break
+    return found[::-1]
 
 
 def _artifact_ids(rt: RuntimeDep, handle: Any) -> Callable[[], list[str]]:

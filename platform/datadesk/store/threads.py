@@ -18,6 +18,7 @@ from datadesk.domain.ids import check_id, new_id
 from datadesk.domain.records import ThreadMeta
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
+from datadesk.store.search import indexed_append, indexed_reset
 from datadesk.domain.records import Record
 from datadesk.store.jsonl import lines_from_end
 from datadesk.store.threadlog import FileAndThreadLock, LogClosed, ThreadLog
@@ -136,8 +137,11 @@ class Thread:
             yield
 
     def append(self, make: Callable[[int], Record], epoch: int | None = None) -> Record:
-        """Append `make(next_seq)` to the log, refused (LogClosed) when cleared since `epoch`."""
-        return self.log.append(make, epoch=epoch)
+        """Append `make(next_seq)` to the log, refused (LogClosed) when cleared since `epoch`;
+        the search index (store/search.py) takes the record too."""
+        record = self.log.append(make, epoch=epoch)
+        indexed_append(self, record)
+        return record
 
     def append_manifest(self, line: bytes, epoch: int | None) -> bool:
         """Append one manifest line (`context.jsonl`); False when the thread was cleared or is gone."""
@@ -323,10 +327,12 @@ class ThreadStore:
                             if d == thread.artifacts_dir and p.suffix == ".json":
                                 removed["artifacts"] += 1
                     shutil.rmtree(d, ignore_errors=True)
+        indexed_reset(thread, drop=False)
         return removed
 
     def delete(self, thread: Thread) -> None:
         """Remove a thread: rename it away first so no reader sees half of it."""
         trash = thread.dir.with_name(f".deleted-{thread.id}-{new_id()}")
         thread.dir.rename(trash)
+        indexed_reset(thread, drop=True)
         shutil.rmtree(trash, ignore_errors=True)
