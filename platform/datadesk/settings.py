@@ -24,6 +24,7 @@ class LLMSettings(msgspec.Struct, forbid_unknown_fields=True):
     max_retries: int = 3
     retry_backoff_s: float = 0.5
     temperature: float | None = None
+    provider: str = "auto"  # what the server supports for JSON answers (context.profiles.PROVIDERS)
 
 
 class ChatSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -42,6 +43,7 @@ class ModelProfileSettings(msgspec.Struct, forbid_unknown_fields=True, omit_defa
     preamble: str | None = None  # "system" (second system message) | "user" (labelled user preamble)
     replay_reasoning: bool | None = None
     token_factor: float | None = None
+    structured_output: str | None = None  # "json_schema" | "json_object" | "none"
 
 
 class ContextSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -70,6 +72,7 @@ class SummarySettings(msgspec.Struct, forbid_unknown_fields=True):
     uncovered_allowance: float = 0.25
     revisions_kept: int = 10
     timeout_s: float = 120.0
+    max_attempts: int = 2  # summarizer calls for an invalid answer: the first, then retries showing its error
 
 
 class MemorySettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -171,7 +174,8 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class AuthSettings(msgspec.Struct, forbid_unknown_fields=True):
-    login_attempts_per_minute: int = 10
+    login_attempts_per_minute: int = 10  # failed attempts per client address and minute
+    login_attempts_per_account: int = 20  # failed attempts per account and minute (from any address)
     session_ttl_s: int = 7 * 24 * 3600
     login_code_ttl_s: int = 600  # a login link works for minutes
     cookie_secure: bool = False

@@ -122,7 +122,7 @@ def compose_services(variables: dict[str, str]) -> dict[str, Any]:
 
 
 def _token(output: bytes) -> str:
-    found = re.search(r"(ddt_[A-Za-z0-9_-]+)", output.decode())
+    found = re.search(r"(ddt_[A-Za-z0-9_.-]+)", output.decode())
     assert found, output.decode()
     return found.group(1)
 

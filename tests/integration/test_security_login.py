@@ -127,3 +127,45 @@ def test_images_may_show_this_threads_artifacts_only(harness_factory) -> None:
     for html in (events[-1]["html"], next(r["html"] for r in records if r["role"] == "assistant")):
         assert f'src="/api/artifacts/{ids[mine]}/view"' in html
         assert ids[other] not in html
+
+
+def test_tokens_and_codes_name_their_account_and_only_the_secret_counts(harness_factory) -> None:
+    from datadesk.store.users import credential_account
+
+    h = harness_factory(ScriptedModel(then="ok"))
+    token = h.tokens["bob"]
+    assert token.startswith("ddt_bob.") and credential_account(token) == "bob"
+    code = h.rt.users.new_login_code("bob", 60)
+    assert code.startswith("bob.") and credential_account(code) == "bob"
+    assert credential_account("ddt_oldstyletokenwithoutuser") is None and credential_account("x.") is None
+    assert h.rt.users.by_token("ddt_bob." + token.split(".", 1)[1][:-2] + "xx") is None
+    assert h.rt.users.by_token("ddt_alice." + token.split(".", 1)[1]) is None  # the user part is not trusted
+
+
+def test_failed_logins_count_per_account(harness_factory) -> None:
+    """Failures on one account lock that account for addresses that failed, not other accounts."""
+    h = harness_factory(ScriptedModel(then="ok"), auth={"login_attempts_per_minute": 100,
+                                                        "login_attempts_per_account": 3})
+    with TestClient(h.app()) as client:
+        for _ in range(3):
+            assert client.post("/api/login", json={"token": "ddt_bob.guess"}).status_code == 401
+        r = client.post("/api/login", json={"token": h.tokens["bob"]})
+        assert r.status_code == 429 and "for this account" in r.json()["error"] and r.headers["retry-after"]
+        code = h.rt.users.new_login_code("bob", 60)
+        assert client.get(f"/login?code={code}").status_code == 429  # the link page too
+        # another account from the same address is not affected
+        assert client.post("/api/login", json={"token": h.tokens["alice"]}).status_code == 200
+
+
+def test_an_accounts_owner_from_a_clean_address_still_logs_in() -> None:
+    from datadesk.api.security import LoginFailures
+
+    f = LoginFailures(per_minute=10, per_account=3, trusted_proxies=[])
+    for addr in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):  # a guesser spread over addresses
+        assert f.account_refusal("bob", addr) is None
+        f.failed(addr)
+        f.failed_account("bob")
+    assert f.account_refusal("bob", "10.0.0.2") is not None  # a failing address is refused for bob
+    assert f.account_refusal("bob", "192.168.1.7") is None  # the owner's clean address is not
+    assert f.account_refusal("alice", "10.0.0.2") is None  # nor another account
+    assert f.address_refusal("10.0.0.1") is None  # one failure each: under the per-address limit

@@ -20,7 +20,7 @@ from datadesk.api.errors import exception_handlers
 from datadesk.api.memory import MemoryController
 from datadesk.api.search import SearchController
 from datadesk.api.workspace import WorkspaceController
-from datadesk.api.security import LoginLimiter, SecurityMiddleware, load_key
+from datadesk.api.security import LoginFailures, LoginLimiter, SecurityMiddleware, load_key
 from datadesk.api.session import SessionController
 from datadesk.api.threads import ThreadController
 from datadesk.chat.runtime import Runtime
@@ -37,6 +37,9 @@ async def index() -> Response[bytes]:
 
 def create_app(rt: Runtime) -> Litestar:
     csrf_key = load_key(rt.layout.home)
+    auth = rt.settings.auth
+    login_failures = LoginFailures(auth.login_attempts_per_minute, auth.login_attempts_per_account,
+                                   rt.settings.server.trusted_proxies)
     app = Litestar(
         route_handlers=[
             SessionController,
@@ -52,14 +55,13 @@ def create_app(rt: Runtime) -> Litestar:
         before_request=guard_request,  # auth, content type and a strict decode before the body is used
         exception_handlers=exception_handlers(),  # api/errors.py: one table, domain error -> status
         middleware=[lambda app: SecurityMiddleware(app, csrf_key),
-                    lambda app: LoginLimiter(app, rt.settings.auth.login_attempts_per_minute,
-                                             rt.settings.server.trusted_proxies)],
+                    lambda app: LoginLimiter(app, login_failures)],
         request_max_body_size=rt.settings.server.max_body_bytes,
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
                                      # JSON only: the UI plugins load their scripts from a CDN
                                      render_plugins=[JsonRenderPlugin()]),
         on_startup=[rt.start],
         on_shutdown=[rt.stop],
-        state=State({"runtime": rt, "csrf_key": csrf_key}),
+        state=State({"runtime": rt, "csrf_key": csrf_key, "login_failures": login_failures}),
     )
     return app

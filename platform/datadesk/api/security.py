@@ -160,45 +160,103 @@ def client_address(scope: Scope, trusted: list[Any]) -> str:
     return peer
 
 
-class LoginLimiter:
-    """ASGI middleware on the login routes (handler opt `login`): only failed attempts (401, 403)
-    count, per client address (behind `server.trusted_proxies`, per forwarded client), so a user's
-    own valid logins never lock them out and one client's guesses lock out only that client.
-    Past `per_minute` failures in a minute the address gets 429 until the oldest ages out."""
+class LoginFailures:
+    """Failed login attempts in the last minute, per client address and per account.
 
-    def __init__(self, app: ASGIApp, per_minute: int, trusted_proxies: list[str]) -> None:
-        self.app = app
+    - per address (`per_minute`): one client guessing is refused once it failed that often;
+      behind `server.trusted_proxies` the forwarded client counts, never a header from anyone else;
+    - per account (`per_account`): an account named by the credential (`ddt_<user>.<secret>`,
+      login codes `<user>.<secret>`) that failed that often, from any number of addresses, is
+      refused to every address that itself failed in the last minute, so a spread-out guesser is
+      slowed down while the account's owner, from a clean address, still gets in.
+
+    Only failures count (401/403): a user's own valid logins never lock anyone out. Bounded:
+    keys with no recent failure are dropped once the tables grow past 10,000 entries."""
+
+    def __init__(self, per_minute: int, per_account: int, trusted_proxies: list[str]) -> None:
         self.per_minute = per_minute
+        self.per_account = per_account
         self.trusted = _networks(trusted_proxies)
-        self.failures: dict[str, deque[float]] = {}
+        self.by_address: dict[str, deque[float]] = {}
+        self.by_account: dict[str, deque[float]] = {}
 
-    def _recent(self, addr: str, now: float) -> deque[float]:
-        q = self.failures.setdefault(addr, deque())
+    @staticmethod
+    def _recent(table: dict[str, deque[float]], key: str, now: float) -> deque[float]:
+        q = table.setdefault(key, deque())
         while q and q[0] <= now - 60:
             q.popleft()
+        if not q and len(table) > 10_000:
+            table.pop(key, None)  # bounded: keys with no recent failure are dropped
         return q
+
+    def address(self, scope: Scope) -> str:
+        return client_address(scope, self.trusted)
+
+    def address_refusal(self, addr: str) -> tuple[str, int] | None:
+        now = time.monotonic()
+        recent = self._recent(self.by_address, addr, now)
+        if len(recent) >= self.per_minute:
+            wait = max(1, int(recent[0] + 60 - now) + 1)
+            return f"too many failed login attempts from {addr}: try again in {wait} s", wait
+        return None
+
+    def account_refusal(self, account: str | None, addr: str) -> tuple[str, int] | None:
+        """Refuse an attempt on a targeted account, unless it comes from a clean address."""
+        if account is None:
+            return None
+        now = time.monotonic()
+        recent = self._recent(self.by_account, account, now)
+        if len(recent) < self.per_account or not self._recent(self.by_address, addr, now):
+            return None
+        wait = max(1, int(recent[0] + 60 - now) + 1)
+        return (f"too many failed login attempts for this account: try again in {wait} s "
+                "(from an address with no failed attempts, a valid login still works)"), wait
+
+    @classmethod
+    def _count(cls, table: dict[str, deque[float]], key: str) -> None:
+        now = time.monotonic()
+        q = cls._recent(table, key, now)
+        q.append(now)
+        table[key] = q
+
+    def failed(self, addr: str) -> None:
+        """A failed attempt from `addr` (the middleware counts every 401/403 of a login route)."""
+        self._count(self.by_address, addr)
+
+    def failed_account(self, account: str | None) -> None:
+        """A failed attempt on `account` (the route counts it: only it reads the credential)."""
+        if account is not None:
+            self._count(self.by_account, account)
+
+
+class LoginLimiter:
+    """ASGI middleware on the login routes (handler opt `login`): an address past its failed
+    attempts gets 429 before the route runs; each 401/403 the route answers counts against the
+    address. The route itself checks and counts the account (`LoginFailures.account_refusal`,
+    `failed_account`), as only it knows which account a credential names."""
+
+    def __init__(self, app: ASGIApp, failures: LoginFailures) -> None:
+        self.app = app
+        self.failures = failures
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         handler = scope.get("route_handler")
         if scope["type"] != "http" or not (handler is not None and handler.opt.get("login")):
             await self.app(scope, receive, send)
             return
-        addr, now = client_address(scope, self.trusted), time.monotonic()
-        recent = self._recent(addr, now)
-        if len(recent) >= self.per_minute:
-            wait = max(1, int(recent[0] + 60 - now) + 1)
-            await _answer(send, 429, f"too many failed login attempts from {addr}: try again in {wait} s",
-                          ((b"retry-after", str(wait).encode()),))
+        addr = self.failures.address(scope)
+        refused = self.failures.address_refusal(addr)
+        if refused is not None:
+            message, wait = refused
+            await _answer(send, 429, message, ((b"retry-after", str(wait).encode()),))
             return
 
         async def watch(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start" and message["status"] in (401, 403):
-                recent.append(time.monotonic())
+                self.failures.failed(addr)
             await send(message)
 
         await self.app(scope, receive, watch)
-        if not recent and len(self.failures) > 10_000:
-            self.failures.pop(addr, None)  # bounded: addresses with no recent failure are dropped
 
 
 async def _answer(send: Any, status: int, message: str, extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:

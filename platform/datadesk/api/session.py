@@ -12,13 +12,14 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body, FromQuery, JSONBody
 from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
-from litestar.exceptions import ClientException, NotAuthorizedException
+from litestar.exceptions import ClientException, NotAuthorizedException, TooManyRequestsException
 from litestar.response import Redirect, Response
 
 from datadesk import __version__
 from datadesk.api.auth import SESSION_COOKIE, CurrentUser, RuntimeDep
 from datadesk.api.schemas import Login, MeOut
 from datadesk.api.security import csrf_token
+from datadesk.store.users import credential_account
 
 
 def sandbox_status(rt: RuntimeDep, permissions: list[str]) -> dict[str, Any]:
@@ -82,6 +83,18 @@ _BAD_LINK = ("This login link is invalid, expired or already used. Ask an admin 
              "(`datadesk users login-url NAME`).")
 
 
+def _account_guard(request: Request, credential: str) -> str | None:
+    """The account `credential` names; 429 when that account is under attack and this address
+    has failed too (api/security.py LoginFailures)."""
+    failures = request.app.state.login_failures
+    account = credential_account(credential)
+    refused = failures.account_refusal(account, failures.address(request.scope))
+    if refused is not None:
+        message, wait = refused
+        raise TooManyRequestsException(message, headers={"Retry-After": str(wait)})
+    return account
+
+
 class SessionController(Controller):
     path = "/"
 
@@ -90,6 +103,7 @@ class SessionController(Controller):
         """Exchange an API token or a one-time login code for a session cookie."""
         if bool(data.token) == bool(data.code):
             raise NotAuthorizedException("send exactly one of 'token' or 'code'")
+        account = _account_guard(request, data.token or data.code or "")
         user = rt.users.by_token(data.token) if data.token else rt.users.peek_login_code(data.code or "")
         current = _signed_in(request, rt)
         if user is not None and current is not None and current.id != user.id:
@@ -98,20 +112,23 @@ class SessionController(Controller):
         if data.code:
             user = rt.users.redeem_login_code(data.code)
         if user is None:
+            request.app.state.login_failures.failed_account(account)
             raise NotAuthorizedException("invalid, used or expired login code or token")
         sid = rt.users.new_session(user.id, rt.settings.auth.session_ttl_s)
         rt.users.record_login(user.id)
         return Response({"user": user.id, "csrf": csrf_token(request.app.state.csrf_key, sid)}, cookies=[session_cookie(rt, sid)])
 
-    @get("/login", include_in_schema=False)  # redeems nothing (the POST does, rate-limited)
+    @get("/login", include_in_schema=False, opt={"login": True})  # redeems nothing; a bad code counts
     async def login_link(self, request: Request, rt: RuntimeDep, code: FromQuery[str] = "") -> Response[Any]:
         """The printed login URL: a page that asks to confirm (POST); opening it changes nothing,
         and it never replaces the session of someone already signed in."""
+        account = _account_guard(request, code)
         target = rt.users.peek_login_code(code)
         current = _signed_in(request, rt)
         if current is not None:
             return _already_signed_in(current, target)
         if target is None:
+            request.app.state.login_failures.failed_account(account)
             return Response(_BAD_LINK, status_code=401, media_type="text/plain")
         nonce = secrets.token_urlsafe(24)
         cookies = [Cookie(key=LOGIN_NONCE_COOKIE, value=nonce, httponly=True, samesite="strict", path="/login",
@@ -142,8 +159,10 @@ class SessionController(Controller):
         current = _signed_in(request, rt)
         if current is not None:
             return _already_signed_in(current, rt.users.peek_login_code(code))
+        account = _account_guard(request, code)
         user = rt.users.redeem_login_code(code)
         if user is None:
+            request.app.state.login_failures.failed_account(account)
             return Response(_BAD_LINK, status_code=401, media_type="text/plain")
         sid = rt.users.new_session(user.id, rt.settings.auth.session_ttl_s)
         rt.users.record_login(user.id)

@@ -131,7 +131,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str], _Check, _Check]] = [
     _api_key("AIza", r"[0-9A-Za-z_-]{35}"),  # Google
     _api_key(r"SG\.", r"[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),  # SendGrid
     _api_key("hf_", r"[A-Za-z0-9]{30,}"),  # Hugging Face
-    ("api key", re.compile(r"ddt_(?P<value>[A-Za-z0-9_-]+)"), _always, _always),  # our own API tokens
+    ("api key", re.compile(r"ddt_(?P<value>[A-Za-z0-9_.-]+)"), _always, _always),  # our own API tokens
     ("bearer token", re.compile(r"(?i)\bbearer\s+(?P<value>[A-Za-z0-9._~+/=-]+)"), _bearer, _always),
     ("basic auth credentials", re.compile(r"(?i)\bbasic\s+(?P<value>[A-Za-z0-9+/=]{8,})"), _basic, _always),
     ("connection string with password", re.compile(r"://[^\s:/@]+:(?P<value>[^\s@/]+)(?=@)"), _always, _always),

@@ -19,7 +19,7 @@ from typing import Callable
 import msgspec
 from filelock import FileLock
 
-from datadesk.domain.ids import check_id, new_id
+from datadesk.domain.ids import ID_PATTERN, check_id, new_id
 from datadesk.domain.users import PERMISSION_NAMES, TokenEntry, User
 from datadesk.store.files import read_json, write_json
 from datadesk.store.layout import Layout
@@ -27,6 +27,20 @@ from datadesk.store.layout import Layout
 
 class UserError(ValueError):
     """A bad user operation (unknown user, duplicate name, unknown permission)."""
+
+
+def _new_token(uid: str) -> str:
+    """An API token: `ddt_<user>.<secret>`; the user part only names whose it is (for the
+    per-account login limit), the secret alone is what is checked."""
+    return f"ddt_{uid}.{secrets.token_urlsafe(32)}"
+
+
+def credential_account(credential: str) -> str | None:
+    """The account a token (`ddt_<user>.<secret>`) or login code (`<user>.<secret>`) names,
+    or None (an older credential without the user part, or not one of ours)."""
+    body = credential[4:] if credential.startswith("ddt_") else credential
+    uid, dot, rest = body.partition(".")
+    return uid if dot and rest and ID_PATTERN.fullmatch(uid) else None
 
 
 def _hash(secret: str) -> str:
@@ -103,7 +117,7 @@ class UserStore:
         unknown = set(permissions) - set(PERMISSION_NAMES)
         if unknown:
             raise UserError(f"unknown permission(s) {sorted(unknown)}; known: {list(PERMISSION_NAMES)}")
-        token = "ddt_" + secrets.token_urlsafe(32)
+        token = _new_token(name)
 
         def change(doc: UsersDoc) -> User:
             if name in doc.users:
@@ -117,7 +131,7 @@ class UserStore:
         return self._update(change), token  # type: ignore[return-value]
 
     def new_token(self, uid: str) -> str:
-        token = "ddt_" + secrets.token_urlsafe(32)
+        token = _new_token(uid)
 
         def change(doc: UsersDoc) -> None:
             user = self._need(doc, uid)
@@ -187,7 +201,7 @@ class UserStore:
     def new_login_code(self, uid: str, ttl_s: float) -> str:
         """A one-time code for the login URL (exchanged for a session, then void); the user's
         earlier codes stop working."""
-        code = secrets.token_urlsafe(32)
+        code = f"{uid}.{secrets.token_urlsafe(32)}"
 
         def change(doc: UsersDoc) -> None:
             self._need(doc, uid)
