@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import unicodedata
+import weakref
 from pathlib import Path
+from urllib.parse import quote as url_quote
 from typing import Any, Iterator
 
 import msgspec
@@ -24,9 +28,11 @@ from datadesk.api.security import SANDBOX_CSP
 from datadesk.chat.runtime import Runtime
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.users import User
+from datadesk.offload.grid import Column, GridError, GridLimit, GridReader, parse_request
 from datadesk.offload.requery import expired_message
 from datadesk.offload.store import regular_file
 from datadesk.sandbox.files import read_regular
+from datadesk.store.sqllimits import SQLLimits
 from datadesk.store.threads import Thread
 
 
@@ -88,6 +94,47 @@ def _csv_chunks(path: str) -> Iterator[bytes]:
         yield sink.getvalue().to_pybytes()
 
 
+_FROM = re.compile(r"\bfrom\s+([A-Za-z_][\w.]*)", re.IGNORECASE)
+_YEAR = re.compile(r"\b(19|20)\d{2}\b")
+GENERIC_TITLES = {"", "new chat"}
+
+
+def _slug(text: str, ascii_only: bool) -> str:
+    if ascii_only:
+        text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^\w.-]+" if not ascii_only else r"[^A-Za-z0-9.-]+", "_", text)
+    return re.sub(r"[._-]{2,}", "_", text).strip("._-").lower()[:80].rstrip("._-")
+
+
+def download_stem(title: str, art: Artifact) -> str:
+    """A file name (no extension) for an artifact: the file's own name (uploads, code outputs),
+    else the thread's title, else the table the query reads (`readings_2024`), else the id."""
+    if art.origin.filename:
+        return Path(art.origin.filename).stem
+    if title.strip().lower() not in GENERIC_TITLES:
+        return title
+    sql = ""
+    if art.origin.arguments:
+        try:
+            args = msgspec.json.decode(art.origin.arguments.encode())
+            sql = str(args.get("sql") or args.get("query") or "") if isinstance(args, dict) else ""
+        except msgspec.DecodeError:
+            sql = ""
+    table = _FROM.search(sql)
+    if table:
+        year = _YEAR.search(sql)
+        return table.group(1).split(".")[-1] + (f"_{year.group(0)}" if year else "")
+    return f"{art.origin.tool}_result" if art.origin.tool else art.id
+
+
+def attachment_header(stem: str, ext: str, fallback: str) -> str:
+    """Content-Disposition with a safe ASCII name and the UTF-8 one (RFC 6266 filename*)."""
+    plain = _slug(stem, ascii_only=True) or fallback
+    wide = _slug(stem, ascii_only=False) or plain
+    suffix = f".{ext}" if ext else ""
+    return f"attachment; filename=\"{plain}{suffix}\"; filename*=UTF-8''{url_quote(wide + suffix, safe='')}"
+
+
 def _file_chunks(path: str) -> Iterator[bytes]:
     with open(path, "rb") as fh:
         yield from iter(lambda: fh.read(1 << 20), b"")
@@ -138,6 +185,69 @@ def _report_page(rt: Runtime, handle: Thread, art: Artifact, path: Path) -> str:
     return report_page(name, body, note)
 
 
+try:  # query slots per user and per process (store/admission.py), where this version has them
+    from datadesk.store.admission import Busy
+except ImportError:  # pragma: no cover
+    class Busy(Exception):  # type: ignore[no-redef]
+        pass
+
+_READERS: "weakref.WeakKeyDictionary[Runtime, GridReader]" = weakref.WeakKeyDictionary()
+
+
+def grid_reader(rt: Runtime) -> GridReader:
+    """The runtime's grid reader (one per runtime: it caches counts and schemas)."""
+    reader = _READERS.get(rt)
+    if reader is None:
+        s = rt.settings
+        reader = _READERS[rt] = GridReader(SQLLimits.from_settings(s.limits, rt.layout.home), s.sql.timeout_s,
+                                           s.offload.stream_timeout_s)
+    return reader
+
+
+async def _grid_slot(rt: Runtime, user: User) -> Any:
+    """A query slot (limits.sql_queries_per_user / sql_queries) for one grid query; 429 when none."""
+    slots = getattr(rt, "query_slots", None)
+    if slots is None:
+        return None
+    try:
+        return await slots.acquire(user.id, "table query")
+    except Busy as exc:
+        raise HTTPException(status_code=429, detail=str(exc), headers={"Retry-After": "2"}) from None
+
+
+def _release(slot: Any) -> None:
+    if slot is not None:
+        slot.release()
+
+
+async def _grid_request(rt: Runtime, user: User, aid: str, request: Request,
+                        paging: bool) -> tuple[Thread, Artifact, Path, list[Column], Any, int, int]:
+    """The table behind `aid` and the view the query parameters ask for (400 naming a bad one)."""
+    handle, art, path = _data_file(rt, user, aid)
+    if art.format != "parquet":
+        raise ClientException(f"artifact {aid} is {art.format}, not a table: it has no rows to show")
+    params = {k: request.query_params.getall(k) for k in request.query_params}
+    try:
+        columns = await asyncio.to_thread(grid_reader(rt).columns, path)
+        view, offset, limit = parse_request(params, columns, paging=paging)
+    except GridError as exc:
+        raise ClientException(str(exc), extra={"param": exc.param}) from None
+    except GridLimit as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
+    return handle, art, path, columns, view, offset, limit
+
+
+def _csv_view(rt: Runtime, user: User, path: Path, columns: list[Column], view: Any) -> Iterator[bytes]:
+    """The CSV stream; it takes its query slot when it starts (in the worker thread that reads it),
+    so a response that is never read holds none."""
+    slots = getattr(rt, "query_slots", None)
+    slot = slots.acquire_blocking(user.id, "table download") if slots is not None else None
+    try:
+        yield from grid_reader(rt).csv(path, columns, view)
+    finally:
+        _release(slot)
+
+
 class ArtifactController(Controller):
     path = "/api"
 
@@ -161,15 +271,46 @@ class ArtifactController(Controller):
         if format == "csv":
             if art.format != "parquet":
                 raise ClientException(f"artifact {aid} is {art.format}, not a table: CSV is not available")
-            body, name, media = _csv_chunks(str(path)), f"{aid}.csv", "text/csv; charset=utf-8"
+            body, ext, media = _csv_chunks(str(path)), "csv", "text/csv; charset=utf-8"
         else:
-            body, name, media = _file_chunks(str(path)), art.file, art.media_type
+            body, ext, media = _file_chunks(str(path)), Path(art.file).suffix.lstrip("."), art.media_type
         return Stream(body, media_type=media, headers={
-            "Content-Disposition": f'attachment; filename="{name}"',
+            "Content-Disposition": attachment_header(download_stem(handle.meta.title, art), ext, aid),
             "X-Content-Type-Options": "nosniff",
             "Content-Security-Policy": "sandbox",
             "Cache-Control": "private, no-store",
         })
+
+    @get("/artifacts/{aid:str}/rows")
+    async def rows(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
+        """A page of a table artifact's full data for the grid: `offset`, `limit` (1-1000), `sort`
+        (`column:asc|desc`, up to 3) and `filter` (a JSON list of {column, op, value}; ops
+        contains, =, <, >, is null, not null). Counts are of the rows matching the filters."""
+        handle, art, path, columns, view, offset, limit = await _grid_request(rt, user, aid, request, True)
+        slot = await _grid_slot(rt, user)
+        try:
+            page = await asyncio.to_thread(grid_reader(rt).page, path, columns, view, offset, limit)
+        except GridError as exc:
+            raise ClientException(str(exc), extra={"param": exc.param}) from None
+        except GridLimit as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        finally:
+            _release(slot)
+        rt.artifacts.touch(handle, [aid])
+        return {"artifact": aid, "total_rows": art.rows, "name": _slug(download_stem(handle.meta.title, art), True),
+                **page}
+
+    @get("/artifacts/{aid:str}/rows.csv")
+    async def rows_csv(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep) -> Stream:
+        """Every row of the grid's current view (same `sort` and `filter` as /rows) as CSV."""
+        handle, art, path, columns, view, _, _ = await _grid_request(rt, user, aid, request, False)
+        _release(await _grid_slot(rt, user))  # busy now: a 429 before the download starts
+        rt.artifacts.touch(handle, [aid])
+        stem = download_stem(handle.meta.title, art) + ("_view" if view.sort or view.filters else "")
+        return Stream(_csv_view(rt, user, path, columns, view), media_type="text/csv; charset=utf-8",
+                      headers={"Content-Disposition": attachment_header(stem, "csv", aid),
+                               "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox",
+                               "Cache-Control": "private, no-store"})
 
     @get("/artifacts/{aid:str}/view")
     async def view(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> Response[bytes]:

@@ -1,0 +1,394 @@
+"""The result grid (issue 19): pages of a tabular artifact's *full* data, sorted and filtered
+on the server with DuckDB.
+
+Nothing the client sends becomes SQL text. A request names columns, operators and values;
+columns are checked against the file's own schema and quoted, operators come from a fixed
+table, values travel as bound parameters (cast to the column's type, itself checked against
+a list of scalar types: a STRUCT's field names come from the file and are never pasted).
+
+Each request opens its own in-memory DuckDB, locked down before the query runs: the one
+Parquet file is the only path it may read (`allowed_paths`, external access off), with the
+memory, threads and spill bounds of `limits.sql_*` (store/sqllimits.py) and a deadline
+(`sql.timeout_s`) that interrupts the statement.
+
+Counts (rows matching the filters, non-null values per column) cost a scan; they are
+cached per (file, filters), so paging and sorting a view scan only for its page.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+import re
+import shutil
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import duckdb
+import msgspec
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from datadesk.store.sqllimits import SQLLimits, limit_message
+
+MAX_LIMIT = 1_000  # rows per page
+MAX_OFFSET = 10**12
+MAX_SORT = 3
+MAX_FILTERS = 10
+MAX_VALUE_CHARS = 1_000
+CELL_CHARS = 2_000  # a longer text cell is cut (with "…") in a page; the CSV has it whole
+MAX_CELLS = 200_000  # per page (limit x columns)
+COUNT_CACHE = 128
+CSV_BATCH_ROWS = 65_536
+PARAMS = {"offset", "limit", "sort", "filter"}
+OPS = {"contains": "contains", "=": "=", "<": "<", ">": ">", "is null": "is null", "not null": "not null",
+       "eq": "=", "lt": "<", "gt": ">", "null": "is null", "notnull": "not null"}
+_COMPARE = {"=", "<", ">"}
+# scalar types a value may be cast to (the type string comes from the file's schema)
+_SCALAR = re.compile(r"(BOOLEAN|TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|UTINYINT|USMALLINT|UINTEGER|UBIGINT"
+                     r"|UHUGEINT|FLOAT|DOUBLE|DECIMAL\(\d{1,2},\d{1,2}\)|VARCHAR|DATE|TIME|TIMESTAMP"
+                     r"|TIMESTAMP WITH TIME ZONE|TIMESTAMP_S|TIMESTAMP_MS|TIMESTAMP_NS|INTERVAL|UUID)")
+_NUMERIC = re.compile(r"(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|U\w*INT|FLOAT|DOUBLE|DECIMAL.*)")
+_TIME = re.compile(r"(DATE|TIME.*|INTERVAL)")
+_SAFE_INT = 2**53
+ROW_NUMBER = "file_row_number"
+
+
+class GridError(ValueError):
+    """A bad request parameter; `param` names it (the API answers 400)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+class GridLimit(RuntimeError):
+    """The query hit a bound (time, memory, spill space); the message names it."""
+
+
+@dataclass(frozen=True)
+class Filter:
+    column: str
+    op: str  # a key of the canonical ops: contains, =, <, >, is null, not null
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class GridView:
+    """What the user looks at: sort keys (column, descending) and filters (all must hold)."""
+
+    sort: tuple[tuple[str, bool], ...] = ()
+    filters: tuple[Filter, ...] = ()
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+
+    @property
+    def kind(self) -> str:
+        if _NUMERIC.fullmatch(self.type):
+            return "number"
+        if self.type == "BOOLEAN":
+            return "bool"
+        if _TIME.fullmatch(self.type):
+            return "time"
+        return "text" if self.type == "VARCHAR" else "other"
+
+
+def quote(name: str) -> str:
+    """A column name as a DuckDB identifier (only ever a name read from the file's schema)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+# --------------------------------------------------------------------------- parsing
+def _int(params: Mapping[str, list[str]], name: str, default: int, low: int, high: int) -> int:
+    values = params.get(name) or []
+    if len(values) > 1:
+        raise GridError(name, "give it once")
+    if not values or values[0] == "":
+        return default
+    try:
+        value = int(values[0])
+    except ValueError:
+        raise GridError(name, f"{values[0][:40]!r} is not a whole number") from None
+    if not low <= value <= high:
+        raise GridError(name, f"{value} is out of range ({low}-{high})")
+    return value
+
+
+def _column(columns: dict[str, Column], name: object, param: str) -> Column:
+    if not isinstance(name, str) or name not in columns:
+        shown = name[:80] if isinstance(name, str) else name
+        raise GridError(param, f"no column {shown!r} in this table")
+    return columns[name]
+
+
+def _sorts(raw: list[str], columns: dict[str, Column]) -> tuple[tuple[str, bool], ...]:
+    """`sort=<column>:asc|desc` (the suffix may be left out: ascending), up to MAX_SORT times."""
+    if len(raw) > MAX_SORT:
+        raise GridError("sort", f"at most {MAX_SORT} sort keys")
+    out: list[tuple[str, bool]] = []
+    for item in raw:
+        name, desc = item, False
+        head, sep, tail = item.rpartition(":")
+        if sep and tail.lower() in ("asc", "desc"):
+            name, desc = head, tail.lower() == "desc"
+        col = _column(columns, name, "sort")
+        if any(c == col.name for c, _ in out):
+            raise GridError("sort", f"column {col.name!r} is named twice")
+        out.append((col.name, desc))
+    return tuple(out)
+
+
+def _filters(raw: list[str], columns: dict[str, Column]) -> tuple[Filter, ...]:
+    """`filter=[{"column": ..., "op": "contains|=|<|>|is null|not null", "value": ...}, ...]` (JSON)."""
+    if not raw or raw == [""]:
+        return ()
+    if len(raw) > 1:
+        raise GridError("filter", "give one JSON list of filters")
+    try:
+        items = msgspec.json.decode(raw[0].encode())
+    except msgspec.DecodeError:
+        raise GridError("filter", 'not valid JSON: send [{"column": "...", "op": "=", "value": "..."}]') from None
+    if isinstance(items, dict):
+        items = [items]
+    if not isinstance(items, list) or len(items) > MAX_FILTERS:
+        raise GridError("filter", f"a JSON list of at most {MAX_FILTERS} filters")
+    out: list[Filter] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) - {"column", "op", "value"}:
+            raise GridError("filter", f"filter {i + 1}: an object with column, op and value")
+        col = _column(columns, item.get("column"), "filter")
+        op = OPS.get(str(item.get("op", "")).strip().lower())
+        if op is None:
+            raise GridError("filter", f"filter {i + 1}: unknown op {str(item.get('op'))[:20]!r} "
+                                      "(contains, =, <, >, is null, not null)")
+        value = item.get("value")
+        if op in ("is null", "not null"):
+            out.append(Filter(col.name, op))
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise GridError("filter", f"filter {i + 1} ({col.name} {op}): a value is needed")
+        text = str(value)
+        if len(text) > MAX_VALUE_CHARS:
+            raise GridError("filter", f"filter {i + 1}: the value is longer than {MAX_VALUE_CHARS} chars")
+        if op in _COMPARE and not _SCALAR.fullmatch(col.type):
+            raise GridError("filter", f"column {col.name!r} is {col.type[:40]}: only contains and is null apply")
+        out.append(Filter(col.name, op, text))
+    return tuple(out)
+
+
+def parse_request(params: Mapping[str, list[str]], columns: Sequence[Column],
+                  paging: bool = True) -> tuple[GridView, int, int]:
+    """The view, offset and limit of a request's query parameters (GridError naming a bad one)."""
+    unknown = sorted(set(params) - PARAMS)
+    if unknown:
+        raise GridError(unknown[0], f"unknown parameter (use {', '.join(sorted(PARAMS))})")
+    by_name = {c.name: c for c in columns}
+    view = GridView(_sorts([s for s in params.get("sort", []) if s], by_name),
+                    _filters(params.get("filter", []), by_name))
+    if not paging:
+        return view, 0, 0
+    offset = _int(params, "offset", 0, 0, MAX_OFFSET)
+    limit = _int(params, "limit", 100, 1, MAX_LIMIT)
+    return view, offset, max(1, min(limit, MAX_CELLS // max(1, len(columns))))
+
+
+# --------------------------------------------------------------------------- SQL
+def where_sql(view: GridView, columns: Sequence[Column]) -> tuple[str, list[Any]]:
+    types = {c.name: c.type for c in columns}
+    parts: list[str] = []
+    params: list[Any] = []
+    for f in view.filters:
+        q = quote(f.column)
+        if f.op == "is null":
+            parts.append(f"{q} IS NULL")
+        elif f.op == "not null":
+            parts.append(f"{q} IS NOT NULL")
+        elif f.op == "contains":
+            parts.append(f"contains(lower(CAST({q} AS VARCHAR)), lower(?))")
+            params.append(f.value)
+        else:
+            parts.append(f"{q} {f.op} CAST(? AS {types[f.column]})")  # type checked by _SCALAR
+            params.append(f.value)
+    return (" WHERE " + " AND ".join(parts) if parts else ""), params
+
+
+def order_sql(view: GridView, columns: Sequence[Column]) -> str:
+    if not view.sort:
+        return ""  # file order (DuckDB keeps it for one file)
+    keys = [f"{quote(c)} {'DESC' if d else 'ASC'} NULLS LAST" for c, d in view.sort]
+    if not any(c.name == ROW_NUMBER for c in columns):
+        keys.append(ROW_NUMBER)  # ties in file order: pages are stable
+    return " ORDER BY " + ", ".join(keys)
+
+
+def source_sql(columns: Sequence[Column]) -> str:
+    """The FROM clause (the file is parameter 1); its row number is there for the sort's ties."""
+    if any(c.name == ROW_NUMBER for c in columns):
+        return "read_parquet(?)"
+    return f"read_parquet(?, {ROW_NUMBER}=true)"
+
+
+def cell(value: Any) -> Any:
+    """A value as the grid shows it (JSON-safe, exact: big ints and decimals as text)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value if not isinstance(value, str) or len(value) <= CELL_CHARS else value[:CELL_CHARS] + "…"
+    if isinstance(value, int):
+        return value if -_SAFE_INT < value < _SAFE_INT else str(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat(sep=" ") if isinstance(value, dt.datetime) else value.isoformat()
+    if isinstance(value, (decimal.Decimal, dt.timedelta)):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return "0x" + bytes(value[:CELL_CHARS // 2]).hex() + ("…" if len(value) > CELL_CHARS // 2 else "")
+    text = msgspec.json.encode(value, enc_hook=str).decode()
+    return text if len(text) <= CELL_CHARS else text[:CELL_CHARS] + "…"
+
+
+# --------------------------------------------------------------------------- reading
+class GridReader:
+    """Pages and CSV exports of Parquet files, each on a locked-down DuckDB of its own."""
+
+    def __init__(self, limits: SQLLimits, timeout_s: float, stream_timeout_s: float = 600.0) -> None:
+        self.limits = limits
+        self.timeout_s = float(timeout_s)
+        self.stream_timeout_s = float(stream_timeout_s)
+        self._counts: OrderedDict[tuple, tuple[int, list[int]]] = OrderedDict()
+        self._columns: OrderedDict[tuple, list[Column]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _connect(self, path: Path) -> tuple[duckdb.DuckDBPyConnection, Path]:
+        con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
+                                                 "autoload_known_extensions": False})
+        temp = self.limits.new_temp_dir()
+        try:
+            literal = "'" + str(path).replace("'", "''") + "'"
+            for stmt in ["SET enable_progress_bar=false", *self.limits.statements(temp),
+                         f"SET allowed_paths=[{literal}]", "SET enable_external_access=false",
+                         "SET lock_configuration=true"]:
+                con.execute(stmt)
+        except BaseException:
+            con.close()
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        return con, temp
+
+    def _run(self, path: Path, work: Callable[[duckdb.DuckDBPyConnection], Any], timeout_s: float) -> Any:
+        con, temp = self._connect(path)
+        timer = threading.Timer(timeout_s, con.interrupt)
+        timer.daemon = True
+        timer.start()
+        try:
+            return work(con)
+        except duckdb.InterruptException:
+            raise GridLimit(f"the grid query took longer than {timeout_s:g} s (sql.timeout_s): "
+                            "add a filter, or sort by fewer columns") from None
+        except duckdb.Error as exc:
+            raise self._error(exc) from None
+        finally:
+            timer.cancel()
+            con.close()
+            shutil.rmtree(temp, ignore_errors=True)
+
+    def _error(self, exc: duckdb.Error) -> Exception:
+        limited = limit_message(exc, self.limits)
+        if limited:
+            return GridLimit(limited.replace("the query", "the grid query"))
+        if isinstance(exc, (duckdb.ConversionException, duckdb.InvalidInputException)):
+            first = str(exc).splitlines()[0][:300]
+            return GridError("filter", f"a value does not fit its column's type ({first})")
+        return GridLimit(f"the table could not be read: {str(exc).splitlines()[0][:300]}")
+
+    def columns(self, path: Path) -> list[Column]:
+        """The file's columns as DuckDB reads them (names and types; cached per file version)."""
+        st = path.stat()
+        key = ("columns", str(path), st.st_mtime_ns, st.st_size)
+        with self._lock:
+            known = self._columns.get(key)
+        if known is not None:
+            return known
+        rows = self._run(path, lambda con: con.execute(
+            "DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall(), self.timeout_s)
+        found = [Column(str(r[0]), str(r[1])) for r in rows]
+        with self._lock:
+            self._columns[key] = found
+            while len(self._columns) > COUNT_CACHE:
+                self._columns.popitem(last=False)
+        return found
+
+    def _count_key(self, path: Path, view: GridView) -> tuple:
+        st = path.stat()
+        return (str(path), st.st_mtime_ns, st.st_size, view.filters)
+
+    def page(self, path: Path, columns: Sequence[Column], view: GridView, offset: int, limit: int) -> dict[str, Any]:
+        """One page of the view: its rows, the rows matching the filters, non-null counts per column."""
+        key = self._count_key(path, view)
+        with self._lock:
+            counts = self._counts.get(key)
+            if counts is not None:
+                self._counts.move_to_end(key)
+        where, params = where_sql(view, columns)
+        names = ", ".join(quote(c.name) for c in columns)
+        src = source_sql(columns)
+
+        def work(con: duckdb.DuckDBPyConnection) -> tuple[list[tuple], tuple[int, list[int]]]:
+            found = counts
+            if found is None:
+                aggs = ", ".join(["count(*)", *(f"count({quote(c.name)})" for c in columns)])
+                row = con.execute(f"SELECT {aggs} FROM {src}{where}", [str(path), *params]).fetchall()[0]
+                found = (int(row[0]), [int(v) for v in row[1:]])
+            found_rows = con.execute(f"SELECT {names} FROM {src}{where}{order_sql(view, columns)} LIMIT ? OFFSET ?",
+                                     [str(path), *params, limit, offset]).fetchall()
+            return found_rows, found
+
+        table, counts = self._run(path, work, self.timeout_s)
+        with self._lock:
+            self._counts[key] = counts
+            while len(self._counts) > COUNT_CACHE:
+                self._counts.popitem(last=False)
+        matching, non_null = counts
+        data = [[cell(v) for v in row] for row in table]
+        return {
+            "rows": matching, "offset": offset, "limit": limit, "data": data,
+            "columns": [{"name": c.name, "type": c.type, "kind": c.kind, "nulls": matching - n}
+                        for c, n in zip(columns, non_null)],
+            "sort": [{"column": c, "desc": d} for c, d in view.sort],
+            "filters": [{"column": f.column, "op": f.op, "value": f.value} for f in view.filters],
+        }
+
+    def csv(self, path: Path, columns: Sequence[Column], view: GridView) -> Iterator[bytes]:
+        """Every row of the view as CSV (header first), streamed in batches."""
+        where, params = where_sql(view, columns)
+        names = ", ".join(quote(c.name) for c in columns)
+        con, temp = self._connect(path)
+        timer = threading.Timer(self.stream_timeout_s, con.interrupt)
+        timer.daemon = True
+        timer.start()
+        try:
+            rel = con.sql(f"SELECT {names} FROM {source_sql(columns)}{where}{order_sql(view, columns)}",
+                          params=[str(path), *params])
+            reader = rel.to_arrow_reader(CSV_BATCH_ROWS)
+            first = True
+            for batch in reader:
+                sink = pa.BufferOutputStream()
+                pacsv.write_csv(pa.Table.from_batches([batch]), sink,
+                                write_options=pacsv.WriteOptions(include_header=first))
+                first = False
+                yield sink.getvalue().to_pybytes()
+            if first:
+                yield (",".join('"' + c.name.replace('"', '""') + '"' for c in columns) + "\n").encode()
+        except duckdb.Error as exc:
+            raise self._error(exc) from None
+        finally:
+            timer.cancel()
+            con.close()
+            shutil.rmtree(temp, ignore_errors=True)
