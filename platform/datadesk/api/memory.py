@@ -73,12 +73,18 @@ class MemoryController(Controller):
     @get("/")
     async def list_memory(self, user: CurrentUser, rt: RuntimeDep,
                           workspace: FromQuery[str | None] = None) -> dict[str, Any]:
-        """Facts grouped by status, the user's switch and the limits."""
+        """Facts grouped by status (a conflict also carries the text of the fact it contradicts),
+        the user's switch and the limits."""
         ws = _workspace(rt, user, workspace)
         store = _store(rt)
         groups: dict[str, list[dict[str, Any]]] = {s: [] for s in STATUSES}
-        for fact in sorted(store.facts(ws, user.id), key=lambda f: f.updated, reverse=True):
-            groups[fact.status].append(_fact_out(fact))
+        facts = store.facts(ws, user.id)
+        texts = {f.id: f.text for f in facts}
+        for fact in sorted(facts, key=lambda f: f.updated, reverse=True):
+            out = _fact_out(fact)
+            if fact.status == "conflict" and fact.conflicts_with in texts:
+                out["conflicts_with_text"] = texts[fact.conflicts_with]  # what the user chooses between
+            groups[fact.status].append(out)
         s = store.settings
         return {"workspace": ws, "enabled": store.user_enabled(ws, user.id), "facts": groups,
                 "limits": {"max_active": s.max_active, "max_chars": s.max_chars,

@@ -16,7 +16,11 @@ when they have the same scope and the same *subject* but a different
 3. Without a marker, a text of more than 4 content words has as subject its
    first 4 content words and as remainder the rest; a shorter text has no
    subject and never contradicts anything on its own.
-4. Independently, `replaces=<fact id>` names the fact a new one contradicts.
+4. Independently, `replaces=<fact id>` (or `contradicts=[ids]`) names the facts a
+   new one contradicts. A named contradiction that is the user's own correction
+   (said in this turn, no tool output in between: `MemoryStore.remember(...,
+   user_correction=True)`) supersedes the named facts at once; the rule above is
+   only the guard for what nobody named, and makes a conflict for the user.
 
 So "Reports are in English" and "Reports should be in Chinese" contradict;
 "Client A's reports are in English" and "Client B's reports are in Chinese"
@@ -72,6 +76,7 @@ class Fact(msgspec.Struct):
     superseded_by: str | None = None
     conflicts_with: str | None = None  # the active fact this conflict contradicts
     replaces: str | None = None  # explicit `replaces=` of the call that made it
+    named: list[str] = msgspec.field(default_factory=list)  # further facts the call named as contradicted
     reason: str = ""  # why it is a candidate / conflict / inactive, in words
 
     def expired(self, now: float) -> bool:

@@ -223,8 +223,14 @@ class MemoryStore:
     def remember(self, ws: str, uid: str, text: str, kind: str = "fact", importance: int = 3,
                  scope: str = "workspace", provenance: Provenance | None = None, source: str = "user",
                  replaces: str | None = None, user_asked: bool = False,
-                 expires_at: float | None = None) -> Fact:
-        """Store a fact; its status follows the rules (active, candidate or conflict)."""
+                 expires_at: float | None = None, contradicts: Iterable[str] = (),
+                 user_correction: bool = False) -> Fact:
+        """Store a fact; its status follows the rules (active, candidate or conflict).
+
+        `replaces` / `contradicts` name the facts it corrects. With `user_correction` (the
+        caller checked that the user said it in this turn, with no tool output in between)
+        the named facts are superseded at once (kept as `superseded` for the audit);
+        otherwise a named active fact makes this one a conflict for the user to resolve."""
         text = self._check_text(text)
         self._check_fields(kind, importance, scope)
         if source not in SOURCES:
@@ -244,9 +250,13 @@ class MemoryStore:
                 doc.deleted.remove(digest)
             if replaces is not None and doc.get(replaces) is None:
                 raise FactNotFound(f"no fact {replaces!r} to replace")
+            named = [x for x in dict.fromkeys(contradicts) if x != replaces]
+            missing = [x for x in named if not isinstance(x, str) or doc.get(x) is None]
+            if missing:
+                raise FactNotFound(f"no fact {missing[0]!r} to contradict")
             fact = Fact(id=new_id("f"), text=text, kind=kind, importance=importance,  # type: ignore[arg-type]
                         scope=scope, status="candidate", provenance=prov, created=now, updated=now,
-                        expires_at=expires_at, replaces=replaces)
+                        expires_at=expires_at, replaces=replaces, named=named)
             # an identical fact forgotten or superseded earlier is history of this one: drop the copy
             copies = {f.id for f in doc.facts if f.status not in LIVE and f.scope == scope
                       and normalise(f.text) == normalise(text)}
@@ -259,7 +269,7 @@ class MemoryStore:
                 fact.reason = why
             else:
                 fact.confirmed = now
-                self._place(doc, fact, now, events, explicit_replace=source == "panel")
+                self._place(doc, fact, now, events, explicit_replace=source == "panel" or user_correction)
             events.insert(0, AuditEvent(ts=now, event="created", fact=fact.id, status=fact.status, kind=kind,
                                         source=source))
             self._bound_history(doc, now, events)
@@ -300,7 +310,7 @@ class MemoryStore:
                     if old.id not in fact.supersedes:
                         fact.supersedes.append(old.id)
                 fact.confirmed = now
-                self._place(doc, fact, now, events)
+                self._place(doc, fact, now, events, explicit_replace=True)
             else:
                 fact.status = "superseded"
                 fact.reason = f"conflict resolved: the user kept {old.id}" if old else "conflict resolved"
@@ -394,23 +404,25 @@ class MemoryStore:
     def _place(self, doc: MemoryDoc, fact: Fact, now: float, events: list[AuditEvent],
                explicit_replace: bool = False) -> None:
         """A fact the user stands behind: active, unless it contradicts an active fact (conflict).
-        `explicit_replace` (the panel): a `replaces=` target is superseded at once."""
-        other: Fact | None = None
-        target = doc.get(fact.replaces) if fact.replaces else None
-        if target is not None and target.id != fact.id:
-            if target.status == "active" and not explicit_replace:
-                other = target
-            elif target.status in ("active", *PENDING):
-                _supersede(target, fact, now, events, "replaced")
-            if other is None and target.id not in fact.supersedes:
-                fact.supersedes.append(target.id)
+        `explicit_replace` (the panel, the user's own correction, a resolved conflict): the
+        facts it names (`replaces`, `named`) are superseded at once; otherwise a named active
+        fact makes it a conflict. The deterministic rule guards what nobody named."""
+        targets = [t for t in (doc.get(x) for x in [fact.replaces, *fact.named] if x)
+                   if t is not None and t.id != fact.id]
+        named = {t.id for t in targets}
+        other = next((t for t in targets if t.status == "active"), None) if not explicit_replace else None
         if other is None:
             other = next((a for a in doc.facts if a.status == "active" and a.id != fact.id
-                          and contradicts(fact, a)), None)
+                          and a.id not in named and contradicts(fact, a)), None)
         if other is not None:
             fact.status, fact.conflicts_with = "conflict", other.id
             fact.reason = f"contradicts {other.id}: the user resolves it"
             return
+        for target in targets:
+            if target.status in ("active", *PENDING):
+                _supersede(target, fact, now, events, "replaced")
+            if target.id not in fact.supersedes:
+                fact.supersedes.append(target.id)
         fact.status = "active"
         self._enforce_caps(doc, now, {fact.id}, events)
 
