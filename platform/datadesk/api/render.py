@@ -23,12 +23,18 @@ allows it) this thread's artifact views: a relative or same-site URL such as
 
 HTML reports written by code are sanitized with the same allow-list (plus
 headings, figures and inline images) and served from a sandboxed response.
+
+Code (fenced blocks in Markdown, the SQL and Python of tool calls) is highlighted
+here with Pygments into `<span class="pyg-…">` tokens: classes only (the page's CSP
+allows no inline styles; app.css colours them), and the sanitizer keeps a span's
+class only when it is one Pygments token class, so text can never style itself.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import json
 import re
 from functools import lru_cache
 from typing import Callable, Iterable
@@ -36,6 +42,10 @@ from urllib.parse import unquote, urlsplit
 
 import nh3
 from markdown_it import MarkdownIt
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_by_name
+from pygments.util import ClassNotFound
 
 URL_SCHEMES = {"http", "https", "mailto"}
 _TAGS = set(nh3.ALLOWED_TAGS) - {"area", "map"}
@@ -46,17 +56,48 @@ _ATTRS: dict[str, set[str]] = {
     "th": {"colspan", "rowspan", "align", "scope"},
     "ol": {"start"},
     "code": {"class"},
+    "span": {"class"},
 }
 _TABLE_LINE = re.compile(r"^\|.*\|\s*$")
 _TABLE_RULE = re.compile(r"^\|(\s*:?-+:?\s*\|)+\s*$")
 _FENCE = re.compile(r"^ {0,3}(```|~~~)")
 FULL_RENDER_CHARS = 512 * 1024  # past this a text is shown as escaped plain text, not rendered
 LIVE_BLOCK_CHARS = 64 * 1024  # while streaming, an open block past this is shown as plain text
+HIGHLIGHT_CHARS = 100_000  # a longer code block stays plain (highlighting is linear but not free)
+_TOKEN_CLASS = re.compile(r"pyg-[A-Za-z0-9]{1,4}")
+_LANGS = {"py": "python", "python3": "python", "ipython": "python", "postgresql": "postgresql", "psql": "postgresql",
+          "duckdb": "sql", "sh": "bash", "shell": "bash", "js": "javascript", "yml": "yaml"}
+
+
+@lru_cache(maxsize=1)
+def _formatter() -> HtmlFormatter:
+    return HtmlFormatter(nowrap=True, classprefix="pyg-")
+
+
+def highlight_code(code: str, lang: str | None) -> str:
+    """Code as HTML token spans (escaped text inside), or escaped plain text when the language
+    is unknown or the code is very long. No wrapper: the caller puts it in <pre><code>."""
+    name = _LANGS.get((lang or "").strip().lower(), (lang or "").strip().lower())
+    if not name or len(code) > HIGHLIGHT_CHARS:
+        return html.escape(code)
+    try:
+        lexer = get_lexer_by_name(name, stripnl=False, ensurenl=False)
+    except ClassNotFound:
+        return html.escape(code)
+    return highlight(code, lexer, _formatter())
+
+
+def code_html(code: str, lang: str | None) -> str:
+    """A highlighted code block (tool inputs: SQL, Python) as sanitized HTML."""
+    safe_lang = re.sub(r"[^A-Za-z0-9_+-]", "", lang or "")[:30]
+    cls = f' class="language-{safe_lang}"' if safe_lang else ""
+    return sanitize(f"<pre><code{cls}>{highlight_code(code, lang)}</code></pre>")
 
 
 @lru_cache(maxsize=1)
 def _md() -> MarkdownIt:
-    md = MarkdownIt("commonmark", {"html": False, "breaks": True, "linkify": False, "typographer": False})
+    md = MarkdownIt("commonmark", {"html": False, "breaks": True, "linkify": False, "typographer": False,
+                                   "highlight": lambda code, lang, _attrs: highlight_code(code, lang)})
     return md.enable(["table", "strikethrough"])
 
 
@@ -66,6 +107,8 @@ def sanitize(fragment: str, *, img_src: Callable[[str], str | None] | None = Non
     def attr_filter(tag: str, attr: str, value: str) -> str | None:
         if tag == "code" and attr == "class":
             return value if re.fullmatch(r"language-[A-Za-z0-9_+-]{1,30}", value) else None
+        if tag == "span" and attr == "class":
+            return value if _TOKEN_CLASS.fullmatch(value) else None
         if tag == "img" and attr == "src" and img_src is not None:
             return img_src(value)
         return value
@@ -113,6 +156,10 @@ def markdown_html(text: str, *, img_src: Callable[[str], str | None] | None = No
         return ""
     if len(text) > limit:
         return plain_html(text)
+    if len(text) > LIVE_BLOCK_CHARS:  # a long text: block by block (bounded work and garbage per call)
+        live = LiveMarkdown(img_src=img_src)
+        live.feed(text)
+        return live.render()
     return sanitize(_md().render(text), img_src=img_src or model_img_src())
 
 
@@ -159,14 +206,28 @@ class LiveMarkdown:
         return "".join(self._done) + self._block(self._open)
 
 
+OFFLOAD_HEAD = "[Result saved as artifact "
+
+
 def tool_html(content: str) -> str:
     """A tool result for a tool card: a preview with a Markdown table is rendered (the table becomes
-    a real table, the notice lines stay lines); anything else is shown verbatim, escaped."""
+    a real table, the notice lines stay lines); anything else is shown verbatim, escaped. An
+    offloaded table shows the user its clean preview, and apart from it, collapsed, the text the
+    model received with it (where the data is, its notice)."""
     lines = content.splitlines()
-    has_table = any(_TABLE_LINE.match(a) and _TABLE_RULE.match(b) for a, b in zip(lines, lines[1:]))
-    if has_table:
+    starts = [i for i, (a, b) in enumerate(zip(lines, lines[1:])) if _TABLE_LINE.match(a) and _TABLE_RULE.match(b)]
+    if not starts:
+        return f"<pre>{html.escape(content)}</pre>"
+    if not content.startswith(OFFLOAD_HEAD):
         return markdown_html(content, limit=LIVE_BLOCK_CHARS)
-    return f"<pre>{html.escape(content)}</pre>"
+    first = end = starts[0]
+    while end < len(lines) and _TABLE_LINE.match(lines[end]):
+        end += 1
+    table = markdown_html("\n".join(lines[first:end]), limit=LIVE_BLOCK_CHARS)
+    told = markdown_html("\n".join([*lines[:first], "*(the preview table above)*", *lines[end:]]),
+                         limit=LIVE_BLOCK_CHARS)
+    return (f'<div class="preview-table">{table}</div><details class="model-note"><summary>What the model '
+            f"received with it</summary>{told}</details>")
 
 
 def data_uri(media_type: str, data: bytes) -> str:
@@ -194,3 +255,21 @@ def report_page(title: str, body_html: str, note: str = "") -> str:
     return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
             f"<style>{REPORT_CSS}</style></head><body>{bar}<main>{body_html}</main></body></html>")
+
+
+_INPUT_KEYS = (("sql", "sql"), ("query", "sql"), ("code", "python"))
+
+
+def tool_input_html(arguments: str | None) -> str | None:
+    """The SQL or Python of a tool call (its `sql`, `query` or `code` argument) highlighted, or
+    None when it has none of them (the UI shows the arguments as JSON)."""
+    try:
+        args = json.loads(arguments or "{}")
+    except ValueError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    for key, lang in _INPUT_KEYS:
+        if isinstance(args.get(key), str):
+            return code_html(args[key], lang)
+    return None

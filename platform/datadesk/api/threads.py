@@ -19,7 +19,7 @@ from litestar.response.sse import ServerSentEventMessage
 
 from datadesk.api.access import find_thread, member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
-from datadesk.api.render import LiveMarkdown, markdown_html, model_img_src, tool_html
+from datadesk.api.render import LiveMarkdown, markdown_html, model_img_src, tool_html, tool_input_html
 from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut, ThreadPatch
 from datadesk.chat.journal import Cursor, JournalEvent, event_id
 from datadesk.chat.loop import start_turn
@@ -43,6 +43,8 @@ def record_view(rec: Any, artifact_ids: Iterable[str] = ()) -> dict[str, Any]:
         out["html"] = markdown_html(rec.content, img_src=model_img_src(artifact_ids))
     elif rec.role == "tool" and rec.content:
         out["html"] = tool_html(rec.content)
+    for call in out.get("tool_calls") or [] if rec.role == "assistant" else []:
+        call["input_html"] = tool_input_html(call.get("arguments"))  # highlighted SQL / Python
     return out
 
 
@@ -232,6 +234,8 @@ class _Rendering:
                                                                 img_src=img_src)}
         elif ev.type == "tool.finished" and send:
             data = {**data, "html": await asyncio.to_thread(tool_html, str(data.get("preview") or ""))}
+        if ev.type == "tool.started" and send:  # its SQL / Python highlighted
+            data = {**data, "input_html": await asyncio.to_thread(tool_input_html, data.get("arguments"))}
         out.append((ev.type, data))
         return out
 
