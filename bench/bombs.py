@@ -26,6 +26,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "bombs.json"
+CEILING_MB = 2048  # limits.app_memory_mb (default): the app's RSS must stay under it
 
 APP = r"""
 import json, sys
@@ -33,7 +34,7 @@ from pathlib import Path
 import msgspec, uvicorn
 from datadesk.api.app import create_app
 from datadesk.chat.runtime import Runtime
-from datadesk.llm.scripted import ScriptedModel, tool_step
+from datadesk.llm.scripted import ScriptedModel, ScriptStep, tool_step
 from datadesk.settings import Settings
 from datadesk.store.demo import create_demo_warehouse
 from datadesk.store.layout import Layout
@@ -50,13 +51,19 @@ def step(messages, tools):
     if last.get("role") == "tool":
         return "done: " + str(last.get("content"))[:300]
     text = last.get("content") if isinstance(last.get("content"), str) else ""
+    if text.startswith("answer:"):  # a giant streamed Markdown table (bench/render_stream.py's shape)
+        rows, i = ["| id | name | value | note |", "|---:|---|---:|---|"], 0
+        while sum(len(r) + 1 for r in rows) < int(text.split(":", 1)[1]) * 1024:
+            rows.append(f"| {i} | sensor-{i % 97} | {i * 3.25:.2f} | reading number {i} of the day |")
+            i += 1
+        return ScriptStep(text="Here are all rows:\n\n" + "\n".join(rows) + "\n\nThat is all.\n", delay_s=0.0005)
     if "run:" in text:
         return tool_step("sql_query", {"sql": text.split("run:", 1)[1].strip()})
     return "ok"
 
 settings = msgspec.convert({"home": str(home), "sandbox": {"backend": "none"}, "summary": {"enabled": False}},
                            Settings, dec_hook=lambda t, o: Path(o))
-rt = Runtime(settings=settings, model=ScriptedModel(then=step))
+rt = Runtime(settings=settings, model=ScriptedModel(then=step, chunk_size=256))
 users = UserStore(rt.layout)
 tokens = {name: users.add(name, ["demo"], [])[1] for name in ("usera", "userb")}
 (home / "tokens.json").write_text(json.dumps(tokens))
@@ -82,6 +89,39 @@ def sql_cross_join(client: httpx.Client, base: str, headers: dict[str, str]) -> 
     """A cross join that grows a list of 400 M entries (GBs unbounded: the issue saw 6 GB in 22 s)."""
     body = turn(client, base, headers, "run: SELECT list(a.range) FROM range(20000) a, range(20000) b")
     return _tool_preview(body)
+
+
+def sql_cross_join_x4(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
+    """Four cross joins at once from A (four threads): A's own turn and query slots refuse the
+    extra ones, so the app's memory never holds more than one of A's queries."""
+    results: list[str] = []
+
+    def one() -> None:
+        with httpx.Client() as own:
+            try:
+                results.append(sql_cross_join(own, base, headers)[:70])
+            except httpx.HTTPError as exc:
+                results.append(f"http error {exc!r}"[:70])
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return " || ".join(sorted(results))
+
+
+def answer_300kb(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
+    """A 300 KB streamed Markdown answer (a 4,000-row table and more): rendered in bounded pieces
+    off the event loop, and past the per-block cap shown as plain text, instead of stalling."""
+    tid = client.post(f"{base}/api/threads", json={}, headers=headers).json()["id"]
+    deltas, done = 0, False
+    with client.stream("POST", f"{base}/api/threads/{tid}/messages", json={"content": "answer:300"},
+                       headers=headers, timeout=600) as r:
+        for line in r.iter_lines():
+            deltas += line.startswith("event: message.delta")
+            done = done or line.startswith("event: done")
+    return f"completed={done}, {deltas} deltas streamed"
 
 
 def _tool_preview(sse: str) -> str:
@@ -121,7 +161,9 @@ def _upload_bombs() -> dict[str, Callable[[httpx.Client, str, dict[str, str]], s
 
 BOMBS: dict[str, Callable[[httpx.Client, str, dict[str, str]], str]] = {
     "sql_cross_join": sql_cross_join,
+    "sql_cross_join_x4": sql_cross_join_x4,
     **_upload_bombs(),
+    "answer_300kb": answer_300kb,
 }
 
 
@@ -204,6 +246,7 @@ def measure(name: str, bomb: Callable[..., str], client: httpx.Client, base: str
         "health_p99_ms": round(health[min(len(health) - 1, int(len(health) * 0.99))], 1),
         "health_samples": len(health), "b_turn_s_max": round(max(b_turns), 2),
         "rss_before_mb": round(rss_before), "peak_rss_mb": round(max(peak[0], rss_mb(pid, "VmHWM"))),
+        "rss_ceiling_mb": CEILING_MB,
     }
 
 
@@ -212,7 +255,8 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(BOMBS))
     args = parser.parse_args()
     rows = [run_bomb(name, fn) for name, fn in BOMBS.items() if args.only in (None, name)]
-    cols = ["bomb", "a_refusal_s", "health_p50_ms", "health_p99_ms", "b_turn_s_max", "rss_before_mb", "peak_rss_mb"]
+    cols = ["bomb", "a_refusal_s", "health_p50_ms", "health_p99_ms", "b_turn_s_max", "rss_before_mb", "peak_rss_mb",
+            "rss_ceiling_mb"]
     print(" | ".join(cols))
     for row in rows:
         print(" | ".join(str(row[c]) for c in cols))

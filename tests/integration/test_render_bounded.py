@@ -84,3 +84,18 @@ def test_live_rendering_caches_finished_blocks_and_degrades_a_giant_block() -> N
 def test_a_text_past_the_hard_cap_is_plain_escaped_text() -> None:
     out = markdown_html("<script>x</script>\n" * 10, limit=50)
     assert out.startswith('<pre class="dd-plain">') and "<script>" not in out
+
+
+def test_a_long_text_renders_block_by_block() -> None:
+    """Past LIVE_BLOCK_CHARS a text is rendered per block (bounded work per call): tables stay
+    tables while each block is small; a single giant block is shown as plain text."""
+    from datadesk.api.render import LIVE_BLOCK_CHARS, markdown_html
+
+    table = "| a | b |\n|---|---|\n" + "".join(f"| {i} | x{i} |\n" for i in range(300))
+    many = "\n\n".join(f"## Part {k}\n\n{table}" for k in range(20))
+    assert len(many) > LIVE_BLOCK_CHARS
+    out = markdown_html(many)
+    assert out.count("<table>") == 20 and out.count("<h2>") == 20 and "dd-plain" not in out
+    giant = "| a | b |\n|---|---|\n" + "".join(f"| {i} | {'y' * 40} |\n" for i in range(2000))
+    assert len(giant) > LIVE_BLOCK_CHARS
+    assert markdown_html(giant).startswith('<pre class="dd-plain">')

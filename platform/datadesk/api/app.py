@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import logging
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from datadesk.api.workspace import WorkspaceController
 from datadesk.api.security import LoginFailures, LoginLimiter, SecurityMiddleware, load_key
 from datadesk.api.session import SessionController
 from datadesk.api.threads import ThreadController
+from datadesk.api.taskstate import TaskStateController
 from datadesk.chat.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,21 @@ async def index() -> Response[bytes]:
                     headers={"Cache-Control": "no-cache"})
 
 
+_FROZEN = False
+
+
+def freeze_startup_heap() -> None:
+    """Once per process, after start-up: move what exists now (modules, settings, the runtime)
+    out of the cyclic collector's reach (`gc.freeze`), so a full collection, triggered by a
+    burst of allocations such as rendering a long answer, scans only what requests made and
+    does not hold the interpreter for tens of milliseconds (other users' requests wait on it)."""
+    global _FROZEN
+    if not _FROZEN:
+        _FROZEN = True
+        gc.collect()
+        gc.freeze()
+
+
 def create_app(rt: Runtime) -> Litestar:
     csrf_key = load_key(rt.layout.home)
     auth = rt.settings.auth
@@ -44,6 +62,7 @@ def create_app(rt: Runtime) -> Litestar:
         route_handlers=[
             SessionController,
             ThreadController,
+            TaskStateController,
             ArtifactController,
             MemoryController,
             SearchController,
@@ -60,7 +79,7 @@ def create_app(rt: Runtime) -> Litestar:
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
                                      # JSON only: the UI plugins load their scripts from a CDN
                                      render_plugins=[JsonRenderPlugin()]),
-        on_startup=[rt.start],
+        on_startup=[rt.start, freeze_startup_heap],
         on_shutdown=[rt.stop],
         state=State({"runtime": rt, "csrf_key": csrf_key, "login_failures": login_failures}),
     )
