@@ -97,6 +97,9 @@ class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True):
     sql_queries_per_user: int = 1  # queries one user may run at once (held until the result is written)
     sql_queries: int = 2  # queries running at once in one app process, all users together
     sql_queue_s: float = 10.0  # how long a query waits for a free slot before it is refused
+    uploads_per_user: int = 1  # uploads one user may have converting at once
+    uploads: int = 2  # uploads converting at once in one app process (an .xlsx is a bounded child process each)
+    uploads_queue_s: float = 30.0  # how long an upload waits for a free slot before it is refused
     app_memory_mb: int = 2_048  # the app process's memory ceiling: near it no new query starts, past it they stop
 
 

@@ -71,3 +71,22 @@ def test_near_the_memory_ceiling_queries_and_uploads_are_refused_naming_it(harne
         assert r.status_code == 503 and "short of memory" in r.json()["error"]
         assert "limits.app_memory_mb" in r.json()["error"]
         assert not list(h.rt.threads.get(tid, "bob", ["demo"]).artifacts_dir.glob("*.parquet"))
+
+
+def test_upload_conversions_are_bounded_per_user_and_globally(harness_factory) -> None:
+    h = harness_factory(ScriptedModel(then="ok"), limits={"uploads": 1, "uploads_queue_s": 0.2})
+    slots = h.rt.attachments.slots
+    with TestClient(h.app()) as client:
+        tid = client.post("/api/threads", json={}, headers=h.auth("bob")).json()["id"]
+        held = slots.try_acquire("bob", "upload")  # bob's own conversion is running
+        r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("a.csv", b"a,b\n1,2\n")}, headers=h.auth("bob"))
+        assert r.status_code == 503 and "limits.uploads_per_user" in r.json()["error"]
+        tid_a = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+        r = client.post(f"/api/threads/{tid_a}/uploads", files={"file": ("a.csv", b"a,b\n1,2\n")},
+                        headers=h.auth("alice"))  # the app's one slot is bob's: alice waits, then 503
+        assert r.status_code == 503 and "limits.uploads" in r.json()["error"] and "uploads_queue_s" in r.json()["error"]
+        held.release()
+        r = client.post(f"/api/threads/{tid_a}/uploads", files={"file": ("a.csv", b"a,b\n1,2\n")},
+                        headers=h.auth("alice"))
+        assert r.status_code in (200, 201), r.text
+        assert slots.running() == 0

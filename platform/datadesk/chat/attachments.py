@@ -38,7 +38,7 @@ from datadesk.offload.quota import ArtifactQuota
 from datadesk.offload.tabular import TabularParseError, detect_text
 from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload_async
 from datadesk.settings import OffloadSettings
-from datadesk.store.admission import MemoryGuard
+from datadesk.store.admission import MemoryGuard, QuerySlots
 from datadesk.store.threads import Thread
 
 MAX_PASTE_CHARS = 4 * 1024 * 1024  # a longer message is never taken for a pasted table
@@ -79,9 +79,10 @@ class Attachments:
     def __init__(self, offload: OffloadPipeline, quota: ArtifactQuota, turns: TurnRegistry,
                  settings: OffloadSettings, max_message_tokens: int,
                  capability: Callable[[User, str], OffloadCapability],
-                 memory: MemoryGuard | None = None) -> None:
+                 memory: MemoryGuard | None = None, slots: QuerySlots | None = None) -> None:
         self.offload = offload
         self.memory = memory  # near the app's memory ceiling no upload starts (Busy -> 503)
+        self.slots = slots  # conversions per user and in the app (limits.uploads*)
         self.quota = quota
         self.turns = turns
         self.settings = settings
@@ -116,7 +117,12 @@ class Attachments:
         try:
             fd, tmp_path = staging_file(thread, ".upload-")
             filename = await receive(fd)
-            art, head, schema = await self._ingest(thread, user, Path(tmp_path), filename, progress)
+            slot = await self.slots.acquire(user.id, "upload") if self.slots is not None else None
+            try:
+                art, head, schema = await self._ingest(thread, user, Path(tmp_path), filename, progress)
+            finally:
+                if slot is not None:
+                    slot.release()
             tmp_path = None  # consumed by the ingest
             text = self.note(user, thread, art, head, schema, filename)
             thread.append(lambda seq: Record(

@@ -220,4 +220,5 @@ class Runtime:
         info: dict[str, Any] = {"name": self.model.name, "demo": self.model.is_demo}
         if self.model.is_demo:
             info["label"] = "demo model, no LLM configured"
+            info["suggestions"] = list(getattr(self.model, "suggestions", []))  # llm/demo.py
         return info

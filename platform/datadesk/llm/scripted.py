@@ -13,9 +13,10 @@ plays the next step. A step is
 When the script runs out, `then` is played (default: "(script finished)").
 Every call's messages and tools are recorded in `.calls` / `.tools_seen`.
 
-`demo_model()` is the model used when no LLM is configured: it runs one
-`sql_query` over the demo warehouse chosen from the user's words, then
-describes the result, clearly labelled as a demo.
+`demo_model()` is the model used when no LLM is configured (llm/demo.py): its
+suggested questions run scripted analyses for real; any other question gets
+one `sql_query` over the demo warehouse chosen from the user's words, and a
+description of the result (`_demo_step`, below), labelled once as a demo.
 """
 
 from __future__ import annotations
@@ -264,5 +265,7 @@ def _demo_step(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> S
 
 
 def demo_model() -> ScriptedModel:
-    """The model used when no LLM is configured: labelled, and honest about it."""
-    return ScriptedModel(steps=(), name=DEMO_NAME, is_demo=True, chunk_size=24, then=_demo_step, max_recorded=20)
+    """The model used when no LLM is configured (llm/demo.py: scripted analyses that run for real)."""
+    from datadesk.llm.demo import demo_model as scripted_demo
+
+    return scripted_demo()

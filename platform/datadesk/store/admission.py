@@ -117,7 +117,9 @@ class QuerySlots:
     """Per-user and global slots for queries, with the memory guard's watchdog."""
 
     def __init__(self, per_user: int, total: int, wait_s: float, guard: MemoryGuard | None = None,
-                 watch_interval_s: float = 0.2) -> None:
+                 watch_interval_s: float = 0.2,
+                 names: tuple[str, str, str] = ("sql_queries_per_user", "sql_queries", "sql_queue_s")) -> None:
+        self.names = names  # the settings (under `limits.`) the refusals name
         self.per_user = max(1, int(per_user))
         self.total = max(1, int(total))
         self.wait_s = max(0.0, float(wait_s))
@@ -132,8 +134,13 @@ class QuerySlots:
 
     # -- admission -------------------------------------------------------------------------
     def _refuse_user(self, user: str, what: str) -> Busy:
-        return Busy(f"you already have {self._by_user[user]} {what}(s) running (limits.sql_queries_per_user = "
+        return Busy(f"you already have {self._by_user[user]} {what}(s) running (limits.{self.names[0]} = "
                     f"{self.per_user}): wait for it to finish, or stop it, before starting another")
+
+    def _refuse_all(self, what: str) -> Busy:
+        return Busy(f"the server is running its maximum of {self.total} {what}(s) for all users "
+                    f"(limits.{self.names[1]}) and none finished within {self.wait_s:g} s "
+                    f"(limits.{self.names[2]}): try again shortly")
 
     def try_acquire(self, user: str, what: str = "SQL query") -> Slot | None:
         """A slot now, or None when the global limit is reached; raises Busy past the user's
@@ -159,9 +166,7 @@ class QuerySlots:
             if slot is not None:
                 return slot
             if time.monotonic() >= deadline:
-                raise Busy(f"the server is running its maximum of {self.total} {what}(s) for all users "
-                           f"(limits.sql_queries) and none finished within {self.wait_s:g} s "
-                           "(limits.sql_queue_s): try again shortly")
+                raise self._refuse_all(what)
             await asyncio.sleep(0.05)
 
     def acquire_blocking(self, user: str, what: str = "SQL query") -> Slot:
@@ -174,9 +179,7 @@ class QuerySlots:
             with self._lock:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise Busy(f"the server is running its maximum of {self.total} {what}(s) for all users "
-                               f"(limits.sql_queries) and none finished within {self.wait_s:g} s "
-                               "(limits.sql_queue_s): try again shortly")
+                    raise self._refuse_all(what)
                 self._changed.wait(min(left, 0.2))
 
     def _release(self, slot: Slot) -> None:
