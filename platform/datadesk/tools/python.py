@@ -30,6 +30,7 @@ from datadesk.sandbox.registry import KernelRegistry
 from datadesk.sandbox.sessions import ExecutionReport
 from datadesk.settings import Settings
 from datadesk.tools.arguments import ToolArguments
+from datadesk.tools.figures import not_saved
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 from datadesk.tools.requery import RequeryService
 
@@ -158,6 +159,8 @@ class PythonTool:
             live.flush()
         produced: list[Artifact] = []
         lines: list[str] = [*problems, *ex.notices]
+        # save-then-show: a displayed figure that is a PNG the code saved is shown once, as the file
+        ex.result.images[:] = not_saved(ex.result.images, [f.data for f in ex.outputs if f.relpath.lower().endswith(".png")])
         lines += self._body(ex.result, ctx, produced)
         lines += self._outputs(ex, ctx, produced)  # none when the kernel died
         images = [a.id for a in produced if a.format == "png" and a.kind == "deliverable"]

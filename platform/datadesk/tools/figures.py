@@ -1,0 +1,74 @@
+"""One image per figure (issue 19): the common save-then-show pattern
+
+    fig.savefig("/outputs/daily.png"); plt.show()
+
+gives the same chart twice, as the file the code wrote and as the image the kernel displayed
+(at another dpi, cropped "tight" by the inline backend, so never the same bytes). The file is
+the one the user asked for, so a displayed image that shows the same picture as a PNG written
+by the same execution is dropped.
+
+"The same picture": both are cropped to their content (what is not background), and compared
+at 32x32 in greyscale: aspect ratios within 3% and a mean difference under 4 of 255. The same
+figure re-rendered at another dpi differs by up to ~2.6 (antialiasing), a different chart by
+6 and more; two charts that differ only by a hair count as one. Anything
+that cannot be decoded is kept: an image is dropped only when it surely is a duplicate.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+SIZE = 32
+MAX_RATIO_DIFF = 0.03
+MAX_MEAN_DIFF = 4.0
+MAX_DECODE_BYTES = 20 << 20
+MAX_PIXELS = 40_000_000
+
+
+def _signature(data: bytes) -> tuple[float, list[int]] | None:
+    try:
+        from PIL import Image, ImageChops
+
+        if len(data) > MAX_DECODE_BYTES:
+            return None
+        with Image.open(io.BytesIO(data)) as im:
+            if im.width * im.height > MAX_PIXELS:
+                return None
+            grey = im.convert("L")
+        box = ImageChops.invert(grey).point(lambda v: 255 if v > 24 else 0).getbbox()
+        if box:
+            grey = grey.crop(box)
+        w, h = grey.size
+        if not w or not h:
+            return None
+        return w / h, list(grey.resize((SIZE, SIZE), Image.Resampling.BOX).tobytes())
+    except Exception:  # not an image PIL reads, or no PIL: keep it
+        log.debug("figure signature failed", exc_info=True)
+        return None
+
+
+def _same(a: tuple[float, list[int]], b: tuple[float, list[int]]) -> bool:
+    if abs(a[0] - b[0]) / max(a[0], b[0]) > MAX_RATIO_DIFF:
+        return False
+    return sum(abs(x - y) for x, y in zip(a[1], b[1])) / len(a[1]) < MAX_MEAN_DIFF
+
+
+def not_saved(images: Sequence[bytes], saved: Sequence[bytes]) -> list[bytes]:
+    """The displayed `images` that are not the picture of one of the `saved` PNG files (each
+    file accounts for one displayed image)."""
+    if not images or not saved:
+        return list(images)
+    files = [s for s in (_signature(d) for d in saved) if s is not None]
+    kept: list[bytes] = []
+    for data in images:
+        sig = _signature(data) if files else None
+        match = next((i for i, f in enumerate(files) if sig is not None and _same(sig, f)), None)
+        if match is None:
+            kept.append(data)
+        else:
+            files.pop(match)
+    return kept
