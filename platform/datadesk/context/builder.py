@@ -21,6 +21,7 @@ token counts are cached, so a build does not cost the whole thread.
 from __future__ import annotations
 
 import base64
+import functools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from typing import Any, Callable
 import msgspec
 
 from datadesk.context.calibration import Calibration
-from datadesk.context.compaction import Form, form_for, render_tool_result
+from datadesk.context.compaction import GONE, Form, expired_mark, form_for, gone_marks, render_tool_result
 from datadesk.context.manifest import ContextManifest, last_manifest, seq_ranges
 from datadesk.context.profiles import ModelProfile, profile_for
 from datadesk.domain.records import Record
@@ -338,6 +339,7 @@ class ContextBuilder:
         out: list[dict[str, Any]] = []
         raw = 0
         path = str(thread.log.path)
+        status = functools.partial(self.artifact_status, thread)
         for rec in unit.records:
             if rec.role == "tool":
                 if rec.tool_call_id not in calls:
@@ -346,8 +348,11 @@ class ContextBuilder:
             msg = self._record_message(rec, profile)
             if msg is None:
                 continue
+            mark = _upload_mark(rec, status)
+            if mark:
+                msg["content"] += mark
             out.append(msg)
-            raw += self.cache.get((path, rec.seq, rec.ts, "m", profile.replay_reasoning),
+            raw += self.cache.get((path, rec.seq, rec.ts, "m", profile.replay_reasoning, mark),
                                   lambda m=msg: self._msg_tokens(m))
             if rec.role == "user" and (rec.meta or {}).get("image"):
                 unit.images.append((len(out) - 1, (rec.meta or {}).get("artifact", "")))
@@ -364,11 +369,11 @@ class ContextBuilder:
                     unit.compacted.append(res.seq)
                 elif form == "capped":
                     unit.capped.append(res.seq)
-                content = render_tool_result(res, form, call.arguments, self.s,
-                                             lambda aid: self.artifact_status(thread, aid))
+                marks = gone_marks(res, call.arguments, status)  # expired artifacts say so wherever they are named
+                content = render_tool_result(res, form, call.arguments, self.s, status, marks)
                 tmsg = {"role": "tool", "tool_call_id": call.id, "content": content}
                 out.append(tmsg)
-                raw += self.cache.get((path, res.seq, res.ts, form), lambda m=tmsg: self._msg_tokens(m))
+                raw += self.cache.get((path, res.seq, res.ts, form, marks), lambda m=tmsg: self._msg_tokens(m))
                 for aid in (res.meta or {}).get("images", ()):
                     unit.images.append((-(len(out)), aid))  # negative: produced by a tool
         unit.messages = out
@@ -444,6 +449,16 @@ def image_mime(data: bytes) -> str:
 def _image_part(data: bytes) -> dict[str, Any]:
     url = f"data:{image_mime(data)};base64," + base64.b64encode(data).decode()
     return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _upload_mark(rec: Record, status: Callable[[str], str | None]) -> str:
+    """An upload announced in a user message whose data is gone says so."""
+    meta = rec.meta or {}
+    aid = meta.get("artifact") if rec.role == "user" and meta.get("kind") == "upload" else None
+    if not isinstance(aid, str) or not aid:
+        return ""
+    current = status(aid)
+    return "\n" + expired_mark(aid, current, from_tool=False) if current in GONE else ""
 
 
 def _units(records: list[Record]) -> list[Unit]:
