@@ -23,7 +23,7 @@ def bootstrap(settings: Settings) -> tuple[bool, str | None]:
 
     layout = Layout(settings.home)
     layout.home.mkdir(parents=True, exist_ok=True)
-    if ensure_demo_workspace(layout):
+    if ensure_demo_workspace(layout, memory=True):
         log.info("created the demo workspace in %s", layout.workspace_dir("demo"))
     users = UserStore(layout)
     if not users.list():

@@ -64,7 +64,8 @@ def run_server(tmp: Path, llm: FakeOpenAIServer | None) -> Iterator[Server]:
     (home / "datadesk.toml").write_text('[sandbox]\nbackend = "local"\npool_size = 1\n')
     bootstrap(load_settings({"DATADESK_HOME": str(home)}))
     ws_toml = Layout(home).workspace_config("demo")
-    ws_toml.write_text("memory = true\n" + ws_toml.read_text())
+    if "memory = true" not in ws_toml.read_text():  # the demo workspace has it on already
+        ws_toml.write_text("memory = true\n" + ws_toml.read_text())
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DATADESK_"))}
     env.update(PYTHONPATH=str(ROOT / "platform"), PYTHONUNBUFFERED="1", DATADESK_HOME=str(home))

@@ -7,6 +7,6 @@ def configured_model(settings):
         from datadesk.llm.client import OpenAIChatModel
 
         return OpenAIChatModel(settings.llm)
-    from datadesk.llm.scripted import demo_model
+    from datadesk.llm.demo import demo_model
 
     return demo_model()

@@ -161,8 +161,9 @@ def ensure_demo_skills(layout: Layout, ws: str = "demo") -> None:
             write_atomic(path, text.encode("utf-8"))
 
 
-def ensure_demo_workspace(layout: Layout, ws: str = "demo") -> bool:
-    """Create the demo workspace (config + deterministic warehouse) if missing. True if created."""
+def ensure_demo_workspace(layout: Layout, ws: str = "demo", memory: bool = False) -> bool:
+    """Create the demo workspace (config + deterministic warehouse) if missing. True if created.
+    `memory`: the new config turns long-term memory on (as `datadesk serve` makes it)."""
     from datadesk.store.demo import create_demo_warehouse, demo_workspace_prompt
 
     check_id(ws, "workspace")
@@ -178,7 +179,8 @@ def ensure_demo_workspace(layout: Layout, ws: str = "demo") -> bool:
         text = (
             f'name = "Demo: office energy"\n'
             f'warehouse = "data/warehouse.duckdb"\n'
-            f"prompt = {_toml_str(demo_workspace_prompt())}\n"
+            + ("memory = true\n" if memory else "")  # `serve` turns it on: the demo shows memory working
+            + f"prompt = {_toml_str(demo_workspace_prompt())}\n"
         )
         write_atomic(cfg_path, text.encode("utf-8"))
         created = True
