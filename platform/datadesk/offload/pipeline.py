@@ -10,7 +10,9 @@ For each tool result:
 - small results are passed through unchanged.
 
 Writing runs in a worker thread, batch by batch, so neither the event loop
-nor the app's memory carries the whole result. The pipeline knows nothing of
+nor the app's memory carries the whole result; the source (a DuckDB stream, a
+text parser) is read ahead in a second thread, a bounded queue in between
+(`offload/overlap.py`), so reading and Parquet encoding overlap. The pipeline knows nothing of
 the tool layer: it gets the `Thread` to write into, the artifact's origin
 (who, which call), the epoch the work started in and a plain progress callback.
 
@@ -36,8 +38,9 @@ from datadesk.domain.artifacts import Artifact, ArtifactOrigin, ColumnSchema
 from datadesk.domain.records import ArtifactRef, ToolRecordMeta, short_arguments
 from datadesk.domain.tools import TabularStream, ToolResult, ToolSpec
 from datadesk.offload import preview
-from datadesk.offload.sink import ParquetSink
+from datadesk.offload.sink import ROW_GROUP_BYTES, ParquetSink
 from datadesk.offload.store import ArtifactStore, new_artifact_id
+from datadesk.offload.overlap import ReadAhead
 from datadesk.offload.pyrepr import looks_like_repr_rows, repr_batches
 from datadesk.offload.tabular import TabularParseError, csv_batches, detect_text, json_batches
 from datadesk.offload.worker import PROGRESS_INTERVAL_S, WriteCancelled, WriteJob, run_job
@@ -195,17 +198,20 @@ class OffloadPipeline:
         head: list[pa.RecordBatch] = []
         head_rows = 0
         want = self.settings.preview_rows
-        with ParquetSink(final, self.settings.result_max_bytes, check=job.check if job else None) as sink:
+        check = job.check if job else None
+        with ParquetSink(final, self.settings.result_max_bytes, check=check) as sink:
             if table.schema is not None:
                 sink.add_schema(table.schema)
-            for batch in table:
-                if head_rows < want and batch.num_rows:
-                    head.append(batch.slice(0, want - head_rows))
-                    head_rows += min(batch.num_rows, want - head_rows)
-                if not sink.add(batch):
-                    break
-                if job is not None:
-                    job.report(sink.rows, sink.bytes_written)
+            # The source is read in a producer thread while this one writes (stopped on leaving).
+            with ReadAhead(table, max_bytes=ROW_GROUP_BYTES, check=check, interrupt=table.interrupt) as batches:
+                for batch in batches:
+                    if head_rows < want and batch.num_rows:
+                        head.append(batch.slice(0, want - head_rows))
+                        head_rows += min(batch.num_rows, want - head_rows)
+                    if not sink.add(batch):
+                        break
+                    if job is not None:
+                        job.report(sink.rows, sink.bytes_written)
             if sink.rows == 0:
                 sink.abort()
                 empty = pa.Table.from_batches([], schema=table.schema) if table.schema else pa.table({})

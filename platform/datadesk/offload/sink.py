@@ -33,8 +33,16 @@ from datadesk.offload.sinkutil import (
 
 __all__ = ["ParquetSink", "SinkResult", "display_type"]
 
-# Flush a row group early when pending data gets this big (bounds memory).
-_MAX_PENDING_BYTES = 64 << 20
+# A row group is written when this much Arrow data is pending (or `row_group_rows` rows): it
+# bounds memory by a constant, not by the result. Large row groups encode faster (fewer,
+# larger dictionaries and pages; 1M x 8 in 65,536-row groups: 0.21 s, in 16 MiB groups
+# (~280k rows) 0.19 s, in 32 MiB groups 0.18 s, one group 0.17 s) and compress better; 16 MiB
+# keeps the app's peak near what it was (the read-ahead holds as much again). The first
+# group is small and each next one 4x as big, up to ROW_GROUP_BYTES: the writer starts after
+# one batch instead of waiting for a whole group to be read.
+ROW_GROUP_BYTES = 16 << 20
+ROW_GROUP_FIRST_BYTES = 2 << 20
+ROW_GROUP_ROWS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,7 @@ class ParquetSink:
     called explicitly to publish the file.
     """
 
-    def __init__(self, final_path: Path, byte_ceiling: int, row_group_rows: int = 65_536,
+    def __init__(self, final_path: Path, byte_ceiling: int, row_group_rows: int = ROW_GROUP_ROWS,
                  compression: str = "zstd", check: Callable[[], None] | None = None) -> None:
         """`check`: called per batch (and per rewritten batch on close); it raises to stop the
         write (a cancelled call), and the sink then removes everything it wrote."""
@@ -70,6 +78,7 @@ class ParquetSink:
         self._tmpdir: Path | None = None
         self._segments: list[Segment] = []
         self._stopped = False  # ceiling reached: later batches are ignored
+        self._group_bytes = ROW_GROUP_FIRST_BYTES  # the next row group's size (grows up to the max)
         self._done = False  # closed or aborted
         # Observed Parquet/Arrow size ratio, to predict the ceiling crossing.
         self._arrow_written = 0
@@ -92,7 +101,7 @@ class ParquetSink:
         self._check_open()
         if any(s.rows or s.pending_rows for s in self._segments):
             raise ValueError("add_schema() must come before the first rows")
-        self._segments = [Segment(_clean_schema(schema))]
+        self._segments = [Segment(_clean_schema(schema), hashed=True)]
 
     def add(self, batch: pa.RecordBatch) -> bool:
         """Write one batch. False once the byte ceiling is reached (then ignored)."""
@@ -115,7 +124,7 @@ class ParquetSink:
                 seg.pending.append(fitted)
                 seg.pending_rows += fitted.num_rows
                 seg.pending_bytes += fitted.nbytes
-                if (seg.pending_rows >= self.row_group_rows or seg.pending_bytes >= _MAX_PENDING_BYTES
+                if (seg.pending_rows >= self.row_group_rows or seg.pending_bytes >= self._group_bytes
                         or self._estimate(seg.pending_bytes) * 2 > self._budget()):
                     self._flush(seg)
             return not self._stopped
@@ -135,12 +144,14 @@ class ParquetSink:
                 seg.finish()
             written = [s for s in self._segments if s.path is not None]
             tmpdir = self._ensure_tmpdir()
+            hashed = None
             if len(self._segments) == 1 and written:
                 out, schema = written[0].path, written[0].schema
+                hashed = written[0].digest()  # hashed while it was written
             else:
                 out = tmpdir / "final.parquet"
                 schema = self._unify(out)
-            digest, size = file_digest(out, self._check)
+            digest, size = hashed or file_digest(out, self._check)
             rows = sum(s.rows for s in self._segments)
             self._check()  # the last moment a cancel keeps the file out of place
             os.chmod(out, 0o644)  # temp files are private; the sandbox user must read artifacts
@@ -186,7 +197,10 @@ class ParquetSink:
             self._tmpdir = None
 
     def _new_segment(self, schema: pa.Schema) -> Segment:
-        seg = Segment(schema)
+        # Only a lone segment is published as it is; several are rewritten into one file.
+        for old in self._segments:
+            old.unhash()
+        seg = Segment(schema, hashed=not self._segments)
         self._segments.append(seg)
         return seg
 
@@ -244,6 +258,7 @@ class ParquetSink:
             return
         before = seg.bytes_written()
         seg.write(table, self._ensure_tmpdir(), self.compression)
+        self._group_bytes = min(self._group_bytes * 4, ROW_GROUP_BYTES)
         self._arrow_written += table.nbytes
         self._disk_written += seg.bytes_written() - before
 

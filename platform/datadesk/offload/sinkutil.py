@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from datadesk.offload.columns import text_array
+from datadesk.offload.tailhash import TailHasher
 
 _CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 
@@ -18,8 +19,12 @@ _CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 class Segment:
     """One part file with a fixed schema, plus rows waiting for a row group."""
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, hashed: bool = False) -> None:
+        """`hashed`: hash the part file while it is written (`digest()`), for a segment that
+        becomes the published file as it is."""
         self.schema = schema
+        self.hashed = hashed
+        self._hasher: TailHasher | None = None
         self.path: Path | None = None
         self.rows = 0
         self.row_groups = 0
@@ -43,9 +48,27 @@ class Segment:
             self._file = pa.OSFile(name, "wb")
             self._writer = pq.ParquetWriter(self._file, self.schema, compression=compression,
                                             use_dictionary=dictionary_columns(self.schema))
+            if self.hashed:
+                self._hasher = TailHasher(self.path)
         self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
         self.rows += table.num_rows
         self.row_groups += 1
+        if self._hasher is not None:
+            self._hasher.advance(self._file.tell())
+
+    def unhash(self) -> None:
+        """Stop hashing (the segment will be rewritten into another file)."""
+        self.hashed = False
+        if self._hasher is not None:
+            hasher, self._hasher = self._hasher, None
+            hasher.abort()
+
+    def digest(self) -> tuple[str, int] | None:
+        """(SHA-256 hex, size) of the finished part file, when it was hashed as written."""
+        if self._hasher is None or self._file is not None or self._writer is not None:
+            return None
+        hasher, self._hasher = self._hasher, None
+        return hasher.finish(self._size)
 
     def finish(self) -> None:
         """Write the footer and close the part file (no-op when never opened)."""
@@ -67,6 +90,7 @@ class Segment:
                     pass
         self._writer = self._file = None
         self.pending = []
+        self.unhash()
 
     def read(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
         if self.path is None or self.rows == 0:
