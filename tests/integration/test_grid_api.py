@@ -185,3 +185,17 @@ def test_download_names_from_the_title_or_the_query(grid_env) -> None:
     assert header.startswith('attachment; filename="energie_2024_etc.csv"')
     assert "filename*=UTF-8''%C3%A9nergie_2024" in header and "/" not in header.split("filename*=")[1]
     assert attachment_header("???", "csv", "a1").startswith('attachment; filename="a1.csv"')
+
+
+def test_upload_warns_when_a_file_parses_into_suspiciously_few_rows(grid_env) -> None:
+    h, client, _, _ = grid_env
+    tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+    broken = 'a,b,c\n1,2,"3\n' + "4,5,6\n" * 200  # an unclosed quote: the rest is one cell
+    r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("broken.csv", broken.encode(), "text/csv")},
+                    headers=h.auth("alice"))
+    assert r.status_code == 201, r.text
+    assert r.json()["artifact"]["rows"] <= 1 and "only 1 row" in r.json()["warning"], r.json()
+    good = "region,amount\n" + "north,10\n" * 100
+    r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("ok.csv", good.encode(), "text/csv")},
+                    headers=h.auth("alice"))
+    assert r.status_code == 201 and "warning" not in r.json()

@@ -346,12 +346,35 @@ class ArtifactController(Controller):
         if ctype != "multipart/form-data" or not options.get("boundary"):
             raise ClientException("send the file as multipart/form-data with a 'file' field")
         limit = rt.settings.offload.upload_max_bytes
+        got: dict[str, int] = {}
         art = await rt.attachments.upload(
-            handle, user, lambda fd: _receive_file(request, options["boundary"], fd, limit))
-        return {"artifact": msgspec.to_builtins(artifact_out(rt, handle.id, art))}
+            handle, user, lambda fd: _receive_file(request, options["boundary"], fd, limit, got))
+        out: dict[str, Any] = {"artifact": msgspec.to_builtins(artifact_out(rt, handle.id, art))}
+        warning = upload_warning(art, got.get("bytes", 0))
+        if warning:
+            out["warning"] = warning
+        return out
 
 
-async def _receive_file(request: Request, boundary: str, fd: int, limit: int) -> str:
+SUSPICIOUS_BYTES_PER_CELL = 2_000  # more bytes per parsed cell than this: the file likely parsed wrong
+
+
+def upload_warning(art: Artifact, size: int) -> str | None:
+    """A warning when a table upload parsed into suspiciously few rows or columns for its size
+    (a malformed CSV read as one row, a wrong delimiter read as one column)."""
+    if art.format != "parquet" or art.rows is None or art.columns is None or size < 512:
+        return None
+    rows, cols = art.rows, art.columns
+    if rows > 1 and rows * cols and size / (rows * cols) <= SUSPICIOUS_BYTES_PER_CELL:
+        return None
+    name = art.origin.filename or "the file"
+    return (f"{name} ({size:,} bytes) was read as only {rows:,} row{'s' if rows != 1 else ''} x {cols} "
+            f"column{'s' if cols != 1 else ''}: check its delimiter, header and quoting (a malformed file "
+            "can parse into one row or one column)")
+
+
+async def _receive_file(request: Request, boundary: str, fd: int, limit: int,
+                        got: dict[str, int] | None = None) -> str:
     """Stream the 'file' part of a multipart body into `fd`; returns its file name."""
     parser = multipart.PushMultipartParser(boundary, max_segment_count=8, max_header_size=8192)
     filename: str | None = None
@@ -382,4 +405,6 @@ async def _receive_file(request: Request, boundary: str, fd: int, limit: int) ->
         raise ClientException("no 'file' field in the upload")
     if written == 0:
         raise ClientException(f"{filename}: the file is empty")
+    if got is not None:
+        got["bytes"] = written
     return filename

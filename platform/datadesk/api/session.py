@@ -79,8 +79,13 @@ def _already_signed_in(user: Any, other: Any) -> Response[str]:
         "(in the app), then open the link again. <a href=\"/\">Back to the app</a></p>"), status=409)
 
 
-_BAD_LINK = ("This login link is invalid, expired or already used. Ask an admin for a new one "
-             "(`datadesk users login-url NAME`).")
+def _bad_link_page() -> Response[str]:
+    """A used, expired or mistyped login link: a page saying so, with a way to log in (401)."""
+    return _page("This login link does not work", (
+        "<p>It is invalid, expired (a link lasts 10 minutes) or already used (each link signs in once).</p>"
+        "<p>Ask an admin for a new one (<code>datadesk users login-url NAME</code>), or log in with a login "
+        "code or an API token:</p>"
+        '<p><a class="button" id="login-again" href="/">Go to the login page</a></p>'), status=401)
 
 
 def _account_guard(request: Request, credential: str) -> str | None:
@@ -129,7 +134,7 @@ class SessionController(Controller):
             return _already_signed_in(current, target)
         if target is None:
             request.app.state.login_failures.failed_account(account)
-            return Response(_BAD_LINK, status_code=401, media_type="text/plain")
+            return _bad_link_page()
         nonce = secrets.token_urlsafe(24)
         cookies = [Cookie(key=LOGIN_NONCE_COOKIE, value=nonce, httponly=True, samesite="strict", path="/login",
                           secure=rt.settings.auth.cookie_secure, max_age=LOGIN_NONCE_TTL_S)]
@@ -163,7 +168,7 @@ class SessionController(Controller):
         user = rt.users.redeem_login_code(code)
         if user is None:
             request.app.state.login_failures.failed_account(account)
-            return Response(_BAD_LINK, status_code=401, media_type="text/plain")
+            return _bad_link_page()
         sid = rt.users.new_session(user.id, rt.settings.auth.session_ttl_s)
         rt.users.record_login(user.id)
         gone = Cookie(key=LOGIN_NONCE_COOKIE, value="", max_age=0, path="/login", httponly=True, samesite="strict")
