@@ -101,6 +101,7 @@ class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True):
     uploads: int = 2  # uploads converting at once in one app process (an .xlsx is a bounded child process each)
     uploads_queue_s: float = 30.0  # how long an upload waits for a free slot before it is refused
     app_memory_mb: int = 2_048  # the app process's memory ceiling: near it no new query starts, past it they stop
+    mcp_result_max_mb: int = 32  # one message from an MCP server (a tool result); past it the call is refused
 
 
 class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):

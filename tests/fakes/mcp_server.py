@@ -16,6 +16,14 @@ Tools:
 - `header(name)` (read-only hint): a request header (streamable HTTP).
 - `add_tool()`: adds `late()` and sends notifications/tools/list_changed.
 - `secret_hint()`: no hint, used to test `read_only_tools`.
+- `big_text(mb)` (read-only hint): a text of `mb` MiB (a 200 MB result: one 200 MB JSON-RPC line).
+- `trickle(mb, seconds, finish)`: writes this call's response line itself (id first), `mb` MiB of
+  text spread over `seconds`; with `finish` it ends the line, else the line never ends.
+
+`python tests/fakes/mcp_server.py --raw-ts` is a hand-written stdio server that orders keys as
+TypeScript's `JSON.stringify` does (`{"result": ..., "jsonrpc": "2.0", "id": 7}`: the id last),
+with `echo(text)`, `big_text(mb)` and `hold(seconds)` (answered later, out of order).
+`--http PORT --json` answers with JSON bodies instead of SSE streams.
 
 At start it writes a line with a fake secret to stderr (to test log redaction).
 With `FAKE_MCP_EXTRA_TOOL=1` in its environment it also exposes `extra()`;
@@ -30,6 +38,8 @@ import json
 import os
 import struct
 import sys
+import threading
+import time
 import zlib
 
 from mcp.server.mcpserver import Context, Image, MCPServer
@@ -39,6 +49,7 @@ from mcp.types import ToolAnnotations
 RO = ToolAnnotations(read_only_hint=True)
 
 server = MCPServer("datadesk-fake")
+_WIRE = os.dup(1)  # the SDK diverts fd 1 to stderr while it serves; `trickle` writes to the real stdout
 
 
 def _png(width: int = 4, height: int = 3) -> bytes:
@@ -137,6 +148,28 @@ async def add_tool(ctx: Context) -> str:
     return "added"
 
 
+@server.tool(annotations=RO, structured_output=False)
+def big_text(mb: float) -> str:
+    """A text of `mb` MiB."""
+    return "x" * int(mb * 1024 * 1024)
+
+
+@server.tool(structured_output=False)
+async def trickle(mb: float, seconds: float, ctx: Context, finish: bool = True) -> str:
+    """Write this call's response line by hand, slowly; without `finish` it never ends."""
+    rid = json.dumps(ctx.request_context.request_id)
+    os.write(_WIRE, ('{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"' % rid).encode())
+    steps = max(1, int(seconds * 20))
+    piece = b"x" * max(1, int(mb * 1024 * 1024 / steps))
+    for _ in range(steps):
+        os.write(_WIRE, piece)
+        await asyncio.sleep(seconds / steps)
+    if finish:
+        os.write(_WIRE, b'"}],"isError":false}}\n')
+    await asyncio.Event().wait()  # never answers through the SDK (that would be a second response)
+    return "unreachable"
+
+
 def _maybe_extra() -> None:
     flag = os.environ.get("FAKE_MCP_EXTRA_TOOL") == "1"
     path = os.environ.get("FAKE_MCP_TOOLS_FILE")
@@ -150,11 +183,67 @@ def _maybe_extra() -> None:
             return "extra"
 
 
+# -- a TypeScript-style server: hand-written JSON-RPC, the id last -----------------------------
+_TS_TOOLS = [
+    {"name": "echo", "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}},
+    {"name": "big_text", "inputSchema": {"type": "object", "properties": {"mb": {"type": "number"}}}},
+    {"name": "hold", "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}}}},
+]
+
+
+def _ts_answer(lock: threading.Lock, rid: object, result: object) -> None:
+    line = json.dumps({"result": result, "jsonrpc": "2.0", "id": rid}) + "\n"  # JSON.stringify's order
+    with lock:
+        sys.stdout.buffer.write(line.encode())
+        sys.stdout.buffer.flush()
+
+
+def _ts_call(lock: threading.Lock, rid: object, name: str, args: dict) -> None:
+    if name == "echo":
+        text = str(args.get("text", ""))
+    elif name == "big_text":
+        text = "x" * int(float(args.get("mb", 1)) * 1024 * 1024)
+    else:  # hold: answered later, from a thread, while other calls go on
+        def later() -> None:
+            time.sleep(float(args.get("seconds", 1)))
+            _ts_answer(lock, rid, {"content": [{"type": "text", "text": "held"}]})
+
+        threading.Thread(target=later, daemon=True).start()
+        return
+    _ts_answer(lock, rid, {"content": [{"type": "text", "text": text}]})
+
+
+def run_raw_ts() -> None:
+    lock = threading.Lock()
+    for raw in sys.stdin.buffer:
+        msg = json.loads(raw)
+        rid, method, params = msg.get("id"), msg.get("method"), msg.get("params") or {}
+        if rid is None:
+            continue  # a notification
+        if method == "initialize":
+            _ts_answer(lock, rid, {"protocolVersion": params.get("protocolVersion"), "capabilities": {"tools": {}},
+                                   "serverInfo": {"name": "fake-ts", "version": "1.0.0"}})
+        elif method == "tools/list":
+            _ts_answer(lock, rid, {"tools": _TS_TOOLS})
+        elif method == "tools/call":
+            _ts_call(lock, rid, params.get("name"), params.get("arguments") or {})
+        elif method == "ping":
+            _ts_answer(lock, rid, {})
+        else:
+            with lock:
+                err = {"error": {"code": -32601, "message": "Method not found"}, "jsonrpc": "2.0", "id": rid}
+                sys.stdout.buffer.write((json.dumps(err) + "\n").encode())
+                sys.stdout.buffer.flush()
+
+
 def main() -> None:
     print("fake mcp server starting, token=sk-live-abcdef123456", file=sys.stderr, flush=True)
+    if "--raw-ts" in sys.argv:
+        run_raw_ts()
+        return
     _maybe_extra()
     if len(sys.argv) >= 3 and sys.argv[1] == "--http":
-        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]), json_response="--json" in sys.argv)
     else:
         server.run()
 

@@ -113,7 +113,8 @@ class Runtime:
         register_history_tools(self.tools)
         self.skills = SkillCatalog(self.layout)
         register_skill_tool(self.tools, self.skills)
-        self.mcp = MCPManager(self.tools, save_image=self._save_tool_image)
+        self.mcp = MCPManager(self.tools, save_image=self._save_tool_image,
+                              result_max_bytes=limits.mcp_result_max_mb * 1024**2)
 
     def _upload_slots(self, settings: Settings) -> QuerySlots:
         limits = settings.limits

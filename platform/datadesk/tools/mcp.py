@@ -84,9 +84,13 @@ class MCPManager:
     """Connects workspaces' MCP servers and exposes their tools through the registry."""
 
     def __init__(self, registry: ToolRegistry,
-                 save_image: Callable[[ToolContext, bytes, str], str] | None = None) -> None:
+                 save_image: Callable[[ToolContext, bytes, str], str] | None = None,
+                 result_max_bytes: int = 32 * 1024**2) -> None:
         self.registry = registry
         self.save_image = save_image
+        if result_max_bytes <= 0:
+            raise ValueError("limits.mcp_result_max_mb must be > 0")
+        self.result_max_bytes = result_max_bytes  # limits.mcp_result_max_mb: one message from a server
         self._servers: dict[str, dict[str, _Server]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -240,7 +244,8 @@ class MCPManager:
 
         if cfg.command is not None:
             from mcp import StdioServerParameters
-            from mcp.client.stdio import stdio_client
+
+            from datadesk.tools.mcp_stdio import bounded_stdio_client
 
             child_env = {k: os.environ[k] for k in _PASSED_ENV if os.environ.get(k)}
             child_env.update(env)
@@ -252,20 +257,23 @@ class MCPManager:
             pipe = _StderrPipe(srv.log, srv.secrets)
             srv.stderr = pipe
             try:
-                async with stdio_client(params, errlog=pipe.writer) as (read, write):
+                # our bounded transport (tools/mcp_stdio.py), not the SDK's unbounded stdio_client
+                async with bounded_stdio_client(params, pipe.writer, max_bytes=self.result_max_bytes,
+                                                line_timeout_s=cfg.timeout_s, logger=srv.log) as (read, write, t):
                     pipe.close_writer()
-                    await self._session(
-                        srv, _WatchedStream(read, lambda: closed("the server process exited or closed its output")),
-                        write)
+                    await self._session(srv, _WatchedStream(read, lambda: closed(
+                        t.close_reason or "the server process exited or closed its output")), write)
             finally:
                 pipe.close_writer()
         else:
             from mcp.client.streamable_http import streamable_http_client
-            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            from datadesk.tools.mcp_http import bounded_http_client
 
             srv.stderr = None
-            async with create_mcp_http_client(headers=headers or None) as client:
-                async with streamable_http_client(cfg.url, http_client=client) as (read, write):
+            limit = self.result_max_bytes
+            async with bounded_http_client(headers or None, limit) as client:
+                async with streamable_http_client(cfg.url, http_client=client, max_sse_event_size=limit) as (read, write):
                     await self._session(
                         srv, _WatchedStream(read, lambda: closed("the HTTP connection closed")), write)
 
@@ -416,6 +424,8 @@ class MCPManager:
         from mcp import MCPError
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+        from datadesk.tools.mcp_stdio import LIMIT_SETTING, too_large_text
+
         info = srv.tools.get(exposed)
         if info is None:
             raise ToolError(f"the MCP server {srv.name} no longer offers this tool")
@@ -423,15 +433,20 @@ class MCPManager:
         if session is None or srv.state != "up":
             raise self._down_error(srv)
         timeout = srv.cfg.timeout_s
+        late = (f"the MCP server {srv.name} did not answer within {timeout:g} s (timeout_s of [mcp.{srv.name}]); "
+                "ask it for less or raise its timeout_s")
         try:
             with anyio.fail_after(timeout + 5):
                 result = await session.call_tool(info.real, args, read_timeout_seconds=timeout)
         except TimeoutError:
-            raise ToolError(f"the MCP server {srv.name} did not answer within {timeout:g} s") from None
+            raise ToolError(late) from None
         except MCPError as exc:
             code = exc.code
+            if LIMIT_SETTING in exc.message:  # the transport refused a result past limits.mcp_result_max_mb
+                raise ToolError(f"the MCP server {srv.name} answered with {too_large_text(self.result_max_bytes)}; "
+                                "ask it for less: filter, paginate or aggregate") from None
             if code == REQUEST_TIMEOUT:
-                raise ToolError(f"the MCP server {srv.name} did not answer within {timeout:g} s") from None
+                raise ToolError(late) from None
             if code == CONNECTION_CLOSED:
                 reason = "the connection closed during the call"
                 self._mark_closed(srv, reason)
