@@ -19,6 +19,7 @@ from datadesk import __version__
 from datadesk.api.artifacts import ArtifactController
 from datadesk.api.auth import guard_request, provide_runtime, provide_user
 from datadesk.api.errors import exception_handlers
+from datadesk.api.export import ExportController
 from datadesk.api.memory import MemoryController
 from datadesk.api.search import SearchController
 from datadesk.api.workspace import WorkspaceController
@@ -64,6 +65,7 @@ def create_app(rt: Runtime) -> Litestar:
             ArtifactController,
             MemoryController,
             SearchController,
+            ExportController,
             WorkspaceController,
             index,
             create_static_files_router(path="/static", directories=[WEB_DIR], include_in_schema=False),

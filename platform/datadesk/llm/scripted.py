@@ -13,10 +13,10 @@ plays the next step. A step is
 When the script runs out, `then` is played (default: "(script finished)").
 Every call's messages and tools are recorded in `.calls` / `.tools_seen`.
 
-`demo_model()` is the model used when no LLM is configured (llm/demo.py): its
-suggested questions run scripted analyses for real; any other question gets
-one `sql_query` over the demo warehouse chosen from the user's words, and a
-description of the result (`_demo_step`, below), labelled once as a demo.
+`demo_model()` here is the one-query demo: one `sql_query` over the demo
+warehouse chosen from the user's words, then a description of the result.
+The model used when no LLM is configured is llm/demo.py's, which runs
+scripted analyses for its suggested questions and this for the others.
 """
 
 from __future__ import annotations
@@ -265,7 +265,6 @@ def _demo_step(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> S
 
 
 def demo_model() -> ScriptedModel:
-    """The model used when no LLM is configured (llm/demo.py: scripted analyses that run for real)."""
-    from datadesk.llm.demo import demo_model as scripted_demo
-
-    return scripted_demo()
+    """The one-query demo: a canned query per question, described. What `serve` runs without an
+    LLM is llm/demo.py's `demo_model`, which uses this for free questions and adds the analyses."""
+    return ScriptedModel(steps=(), name=DEMO_NAME, is_demo=True, chunk_size=24, then=_demo_step, max_recorded=20)

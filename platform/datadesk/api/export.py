@@ -1,0 +1,183 @@
+"""`GET /api/threads/{tid}/export?format=`: a thread as Markdown, a printable HTML page, a Jupyter
+notebook, or a zip of the notebook with the thread's data (chat/export.py builds them).
+
+The HTML page is self-contained: every turn, the SQL and code highlighted, tool results, charts
+embedded as `data:` images, and a print stylesheet that lets the browser paginate (no fixed
+heights, no clipped overflow; figures and code blocks are not split across pages). It is served
+sandboxed with a CSP that allows no script at all, images only from `data:`, and exactly its own
+stylesheet (by hash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import html
+import json
+import os
+import tempfile
+import time
+from typing import Annotated, Any, AsyncIterator
+
+from litestar import Controller, Response, get
+from litestar.exceptions import ClientException
+from litestar.params import FromPath, QueryParameter
+from litestar.response import Stream
+
+from datadesk.api.access import find_thread
+from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.api.render import code_html, markdown_html, tool_html
+from datadesk.chat.export import MAX_RESULT_CHARS, Entry, ThreadDocument, call_source, safe_name
+from datadesk.chat.notebook import notebook_for, write_bundle
+
+FORMATS = ("md", "html", "ipynb", "zip")
+
+EXPORT_CSS = """
+:root{color-scheme:light}
+body{font:14px/1.55 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d2430;max-width:60rem;margin:2rem auto;
+padding:0 1.25rem}
+header{border-bottom:2px solid #dde3ea;margin-bottom:1.5rem}
+header p{color:#5c6778;font-size:.85em}
+.turn{border-top:1px solid #dde3ea;padding-top:.75rem;margin-top:1.25rem}
+.who{font-weight:600;font-size:.8em;color:#5c6778;text-transform:uppercase;letter-spacing:.04em;margin:.6rem 0 .2rem}
+.user .text{background:#eef4fb;border-radius:6px;padding:.5rem .75rem;white-space:pre-wrap}
+.tool{border:1px solid #dde3ea;border-radius:6px;padding:.4rem .75rem;margin:.6rem 0;background:#fafbfc}
+.tool .name{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85em;color:#3b4656}
+.tool .status{color:#5c6778;font-size:.85em}
+.tool.failed{border-color:#e2a5a5}
+table{border-collapse:collapse;margin:.6rem 0;font-size:.85em}
+th,td{border:1px solid #c9d0da;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th{background:#eef2f7}
+img{max-width:100%;height:auto}
+figure{margin:.75rem 0}
+pre,code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85em}
+pre{background:#f4f6f9;padding:.6rem;overflow:auto;white-space:pre-wrap;word-break:break-word}
+.pyg-k,.pyg-kn,.pyg-kd,.pyg-ow{color:#7a3e9d;font-weight:600}.pyg-s,.pyg-s1,.pyg-s2,.pyg-sd{color:#2c7a39}
+.pyg-c,.pyg-c1,.pyg-cm{color:#6a737d;font-style:italic}.pyg-m,.pyg-mi,.pyg-mf{color:#b35900}.pyg-nf,.pyg-nb{color:#1f5fa8}
+@page{margin:16mm 14mm}
+@media print{
+  body{margin:0;max-width:none;font-size:11pt}
+  pre{overflow:visible}
+  figure,img,pre,table,.who{break-inside:avoid}
+  .who{break-after:avoid}
+  .turn{break-before:auto}
+  a{color:inherit;text-decoration:none}
+}
+"""
+EXPORT_CSP = ("sandbox; default-src 'none'; img-src data:; style-src 'sha256-"
+              + base64.b64encode(hashlib.sha256(EXPORT_CSS.encode()).digest()).decode() + "'; "
+              "base-uri 'none'; form-action 'none'; frame-ancestors 'self'")
+
+
+def _stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts))
+
+
+def _call_html(doc: ThreadDocument, e: Entry) -> str:
+    code, lang = call_source(e)
+    ok = e.status == "ok"
+    art = doc.result_artifact(e)
+    facts = [e.status] + ([f"{art.rows:,} rows saved as {art.file}"] if art is not None and art.rows is not None else [])
+    parts = [f'<div class="tool{"" if ok else " failed"}"><span class="name">{html.escape(e.name)}</span> '
+             f'<span class="status">· {html.escape(" · ".join(facts))}</span>']
+    if code:
+        parts.append(code_html(code, lang if lang != "json" else None))
+    if e.result is not None and e.result.content:
+        text = e.result.content
+        parts.append(tool_html(text[:MAX_RESULT_CHARS] + (f"\n… ({len(text) - MAX_RESULT_CHARS:,} more chars)"
+                                                          if len(text) > MAX_RESULT_CHARS else "")))
+    parts.append("</div>")
+    for aid in doc.images_of(e):
+        img = doc.image(aid)
+        if img is None:
+            parts.append(f"<p><em>chart {html.escape(aid)} is no longer available</em></p>")
+        else:
+            src = f"data:{img[0]};base64,{base64.b64encode(img[1]).decode('ascii')}"
+            parts.append(f'<figure><img src="{src}" alt="chart {html.escape(aid)}"></figure>')
+    for f in doc.files_of(e):
+        parts.append(f"<p>File: <code>{html.escape(str(f['file']))}</code> (artifact {html.escape(str(f['id']))})</p>")
+    return "".join(parts)
+
+
+def thread_html(doc: ThreadDocument) -> str:
+    """The printable page of a thread (every turn; see the module docstring)."""
+    questions = sum(1 for e in doc.entries if e.kind == "user")
+    out = [f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(doc.title)}</title>"
+           f"<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><style>{EXPORT_CSS}</style>"
+           f"</head><body><header><h1>{html.escape(doc.title)}</h1><p>Exported from DataDesk on "
+           f"{_stamp(doc.exported)} UTC · thread {html.escape(doc.thread.id)} · {questions} questions</p></header>"]
+    open_turn = False
+    for e in doc.entries:
+        if e.kind == "user":
+            if open_turn:
+                out.append("</section>")
+            meta = e.record.meta or {}
+            text = (f"Uploaded {meta.get('filename')} (artifact {meta.get('artifact')})"
+                    if meta.get("kind") == "upload" else e.record.content)
+            out.append(f'<section class="turn user"><div class="who">You · {_stamp(e.record.ts)}</div>'
+                       f'<div class="text">{html.escape(text)}</div>')
+            open_turn = True
+        elif e.kind == "answer":
+            out.append(f'<div class="who">Assistant</div><div class="answer">{markdown_html(e.record.content or "")}</div>')
+            if e.record.status == "error":
+                out.append(f"<p><em>error: {html.escape(str((e.record.meta or {}).get('error')))}</em></p>")
+        else:
+            out.append(_call_html(doc, e))
+    if open_turn:
+        out.append("</section>")
+    out.append("</body></html>")
+    return "".join(out)
+
+
+def _file_chunks(path: str) -> AsyncIterator[bytes]:
+    async def gen() -> AsyncIterator[bytes]:
+        try:
+            with open(path, "rb") as fh:
+                while chunk := await asyncio.to_thread(fh.read, 1 << 20):
+                    yield chunk
+        finally:
+            os.unlink(path)
+    return gen()
+
+
+class ExportController(Controller):
+    path = "/api/threads"
+
+    @get("/{tid:str}/export")
+    async def export_thread(
+        self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep,
+        format: Annotated[str, QueryParameter(description="md, html (printable page), ipynb, or zip "
+                                                          "(the notebook with the thread's data)")] = "md",
+        download: Annotated[bool, QueryParameter(description="html: as a download, not shown")] = False,
+    ) -> Response[Any]:
+        if format not in FORMATS:
+            raise ClientException(f"unknown export format {format!r}: use one of {', '.join(FORMATS)}")
+        handle = find_thread(rt, user, tid)
+        doc = await asyncio.to_thread(ThreadDocument.read, handle, rt.artifacts)
+        name = safe_name(doc.title)
+        headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
+        if format == "zip":
+            fd, path = tempfile.mkstemp(prefix="datadesk-export-", suffix=".zip")
+            os.close(fd)
+            try:
+                await asyncio.to_thread(write_bundle, doc, path)
+            except BaseException:
+                os.unlink(path)
+                raise
+            return Stream(_file_chunks(path), media_type="application/zip", headers={
+                **headers, "Content-Disposition": f'attachment; filename="{name}.zip"',
+                "Content-Security-Policy": "sandbox"})
+        if format == "html":
+            body = await asyncio.to_thread(thread_html, doc)
+            disp = f'{"attachment" if download else "inline"}; filename="{name}.html"'
+            return Response(body.encode(), media_type="text/html; charset=utf-8", headers={
+                **headers, "Content-Disposition": disp, "Content-Security-Policy": EXPORT_CSP})
+        if format == "ipynb":
+            data, media, ext = json.dumps(await asyncio.to_thread(notebook_for, doc), indent=1).encode(), \
+                "application/x-ipynb+json", "ipynb"
+        else:
+            data, media, ext = (await asyncio.to_thread(doc.to_markdown)).encode(), "text/markdown; charset=utf-8", "md"
+        return Response(data, media_type=media, headers={
+            **headers, "Content-Disposition": f'attachment; filename="{name}.{ext}"',
+            "Content-Security-Policy": "sandbox"})
