@@ -9,7 +9,9 @@ known models.
 
 Replies are taken from a FIFO queue filled by `add_text`, `add_tool_calls`,
 `add_error`, `add_garbage`, `add_drop_after` (or `enqueue(FakeReply(...))`);
-when the queue is empty the server answers `default_text`. A request for a
+when the queue is empty a `responder(request)` set by the test answers (a
+function of the request: e.g. prose unless `response_format` asks for a
+schema), else the server answers `default_text`. A request for a
 model not in `models` is answered 404 `model_not_found` without consuming the
 queue. Every request body is kept in `requests` (parsed JSON) and its headers
 in `request_headers`.
@@ -105,6 +107,7 @@ class FakeOpenAIServer:
         self.default_text = default_text
         self.requests: list[dict[str, Any]] = []
         self.usage_fn: Any = None  # optional (request body) -> prompt_tokens
+        self.responder: Any = None  # optional (request body) -> FakeReply | None, when the queue is empty
         self.request_headers: list[dict[str, str]] = []
         self._queue: list[FakeReply] = []
         self._lock = threading.Lock()
@@ -282,8 +285,10 @@ class FakeOpenAIServer:
             await self._send(w, 404, _error_body(msg, "invalid_request_error", "model_not_found"), "application/json", {})
             return True
         with self._lock:
-            reply = self._queue.pop(0) if self._queue else FakeReply(text=self.default_text)
-        return await self._answer(reply, req, w)
+            reply = self._queue.pop(0) if self._queue else None
+        if reply is None and self.responder is not None:  # a test's function of the request
+            reply = self.responder(req)
+        return await self._answer(reply or FakeReply(text=self.default_text), req, w)
 
     async def _answer(self, reply: FakeReply, req: dict[str, Any], w: asyncio.StreamWriter) -> bool:
         if reply.status != 200:

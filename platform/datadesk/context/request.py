@@ -7,11 +7,14 @@ then, for every step, calls `RequestAssembler.build` and, when the reply is in,
 
 1. system message: base rules (versioned) + workspace prompt + skills catalog;
 2. tools: the permitted ones, in the registry's stable order;
-3. preamble: the thread summary (current epoch only) + the memory block;
+3. preamble: the task state (the user's goal and constraints, `context.taskstate`), the
+   notice of history dropped unsummarised (when it was), the thread summary (current
+   epoch only), the memory block;
 4. + 5. the history window and the current turn (`ContextBuilder`): compaction,
    pairing, budget and water levels;
 and the no-gap rule: when uncovered records would leave the window, the summary is
-made first and the request built again. `record` writes the request's manifest
+made first and the request built again; when that fails, the window trims and the
+request itself says that earlier history was dropped unsummarised (and why). `record` writes the request's manifest
 (`context.jsonl`, through the `Thread`, never after a clear) with the provider's
 usage, and feeds the token calibration.
 """
@@ -22,15 +25,18 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from datadesk.context.builder import BuiltContext, ContextBuilder, Coverage, Preamble
 from datadesk.context.calibration import Calibration
-from datadesk.context.manifest import encode_manifest
+from datadesk.context.manifest import encode_manifest, last_manifest
 from datadesk.context.rules import BASE_RULES
+from datadesk.context.taskstate import TaskStateStore, render_task_state
 from datadesk.domain.records import Usage
 from datadesk.memory.store import MemoryStore
 from datadesk.settings import SummarySettings
 from datadesk.store.threads import Thread
-from datadesk.summary.model import render_summary
+from datadesk.summary.model import ThreadSummary, render_summary
 from datadesk.summary.service import SummaryService
 
 log = logging.getLogger(__name__)
@@ -60,11 +66,14 @@ class TurnRequest:
     workspace_prompt: str = ""
     skills_catalog: str = ""
     memory: MemoryScope | None = None
+    sources_catalog: str = ""  # the workspace's data sources with dialect and description (if any)
 
     def system_prompt(self) -> str:
         parts = [BASE_RULES]
         if self.workspace_prompt.strip():
             parts.append("## Workspace\n" + self.workspace_prompt.strip())
+        if self.sources_catalog:
+            parts.append(self.sources_catalog)
         if self.skills_catalog:
             parts.append(self.skills_catalog)
         return "\n\n".join(parts)
@@ -74,8 +83,9 @@ class RequestAssembler:
     """Builds each step's request (`build`) and records what went in (`record`)."""
 
     def __init__(self, window: ContextBuilder, summaries: SummaryService, summary_settings: SummarySettings,
-                 memory: MemoryStore, calibration: Calibration) -> None:
+                 memory: MemoryStore, calibration: Calibration, tasks: TaskStateStore | None = None) -> None:
         self.window = window
+        self.tasks = tasks or TaskStateStore()  # the user's goal and constraints, per thread
         self.summaries = summaries
         self.summary_settings = summary_settings
         self.memory = memory
@@ -95,32 +105,85 @@ class RequestAssembler:
     async def build(self, turn: TurnRequest, step: int) -> BuiltContext:
         """The request for this step (ContextTooLarge when it cannot fit). When uncovered records
         would leave the window, the summary is made first and the window built again (no gap);
-        if that fails too, the window trims anyway and the manifest records the gap."""
+        if that fails too, the window trims anyway, the manifest records the gap and the request
+        tells the model that earlier history was dropped unsummarised. The task state (the user's
+        goal and constraints) is in every request, whatever the summary holds."""
         summaries_on = self.summary_settings.enabled
         memory = self.memory_block(turn.memory)
         system_prompt = turn.system_prompt()
         built: BuiltContext | None = None
-        for attempt in range(2):
+        notice: tuple[int, str] | None = None  # (gap through seq, text) once history was dropped
+        for attempt in range(4):
             summary = self.summaries.store.load_current(turn.thread, turn.epoch) if summaries_on else None
-            parts = [render_summary(summary)] if summary else []
-            if memory:
-                parts.append(memory[0])
-            preamble = Preamble(
-                text="\n\n".join(parts) or None,
-                summary={"covers_through_seq": summary.covers_through_seq, "epoch": summary.epoch}
-                if summary else None,
-                memory_facts=memory[1] if memory else [])
+            tasks = self.tasks.merge_summary(turn.thread, turn.epoch, summary)
+            preamble = self.preamble(render_task_state(tasks), summary, memory, notice[1] if notice else None)
             coverage = Coverage(covered_through=summary.covers_through_seq if summary else 0,
                                 allowance=self.summary_settings.uncovered_allowance,
-                                accept_gap=attempt == 1) if summaries_on else None
+                                accept_gap=attempt >= 1) if summaries_on else None
             built = self.window.build(turn.thread, model=turn.model, system_prompt=system_prompt,
                                       tools=turn.tools, turn_id=turn.turn_id, step=step,
                                       preamble=preamble, coverage=coverage)
-            if not built.needs_summary:
+            if built.needs_summary:
+                await self.summaries.refresh(turn.thread, built.uncovered_through, turn.epoch, synchronous=True)
+                continue
+            gap = built.manifest.gap_through_seq
+            if not gap or (notice is not None and notice[0] == gap):
                 return built
-            await self.summaries.refresh(turn.thread, built.uncovered_through, turn.epoch, synchronous=True)
+            # the notice is part of the request: build again with it (its size may move the start)
+            notice = (gap, self.gap_notice(turn.thread, turn.epoch, summary, gap))
         assert built is not None
         return built
+
+    @staticmethod
+    def preamble(task_state: str | None, summary: ThreadSummary | None,
+                 memory: tuple[str, list[str]] | None, notice: str | None) -> Preamble:
+        """The derived block: task state, the notice of dropped history, summary, memory."""
+        parts = [p for p in (task_state, notice, render_summary(summary) if summary else None,
+                             memory[0] if memory else None) if p]
+        return Preamble(
+            text="\n\n".join(parts) or None,
+            summary={"covers_through_seq": summary.covers_through_seq, "epoch": summary.epoch} if summary else None,
+            memory_facts=memory[1] if memory else [])
+
+    def gap_notice(self, thread: Thread, epoch: int, summary: ThreadSummary | None, gap_through: int) -> str:
+        """What the model is told when records left the request with no summary covering them."""
+        first = (summary.covers_through_seq if summary else 0) + 1
+        status = self.summaries.status.load(thread, epoch)
+        why = status.reason if status is not None and status.state == "failed" and status.reason \
+            else "no summary could be made in time"
+        span = f"#{first} to #{gap_through}" if first < gap_through else f"#{gap_through}"
+        return (f"[Earlier history dropped unsummarised] Records {span} of this thread are not in this request "
+                f"and no summary covers them ({why}). Do not assume what they said; the task state above still "
+                "holds. If an earlier detail matters, say that it is not available to you and ask the user.")
+
+    def continuity(self, thread: Thread) -> dict[str, Any]:
+        """The thread's task state and summary state, for the context inspector and the chat:
+        summary `state` is `off`, `none` (nothing left the window yet), `ok`, `stale` (records
+        outside the window wait for the next refresh) or `failed` (with the `reason`)."""
+        epoch = thread.current_epoch()
+        tasks = self.tasks.load(thread, epoch)
+        out: dict[str, Any] = {"task_state": msgspec.to_builtins(tasks), "summary": self.summary_state(thread, epoch)}
+        return out
+
+    def summary_state(self, thread: Thread, epoch: int | None) -> dict[str, Any]:
+        if not self.summary_settings.enabled:
+            return {"state": "off", "reason": "summaries are switched off (summary.enabled)"}
+        summary = self.summaries.store.load_current(thread, epoch)
+        status = self.summaries.status.load(thread, epoch)
+        manifest = last_manifest(thread)
+        covers = summary.covers_through_seq if summary else 0
+        outside = manifest.trimmed_through_seq if manifest is not None else 0
+        gap = manifest.gap_through_seq if manifest is not None else None
+        out: dict[str, Any] = {"covers_through_seq": covers, "outside_window_through_seq": outside,
+                               "dropped_unsummarised_through_seq": gap, "reason": ""}
+        if status is not None and status.state == "failed" and status.attempted_through > covers:
+            out.update(state="failed", reason=status.reason, failed_at=status.at)
+        elif outside > covers:
+            out.update(state="stale", reason=f"records #{covers + 1} to #{outside} are outside the window and "
+                                             "not summarised yet")
+        else:
+            out["state"] = "ok" if summary is not None else "none"
+        return out
 
     def record(self, turn: TurnRequest, built: BuiltContext, usage: Usage | None, replied: bool,
                calibrate: bool = True) -> None:

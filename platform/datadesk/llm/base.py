@@ -73,5 +73,6 @@ class ChatModel(Protocol):
     is_demo: bool
 
     def stream(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+        response_format: dict[str, Any] | None = None,  # JSON mode / structured outputs, when asked
     ) -> AsyncIterator[ModelEvent]: ...

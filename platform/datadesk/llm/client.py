@@ -315,24 +315,30 @@ class OpenAIChatModel:
         return None
 
     # -- streaming -------------------------------------------------------------
-    def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 response_format: dict[str, Any] | None = None) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.name, "messages": messages, "stream": True}
         if tools:  # an empty `tools` list is rejected by OpenAI: omit it
             kwargs["tools"] = tools
+        if response_format is not None:  # JSON mode or structured outputs (the summarizer)
+            kwargs["response_format"] = response_format
         if self._stream_options:
             kwargs["stream_options"] = {"include_usage": True}
         if self.settings.temperature is not None:
             kwargs["temperature"] = self.settings.temperature
         return kwargs
 
-    async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> AsyncIterator[ModelEvent]:
-        """Stream one reply: ModelDelta pieces, then exactly one ModelReply."""
+    async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                     response_format: dict[str, Any] | None = None) -> AsyncIterator[ModelEvent]:
+        """Stream one reply: ModelDelta pieces, then exactly one ModelReply. `response_format`
+        (optional) is passed on as is: `{"type": "json_object"}` or a `json_schema` one."""
         attempt = 0
         while True:
             acc = _Assembly()
             yielded = started = False
             try:
-                sdk_stream = await self._client.chat.completions.create(**self._request(messages, tools))
+                sdk_stream = await self._client.chat.completions.create(
+                    **self._request(messages, tools, response_format))
                 started = True
                 try:
                     async for chunk in sdk_stream:

@@ -85,6 +85,16 @@ class Thread:
         return self.dir / "summary.revisions.jsonl"
 
     @property
+    def summary_status_path(self) -> Path:
+        """How the last summary refresh went (summary.status): ok, or failed with the reason."""
+        return self.dir / "summary.status.json"
+
+    @property
+    def task_state_path(self) -> Path:
+        """The user's goal and standing constraints (context.taskstate), independent of the summary."""
+        return self.dir / "task_state.json"
+
+    @property
     def manifests_path(self) -> Path:
         return self.dir / "context.jsonl"
 
@@ -315,7 +325,8 @@ class ThreadStore:
             thread.write_meta(msgspec.structs.replace(meta, epoch=meta.epoch + 1, updated=time.time()))
             removed["records"] = sum(1 for _ in thread.log)
             for path in (thread.log.path, thread.log.path.with_name("log.torn"), thread.summary_path,
-                         thread.summary_revisions_path, thread.manifests_path, thread.events_path):
+                         thread.summary_revisions_path, thread.manifests_path, thread.events_path,
+                         thread.summary_status_path, thread.task_state_path):
                 if path.is_file():
                     removed["bytes"] += path.stat().st_size
                     path.unlink()

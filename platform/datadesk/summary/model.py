@@ -37,6 +37,28 @@ class SummaryFields(msgspec.Struct, forbid_unknown_fields=True):
     next_steps: list[str]
 
 
+# The JSON schema of `SummaryFields` for structured outputs: every key required, nothing else
+# (OpenAI's strict mode needs both), lists of strings, goal/state a string or null.
+SUMMARY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {name: ({"type": ["string", "null"]} if name in TEXT_FIELDS
+                          else {"type": "array", "items": {"type": "string"}}) for name in FIELD_NAMES},
+    "required": list(FIELD_NAMES),
+    "additionalProperties": False,
+}
+WEAKER_OUTPUT = {"json_schema": "json_object", "json_object": "none"}  # when a server refuses a mode
+
+
+def response_format(mode: str) -> dict[str, Any] | None:
+    """The `response_format` of a summarizer request for a profile's `structured_output` mode."""
+    if mode == "json_schema":
+        return {"type": "json_schema",
+                "json_schema": {"name": "thread_summary", "strict": True, "schema": SUMMARY_SCHEMA}}
+    if mode == "json_object":
+        return {"type": "json_object"}
+    return None
+
+
 class ThreadSummary(msgspec.Struct, kw_only=True):
     """`summary.json` of a thread (and one line of `summary.revisions.jsonl`).
 

@@ -11,7 +11,8 @@
   the records in (covers_through_seq, upto_seq] from the tail of the log,
   asks the summarizer, and writes through the guarded store (epoch and
   coverage checked under the thread lock). It never raises (CancelledError
-  apart): a failure keeps the previous summary and is logged.
+  apart): a failure keeps the previous summary, is logged, and is recorded with
+  its reason in `summary.status.json` (`summary.status`; a success records ok).
 - `refresh(..., synchronous=True)`: used before a model call when uncovered
   records would otherwise leave the window ("no gap"): it waits for another
   process's job instead of skipping, and returns the stored summary when that
@@ -24,12 +25,14 @@ import asyncio
 import logging
 import time
 import weakref
+from typing import Literal
 
 from filelock import FileLock, Timeout
 
 from datadesk.settings import SummarySettings
 from datadesk.store.threads import Thread
 from datadesk.summary.model import ThreadSummary
+from datadesk.summary.status import SummaryStatusStore
 from datadesk.summary.store import SummaryStore
 from datadesk.summary.summarizer import SummaryError, Summarizer
 
@@ -42,8 +45,10 @@ POLL_S = 0.05  # synchronous refresh: how often to retry another process's summa
 class SummaryService:
     """Refreshes thread summaries (see the module docstring)."""
 
-    def __init__(self, store: SummaryStore, summarizer: Summarizer, settings: SummarySettings | None = None) -> None:
+    def __init__(self, store: SummaryStore, summarizer: Summarizer, settings: SummarySettings | None = None,
+                 status: SummaryStatusStore | None = None) -> None:
         self.store = store
+        self.status = status or SummaryStatusStore()  # how the last refresh went (ok / failed, why)
         self.summarizer = summarizer
         self.settings = settings or SummarySettings()
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -110,9 +115,19 @@ class SummaryService:
             raise
         except SummaryError as exc:
             log.warning("summary of %s not refreshed (previous kept): %s", thread.id, exc)
-        except Exception:  # noqa: BLE001 - a background job must never take anything down
+            self._record(thread, epoch, "failed", upto_seq, str(exc))
+        except Exception as exc:  # noqa: BLE001 - a background job must never take anything down
             log.exception("summary refresh of %s failed (previous kept)", thread.id)
+            self._record(thread, epoch, "failed", upto_seq, f"internal error ({type(exc).__name__})")
         return None
+
+    def _record(self, thread: Thread, epoch: int, state: Literal["ok", "failed"], upto_seq: int,
+                reason: str = "") -> None:
+        try:
+            if thread.exists():
+                self.status.record(thread, epoch, state, upto_seq, reason)
+        except Exception:  # noqa: BLE001 - the status is advice; the refresh's outcome stands
+            log.exception("could not record the summary status of %s", thread.id)
 
     async def _acquire(self, flock: FileLock, synchronous: bool) -> bool:
         deadline = time.monotonic() + self.settings.timeout_s
@@ -140,6 +155,7 @@ class SummaryService:
         summary = await self.summarizer.summarize(previous, records, epoch, focus)
         if self.store.write(thread, summary, epoch):
             log.info("summary of %s now covers #%d", thread.id, summary.covers_through_seq)
+            self._record(thread, epoch, "ok", upto_seq)
             return summary
         if synchronous:  # dropped: maybe because another job already covers as far
             stored = self.store.load_current(thread, epoch)

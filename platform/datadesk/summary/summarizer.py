@@ -3,9 +3,14 @@
 It never reads the log itself: the caller passes only the records that newly
 left the window (incremental), and the previous summary. The model is asked
 for exactly the `SummaryFields` keys as JSON; the output is validated
-strictly (a ```json fence or a prose wrapper is tolerated: `llm.reply_json`).
+strictly (a ```json fence, a prose wrapper or trailing commas are tolerated:
+`llm.reply_json`). The request carries the strongest `response_format` the
+model's profile allows (`structured_output`: the JSON schema, JSON mode, or
+none); a server that refuses it is asked again with the next weaker mode.
 
-One retry at most, naming every problem of the first answer at once:
+Each retry shows the model its own answer and every problem of it at once;
+an invalid answer is retried up to `max_attempts` calls in all, a valid one
+with problems once:
 - invalid output (not JSON, unknown or missing fields, non-string items);
 - active constraints of the previous summary missing from both the new active
   and superseded lists (compared normalized: casefold, collapsed whitespace,
@@ -35,11 +40,13 @@ from datadesk.llm.tokens import count_tokens as default_count_tokens
 from datadesk.settings import SummarySettings
 from datadesk.summary.model import (
     FIELD_NAMES,
+    WEAKER_OUTPUT,
     SummaryFields,
     ThreadSummary,
     clean_list,
     normalize_item,
     render_summary,
+    response_format,
 )
 
 log = logging.getLogger(__name__)
@@ -86,7 +93,11 @@ _encoder = msgspec.json.Encoder()
 
 
 class SummaryError(Exception):
-    """No usable summary: the model failed or its output stayed invalid."""
+    """No usable summary: the model failed or its output stayed invalid (the message says which)."""
+
+
+class _FormatRejected(Exception):
+    """The server refused the request with this `response_format`: ask with a weaker one."""
 
 
 # -- rendering the input -------------------------------------------------------------
@@ -221,10 +232,12 @@ class Summarizer:
     TRIM_LAST = ("superseded",)
 
     def __init__(self, model: ChatModel, settings: SummarySettings | None = None,
-                 count_tokens: Callable[[str], int] = default_count_tokens) -> None:
+                 count_tokens: Callable[[str], int] = default_count_tokens, output: str = "none") -> None:
         self.model = model
         self.settings = settings or SummarySettings()
         self.count_tokens = count_tokens
+        # how a JSON answer is asked for (the profile's `structured_output`); weakened when refused
+        self.output = output
 
     def system_prompt(self) -> str:
         return SYSTEM_PROMPT.replace("{max_tokens}", f"{self.settings.max_tokens:,}")
@@ -234,66 +247,97 @@ class Summarizer:
         """The updated summary covering through the last record's seq; SummaryError if none."""
         records = sorted(records, key=lambda r: r.seq)
         covers = records[-1].seq if records else (previous.covers_through_seq if previous else 0)
-        messages: list[dict[str, Any]] = [
+        base: list[dict[str, Any]] = [
             {"role": "system", "content": self.system_prompt()},
             {"role": "user", "content": build_request(previous, records, focus)},
         ]
+        messages = base
         best: SummaryFields | None = None
-        for attempt in (1, 2):
+        attempts = max(1, self.settings.max_attempts)
+        last_error = ""
+        for attempt in range(1, attempts + 1):
             try:
                 text = await self._ask(messages)
-            except SummaryError:
+            except SummaryError as exc:
                 if best is None:
-                    raise
-                log.warning("summary retry failed; using the first answer with fixes")
+                    raise SummaryError(f"{exc}" + (f" (earlier answer: {last_error})" if last_error else "")) \
+                        from exc
+                log.warning("summary retry failed; using the last valid answer with fixes")
                 break
-            problems: list[str] = []
-            try:
-                fields = parse_fields(text)
-            except ValueError as exc:
-                log.warning("summarizer output invalid (attempt %d): %s", attempt, exc)
-                problems.append(f"Your reply is not a valid summary ({_shorten(str(exc), 300)}). Reply with "
-                                f"only one JSON object with exactly these keys: {', '.join(FIELD_NAMES)}; "
-                                "lists hold strings.")
-            else:
+            fields, problems, reason = self._check(text, previous, covers, epoch, attempt)
+            if fields is not None:
                 best = fields
-                dropped = dropped_constraints(previous, fields)
-                if dropped:
-                    log.warning("summarizer dropped active constraints (attempt %d): %s", attempt, dropped)
-                    problems.append(
-                        "You dropped these active constraints without listing them as superseded:\n"
-                        + "\n".join(f"- {c}" for c in dropped)
-                        + "\nKeep each one in \"active_constraints\" exactly, or move it to \"superseded\" "
-                          "only if the user withdrew or replaced it.")
-                tokens = self.count_tokens(render_summary(self._build(fields, covers, epoch)))
-                if tokens > self.settings.max_tokens:
-                    log.warning("summary too long (attempt %d): %d tokens", attempt, tokens)
-                    problems.append(f"The summary renders to {tokens:,} tokens; the limit is "
-                                    f"{self.settings.max_tokens:,}. Shorten it: merge items and drop what no "
-                                    "longer matters, but never an active constraint.")
-            if not problems:
-                break
-            if attempt == 1:
-                messages = [*messages, {"role": "assistant", "content": text},
-                            {"role": "user", "content": "\n\n".join(problems)
-                             + "\n\nReturn the corrected summary as one JSON object only."}]
+            if not problems or (best is not None and attempt >= 2):
+                break  # a valid answer's remaining problems are fixed by code after one retry
+            last_error = reason
+            # the model sees its own answer and what is wrong with it (only the latest round)
+            messages = [*base, {"role": "assistant", "content": text},
+                        {"role": "user", "content": "\n\n".join(problems)
+                         + "\n\nReturn the corrected summary as one JSON object only."}]
         if best is None:
-            raise SummaryError("the summarizer gave no valid summary")
+            raise SummaryError(f"the summarizer gave no valid summary in {attempts} attempt"
+                               f"{'s' if attempts != 1 else ''} (last: {last_error})")
         best = self._carry_over(previous, best)
         return self._fit(self._build(best, covers, epoch))
 
+    def _check(self, text: str, previous: ThreadSummary | None, covers: int, epoch: int,
+               attempt: int) -> tuple[SummaryFields | None, list[str], str]:
+        """The answer's fields (None when invalid), every problem to show the model, and the
+        first one in a few words (the reason people see when no summary comes of it)."""
+        try:
+            fields = parse_fields(text)
+        except ValueError as exc:
+            log.warning("summarizer output invalid (attempt %d): %s", attempt, exc)
+            error = _shorten(str(exc), 300)
+            return None, [f"Your reply is not a valid summary: {error}. Reply with only one "
+                          f"JSON object with exactly these keys: {', '.join(FIELD_NAMES)}; \"goal\" and "
+                          "\"state\" are strings, the others lists of strings; no text before or after it."], error
+        problems: list[str] = []
+        dropped = dropped_constraints(previous, fields)
+        if dropped:
+            log.warning("summarizer dropped active constraints (attempt %d): %s", attempt, dropped)
+            problems.append(
+                "You dropped these active constraints without listing them as superseded:\n"
+                + "\n".join(f"- {c}" for c in dropped)
+                + "\nKeep each one in \"active_constraints\" exactly, or move it to \"superseded\" "
+                  "only if the user withdrew or replaced it.")
+        tokens = self.count_tokens(render_summary(self._build(fields, covers, epoch)))
+        if tokens > self.settings.max_tokens:
+            log.warning("summary too long (attempt %d): %d tokens", attempt, tokens)
+            problems.append(f"The summary renders to {tokens:,} tokens; the limit is "
+                            f"{self.settings.max_tokens:,}. Shorten it: merge items and drop what no "
+                            "longer matters, but never an active constraint.")
+        reason = "it dropped active constraints" if dropped else "it was too long" if problems else ""
+        return fields, problems, reason
+
     # -- internals ---------------------------------------------------------
     async def _ask(self, messages: list[dict[str, Any]]) -> str:
+        """One answer, asked with the strongest `response_format` the server accepts: a server
+        that rejects one (a 400) is asked again with the next weaker mode, remembered from then on."""
+        while True:
+            fmt = response_format(self.output)
+            try:
+                return await self._call(messages, fmt)
+            except _FormatRejected as exc:
+                weaker = WEAKER_OUTPUT.get(self.output, "none")
+                log.warning("the summarizer's server rejected response_format %s (%s); using %s from now on",
+                            self.output, exc, weaker)
+                self.output = weaker
+
+    async def _call(self, messages: list[dict[str, Any]], fmt: dict[str, Any] | None) -> str:
         reply: ModelReply | None = None
+        extra = {"response_format": fmt} if fmt is not None else {}
         try:
             async with asyncio.timeout(self.settings.timeout_s):
-                async with contextlib.aclosing(self.model.stream(messages, [])) as events:
+                async with contextlib.aclosing(self.model.stream(messages, [], **extra)) as events:
                     async for event in events:
                         if isinstance(event, ModelReply):
                             reply = event
         except TimeoutError:
             raise SummaryError(f"the summarizer timed out after {self.settings.timeout_s:g} s") from None
         except ModelError as exc:
+            if fmt is not None and type(exc) is ModelError:  # the request itself was refused (400/422)
+                raise _FormatRejected(str(exc)) from exc
             raise SummaryError(f"the summarizer model failed: {exc}") from exc
         if reply is None:
             raise SummaryError("the summarizer model gave no reply")

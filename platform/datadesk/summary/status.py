@@ -1,0 +1,68 @@
+"""How the last summary refresh of a thread went: `summary.status.json`.
+
+The summary itself keeps the previous version when a refresh fails (DESIGN section 8), so
+the failure would leave no trace but a log line. This small record says it: `ok`, or
+`failed` with the reason (shown to the user in the context inspector and the chat, and
+to the model when history had to leave the window unsummarised). Written through the
+`Thread` under its lock, only while the thread is still in the job's epoch (a clear
+removes it with the summary).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Literal
+
+import msgspec
+
+from datadesk.store.files import write_json
+from datadesk.store.threadlog import LogClosed
+from datadesk.store.threads import Thread
+
+log = logging.getLogger(__name__)
+
+REASON_CHARS = 400  # a reason is for people: bounded
+
+
+class SummaryStatus(msgspec.Struct, kw_only=True):
+    """The outcome of the latest refresh attempt of a thread's summary."""
+
+    state: Literal["ok", "failed"]
+    reason: str = ""  # why it failed (the summarizer's or the model's error, never model output)
+    attempted_through: int = 0  # the seq the refresh was asked to cover
+    epoch: int = 0
+    at: float = 0.0
+
+
+_decoder = msgspec.json.Decoder(SummaryStatus)
+
+
+class SummaryStatusStore:
+    """Reads and writes `summary.status.json` of a thread."""
+
+    def load(self, thread: Thread, epoch: int | None) -> SummaryStatus | None:
+        """The status of `epoch` (None: none yet, unreadable, or from before a clear)."""
+        try:
+            status = _decoder.decode(thread.summary_status_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("ignoring an unreadable summary status of %s: %s", thread.id, exc)
+            return None
+        return status if status.epoch == epoch else None
+
+    def record(self, thread: Thread, epoch: int, state: Literal["ok", "failed"], upto_seq: int,
+               reason: str = "") -> bool:
+        """Store the outcome; False when the thread was cleared or deleted meanwhile."""
+        reason = " ".join(reason.split())
+        if len(reason) > REASON_CHARS:
+            reason = reason[: REASON_CHARS - 1].rstrip() + "…"
+        status = SummaryStatus(state=state, reason=reason, attempted_through=upto_seq, epoch=epoch, at=time.time())
+        try:
+            with thread.guarded(epoch):
+                write_json(thread.summary_status_path, status)
+        except (LogClosed, OSError) as exc:
+            log.info("summary status of %s not written: %s", thread.id, exc)
+            return False
+        return True
