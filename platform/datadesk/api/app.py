@@ -26,6 +26,7 @@ from datadesk.api.workspace import WorkspaceController
 from datadesk.api.security import LoginFailures, LoginLimiter, SecurityMiddleware, load_key
 from datadesk.api.session import SessionController
 from datadesk.api.threads import ThreadController
+from datadesk.api.taskstate import TaskStateController
 from datadesk.chat.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def create_app(rt: Runtime) -> Litestar:
         route_handlers=[
             SessionController,
             ThreadController,
+            TaskStateController,
             ArtifactController,
             MemoryController,
             SearchController,

@@ -83,6 +83,7 @@ class ScriptedModel:
         self.max_recorded = max_recorded  # a long-lived demo model must not grow forever
         self.calls: list[list[dict[str, Any]]] = []
         self.tools_seen: list[list[dict[str, Any]]] = []
+        self.formats: list[dict[str, Any] | None] = []  # the response_format of each call
         self._index = 0
 
     @property
@@ -106,13 +107,15 @@ class ScriptedModel:
             raise TypeError(f"script step must be str, ScriptStep or callable, got {type(step).__name__}")
         return step
 
-    async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> AsyncIterator[ModelEvent]:
-        """Play the next step: ModelDelta chunks, then one ModelReply."""
+    async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                     response_format: dict[str, Any] | None = None) -> AsyncIterator[ModelEvent]:
+        """Play the next step: ModelDelta chunks, then one ModelReply (`response_format` is recorded)."""
         # Record a copy: callers mutate their context list after the call.
         self.calls.append(copy.deepcopy(messages))
+        self.formats.append(response_format)
         self.tools_seen.append(copy.deepcopy(tools or []))
         if self.max_recorded is not None and len(self.calls) > self.max_recorded:
-            del self.calls[0], self.tools_seen[0]
+            del self.calls[0], self.tools_seen[0], self.formats[0]
         # Take the step before any await so concurrent calls get distinct steps.
         if self._index < len(self.steps):
             raw = self.steps[self._index]
