@@ -14,7 +14,9 @@ from datadesk.chat.requery import UserRequery
 from datadesk.chat.turns import TurnRegistry
 from datadesk.context.builder import ContextBuilder
 from datadesk.context.calibration import Calibration
+from datadesk.context.profiles import summary_output
 from datadesk.context.request import RequestAssembler
+from datadesk.context.taskstate import TaskStateStore
 from datadesk.llm import configured_model
 from datadesk.llm.base import ChatModel
 from datadesk.llm.tokens import count_tokens
@@ -48,6 +50,7 @@ from datadesk.tools.registry import ToolContext, ToolRegistry
 from datadesk.tools.requery import RequeryService
 from datadesk.tools.skills import SkillCatalog, register_skill_tool
 from datadesk.tools.sql import register_sql_tool
+from datadesk.tools.taskstate import register_task_state_tools
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +127,9 @@ class Runtime:
     def _build_continuity(self, settings: Settings) -> None:
         """What keeps long threads coherent: summaries, memory, and the request assembly."""
         self.summaries = SummaryService(SummaryStore(settings.summary.revisions_kept),
-                                        Summarizer(self.summary_model, settings.summary, count_tokens), settings.summary)
+                                        Summarizer(self.summary_model, settings.summary, count_tokens,
+                                                   summary_output(self.summary_model, settings)),
+                                        settings.summary)
         register_compact_tool(self.tools, self.summaries)
         self.memory = MemoryStore(self.layout, settings.memory)
         register_memory_tools(self.tools, self.memory,
@@ -134,8 +139,10 @@ class Runtime:
         self.calibration = Calibration(self.layout.home / "calibration.json", settings.context.calibration_margin)
         self.context = ContextBuilder(settings.context, count_tokens, self.calibration,
                                       self._artifact_status, self._image_bytes)
+        self.task_state = TaskStateStore()  # the user's goal and constraints per thread (context/taskstate.py)
+        register_task_state_tools(self.tools, self.task_state)
         self.requests = RequestAssembler(self.context, self.summaries, settings.summary, self.memory,
-                                         self.calibration)
+                                         self.calibration, self.task_state)
 
     async def start(self) -> None:
         """Start background work (artifact sweeper, kernel pool, reaper, MCP servers); called by the
