@@ -8,7 +8,7 @@ and how to restore it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -54,6 +54,10 @@ class Artifact(msgspec.Struct):
     chars: int | None = None  # text artifacts
     media_type: str = "application/octet-stream"
     partial_reason: str | None = None
+    partial_by: str | None = None  # "source": the source itself cut the result (offload/shapes.py)
+    shape: str | None = None  # what the source sent: "Python repr of a list of dicts", "Markdown table", ...
+    source_note: str | None = None  # the source's own words about its result, and how to get the rest
+    source_meta: dict[str, Any] | None = None  # the source's metadata beside the rows (capped)
     expired_at: float | None = None
     requeried_at: float | None = None
 

@@ -13,6 +13,7 @@ import msgspec
 import pyarrow as pa
 
 from datadesk.domain.records import ToolRecordMeta
+from datadesk.domain.sources import SourceHints
 
 
 class ToolError(Exception):
@@ -113,3 +114,4 @@ class ToolResult(msgspec.Struct):
     data: Any = None
     meta: ToolRecordMeta = msgspec.field(default_factory=ToolRecordMeta)
     table: TabularStream | None = None
+    source: SourceHints | None = None  # what the source said beside the content (offload/shapes.py)

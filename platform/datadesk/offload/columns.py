@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
@@ -76,15 +75,6 @@ def human(n: float) -> str:
         n /= 1024
     return f"{n} GiB"  # pragma: no cover
 
-
-# Date / datetime strings we are willing to type. Fractions are limited to
-# microseconds because the target unit is `us` (a longer fraction would fail
-# the cast anyway; we keep such columns as text rather than truncate).
-_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
-_DATETIME_RE = re.compile(
-    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?"
-    r"(?P<tz>Z|[+-]\d{2}(?::?\d{2})?)?\Z"
-)
 
 # Parquet readers refuse schemas deeper than 100 nodes (and a list costs two
 # nodes). Deeper values are kept as JSON text so the file stays readable.
@@ -170,33 +160,33 @@ def text_array(values: Sequence[Any]) -> pa.Array:
     return pa.array([cell_text(v) for v in values], type=pa.string())
 
 
+def _first_valid(arr: pa.Array) -> Any:
+    valid = arr.drop_null() if arr.null_count else arr
+    return valid[0].as_py() if len(valid) else None
+
+
+def temporal(arr: pa.Array) -> pa.Array | None:
+    """date32, timestamp[us] or timestamp[us, UTC] when every string of `arr` is an ISO-8601
+    date / datetime (naive, or all with a zone), else None: pyarrow's vectorised casts, never
+    a regex per value. The first value decides which cast is worth trying; a column that
+    mixes naive and zoned values, or has a 2024-02-30, fails the cast and stays text."""
+    first = _first_valid(arr)
+    if not isinstance(first, str) or not (10 <= len(first) <= 35) or first[4:5] != "-" or not first[:4].isdigit():
+        return None
+    targets = (pa.date32(),) if len(first) == 10 else (pa.timestamp("us"), pa.timestamp("us", tz="UTC"))
+    for target in targets:
+        try:
+            return arr.cast(target)
+        except _ARROW_ERRORS:
+            continue
+    return None
+
+
 def _typed_strings(values: Sequence[Any]) -> pa.Array:
     """Strings, or date32 / timestamp when every value is an ISO-8601 date(time)."""
     strings = pa.array(values, type=pa.string())
-    first = next(v for v in values if v is not None)
-    if _DATE_RE.match(first):
-        if all(_DATE_RE.match(v) for v in values if v is not None):
-            try:
-                return strings.cast(pa.date32())
-            except _ARROW_ERRORS:  # e.g. 2024-02-30: keep the text
-                return strings
-        return strings
-    m = _DATETIME_RE.match(first)
-    if m is None:
-        return strings
-    zoned = m.group("tz") is not None
-    for v in values:
-        if v is None:
-            continue
-        mv = _DATETIME_RE.match(v)
-        # Mixed zoned/naive values have no single honest type: keep text.
-        if mv is None or (mv.group("tz") is not None) != zoned:
-            return strings
-    target = pa.timestamp("us", tz="UTC") if zoned else pa.timestamp("us")
-    try:
-        return strings.cast(target)
-    except _ARROW_ERRORS:
-        return strings
+    typed = temporal(strings)
+    return typed if typed is not None else strings
 
 
 def infer_array(values: Sequence[Any]) -> pa.Array:

@@ -30,13 +30,14 @@ _CHUNK = 1 << 20
 
 
 def csv_batches(source: Source, delimiter: str = ",", *, block_size: int = 1 << 20,
-                limits: UploadLimits | None = None) -> Iterator[pa.RecordBatch]:
+                limits: UploadLimits | None = None, header: bool = True) -> Iterator[pa.RecordBatch]:
     """Yield record batches of a CSV/TSV with inferred types, streaming.
 
     `source` is CSV text (str), raw bytes, or a file path. Raises
     TabularParseError for an empty file, a row with the wrong number of
     columns (naming its line) and non-UTF-8 input (naming the byte offset).
-    Batch sizes follow pyarrow's blocks (`block_size` bytes of input).
+    Batch sizes follow pyarrow's blocks (`block_size` bytes of input). `header=False`: the
+    first record is data and the columns are column_1, column_2, ...
     `limits` bound rows, columns, seconds and cell size: a record (line) may be
     at most 4 cells' worth of bytes, so pyarrow never holds more than that.
     """
@@ -51,17 +52,20 @@ def csv_batches(source: Source, delimiter: str = ",", *, block_size: int = 1 << 
     yielded = 0
     while True:
         try:
-            reader = _open(opener, delimiter, block_size, forced, names)
+            reader = _open(opener, delimiter, block_size, forced, names, header)
         except pa.ArrowInvalid as exc:
             if _straddles(exc):
                 block_size = _grow(block_size, max_block, limits, yielded)
                 continue
             raise _translate(exc, source, delimiter) from None
-        header = reader.schema.names
-        if len(header) > limits.columns:
-            raise limits.refuse_columns(len(header))
-        if names is None and header != unique_names(header):
-            names = unique_names(header)
+        found = reader.schema.names
+        if len(found) > limits.columns:
+            raise limits.refuse_columns(len(found))
+        if names is None and not header:
+            names = [f"column_{i + 1}" for i in range(len(found))]
+            continue  # reopen with our names: the first record is data
+        if names is None and found != unique_names(found):
+            names = unique_names(found)
             continue  # reopen with clean names: Parquet needs unique ones
         if any(pa.types.is_binary(f.type) for f in reader.schema):
             # pyarrow quietly types invalid UTF-8 text as binary.
@@ -140,10 +144,10 @@ def _straddles(exc: Exception) -> bool:
     return "straddling object" in str(exc)
 
 
-def _open(opener, delimiter, block_size, forced, names) -> pacsv.CSVStreamingReader:
-    read = pacsv.ReadOptions(block_size=block_size)
+def _open(opener, delimiter, block_size, forced, names, header=True) -> pacsv.CSVStreamingReader:
+    read = pacsv.ReadOptions(block_size=block_size, autogenerate_column_names=not header)
     if names is not None:
-        read = pacsv.ReadOptions(block_size=block_size, column_names=names, skip_rows=1)
+        read = pacsv.ReadOptions(block_size=block_size, column_names=names, skip_rows=1 if header else 0)
     # Quoted newlines are common in real exports (comments, addresses).
     parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
     convert = pacsv.ConvertOptions(column_types={name: pa.string() for name in forced})

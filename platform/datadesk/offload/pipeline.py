@@ -37,7 +37,7 @@ import pyarrow as pa
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin, ColumnSchema
 from datadesk.domain.records import ArtifactRef, ToolRecordMeta, short_arguments
 from datadesk.domain.tools import TabularStream, ToolResult, ToolSpec
-from datadesk.offload import preview
+from datadesk.offload import preview, shapes
 from datadesk.offload.sink import ROW_GROUP_BYTES, ParquetSink
 from datadesk.offload.store import ArtifactStore, new_artifact_id
 from datadesk.offload.overlap import ReadAhead
@@ -89,7 +89,7 @@ def result_table(result: ToolResult) -> TabularStream | None:
     if result.table is not None:
         return result.table
     try:
-        return text_tabular_stream(result.content)
+        return shapes.result_stream(result)  # every shape of issue 17 (offload/shapes.py)
     except TabularParseError:
         return None
 
@@ -229,6 +229,7 @@ class OffloadPipeline:
                             "ceiling; writing stopped") if res.partial else None,
             requeried_at=now if existing else None,
         )
+        art = shapes.annotate(art, table)  # shape, source metadata, "partial (by the source)"
         self._publish(thread, art, epoch, job, existing)
         return art, head_table, res.schema
 

@@ -9,6 +9,7 @@ never cut.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -95,11 +96,16 @@ def render_table_artifact(art: Artifact, schema: pa.Schema, head: pa.Table, sour
     """The message for an offloaded table."""
     rows = art.rows or 0
     partial = ""
-    if art.status == "partial":
+    if art.status == "partial" and art.partial_by == "source":
+        partial = (f"\nPARTIAL (by the source): the source itself cut this result; these {rows:,} rows are NOT "
+                   f"all the data. {art.source_note or art.partial_reason or ''}")
+    elif art.status == "partial":
         partial = (f"\nPARTIAL: {art.partial_reason or 'the result hit the size ceiling'}; "
                    f"exactly {rows:,} rows were written.")
+        if art.source_note:
+            partial += f"\nThe source also cut it: {art.source_note}"
     text = ""
-    for p_rows, cap, p_cols, s_cols, t_chars in _STEPS:
+    for step, (p_rows, cap, p_cols, s_cols, t_chars) in enumerate(_STEPS):
         p_rows, cap, p_cols = min(p_rows, max_rows), min(cap, max_cell), min(p_cols, max_cols)
         s_cols = min(s_cols, max_cols)
         shown = min(p_rows, head.num_rows)
@@ -108,6 +114,7 @@ def render_table_artifact(art: Artifact, schema: pa.Schema, head: pa.Table, sour
             f"source: {source}\n"
             f"sandbox path: {art.sandbox_path}\n"
             f"rows: {rows:,} | columns: {art.columns} | file: {human_bytes(art.bytes)} Parquet{partial}\n"
+            f"{source_lines(art, _META_CHARS[min(step, len(_META_CHARS) - 1)])}"
             f"schema: {schema_lines(schema, s_cols, t_chars)}\n"
             f"preview (first {shown} of {rows:,} rows; cells cut at {cap} chars):\n"
             f"{table_rows(head, p_rows, p_cols, cap)}\n"
@@ -117,6 +124,20 @@ def render_table_artifact(art: Artifact, schema: pa.Schema, head: pa.Table, sour
         if count(text) <= max_tokens:
             return text
     return text
+
+
+_META_CHARS = (2_000, 1_000, 600, 400, 300, 200, 120, 80)
+
+
+def source_lines(art: Artifact, max_chars: int) -> str:
+    """What the source sent (its shape) and its metadata beside the rows, capped."""
+    out = f"sent as: {art.shape}\n" if art.shape else ""
+    if art.source_meta:
+        meta = json.dumps(art.source_meta, ensure_ascii=False, default=str)
+        if len(meta) > max_chars:
+            meta = meta[: max(1, max_chars - 1)] + "…"
+        out += f"source metadata: {meta}\n"
+    return out
 
 
 def render_text_artifact(art: Artifact, head: str, source: str, count: Counter, max_tokens: int) -> str:

@@ -19,19 +19,20 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from datadesk.offload.columns import TabularParseError, rows_to_batch
+from datadesk.offload.columns import TabularParseError, records_to_batch, rows_to_batch, unique_names
+from datadesk.offload.shapes_types import python_column
 
 _TOKEN = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[()\[\]]""", re.S)
 _CALLS = {
-    "Decimal": lambda *a: float(decimal.Decimal(*a)),
+    "Decimal": decimal.Decimal,
     "datetime.date": dt.date, "datetime.datetime": dt.datetime, "datetime.time": dt.time,
     "datetime.timedelta": dt.timedelta, "UUID": lambda s: str(uuid.UUID(s)),
 }
 
 
 def looks_like_repr_rows(text: str) -> bool:
-    head = text.lstrip()[:2]
-    return head == "[(" or head == "[]"
+    head = text.lstrip()[:3]
+    return head[:2] in ("[(", "[]") or head == "[{'"
 
 
 def _call_name(func: ast.AST) -> str | None:
@@ -50,6 +51,9 @@ def _value(node: ast.AST) -> Any:
         fn = _CALLS.get(_call_name(node.func) or "")  # type: ignore[attr-defined]
         if fn is not None:
             return fn(*[_value(a) for a in node.args])  # type: ignore[attr-defined]
+    if cls is ast.Dict:
+        keys = [_value(k) for k in node.keys]  # type: ignore[attr-defined]
+        return dict(zip(keys, [_value(v) for v in node.values]))  # type: ignore[attr-defined]
     if cls is ast.Tuple or cls is ast.List:
         return [_value(e) for e in node.elts]  # type: ignore[attr-defined]
     if cls is ast.UnaryOp and isinstance(node.op, ast.USub) and type(node.operand) is ast.Constant:  # type: ignore[attr-defined]
@@ -79,7 +83,28 @@ def _tuples(text: str) -> Iterator[str]:
 PARSE_CHUNK = 1_000  # tuples per ast.parse call: CPython's compile slows down on huge literals
 
 
-def repr_batches(text: str, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
+def repr_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """Typed batches of a Python-repr table: the C-speed conversion to JSON (`shapes_repr`)
+    when it can be exact, else the `ast` path below, which names what it refuses."""
+    from datadesk.offload import shapes_json
+    from datadesk.offload.shapes_repr import ReprUnsupported, resolve_tags, to_json
+
+    try:
+        json_text, _ = to_json(text)
+        found = shapes_json.locate(json_text, header_rows=False)
+    except (ReprUnsupported, TabularParseError):
+        yield from exact_batches(text, batch_rows)
+        return
+    for batch in shapes_json.batches(found, batch_rows, default_name="col_", strict=True):
+        yield resolve_tags(batch)
+
+
+def exact_batches(text: str, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
+    """The exact path: tuples found by a tokenizer, each batch read by `ast` on a whitelist;
+    a list of dicts or a dict of lists is read whole the same way."""
+    if text.lstrip()[:2] in ("[{", "({", "{'", '{"'):
+        yield from _exact_dicts(text)
+        return
     pending: list[str] = []
     rows: list[list[Any]] = []
     width: int | None = None
@@ -114,3 +139,23 @@ def repr_batches(text: str, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch
         parse()
     if rows:
         yield batch()
+
+
+def _exact_dicts(text: str) -> Iterator[pa.RecordBatch]:
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise TabularParseError(f"not a Python-repr table: {exc.msg}") from None
+    value = _value(tree.body)
+    if isinstance(value, dict):
+        if not all(isinstance(v, list) for v in value.values()):
+            raise TabularParseError("a Python-repr dict is a table only when each value is a list of column values")
+        lengths = {len(v) for v in value.values()}
+        if len(lengths) > 1:
+            raise TabularParseError("a Python-repr dict of lists: the lists differ in length")
+        names = unique_names(list(value))
+        yield pa.RecordBatch.from_arrays([python_column(v) for v in value.values()], names=names)
+        return
+    if not all(isinstance(r, dict) for r in value):
+        raise TabularParseError("a Python-repr list mixes dicts with other values")
+    yield records_to_batch(value)

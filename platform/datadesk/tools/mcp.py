@@ -46,6 +46,7 @@ from datadesk.tools.mcp_config import (  # noqa: F401  (re-exported: the public 
     _describe, exposed_tool_name, mask, masked_config, redact, resolve_values,
 )
 from datadesk.tools.mcp_io import _StderrPipe, _WatchedStream
+from datadesk.tools.mcp_shapes import source_hints
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 class _ToolInfo:
     real: str
     spec: ToolSpec
+    output_schema: dict[str, Any] | None = None  # the tool's outputSchema (column formats of its rows)
 
 
 @dataclass
@@ -369,7 +371,8 @@ class MCPManager:
             if exposed is None:
                 exposed = exposed_tool_name(srv.name, tool.name, taken)
                 taken.add(exposed)
-            wanted[exposed] = _ToolInfo(real=tool.name, spec=self._spec(srv, exposed, tool))
+            wanted[exposed] = _ToolInfo(real=tool.name, spec=self._spec(srv, exposed, tool),
+                                        output_schema=getattr(tool, "output_schema", None))
         for exposed, info in list(srv.tools.items()):
             new = wanted.get(exposed)
             if new is None or new.spec != info.spec:
@@ -498,7 +501,10 @@ class MCPManager:
                     data = structured
             except (TypeError, ValueError):
                 data = None
-        return ToolResult(content=content, is_error=is_error, data=data, meta=meta)
+        # structuredContent (with the outputSchema's formats) is preferred over the text by the
+        # offload pipeline's shape detection; the input schema tells its paging and row caps.
+        hints = None if is_error else source_hints(info.spec.parameters, info.output_schema, structured)
+        return ToolResult(content=content, is_error=is_error, data=data, meta=meta, source=hints)
 
     def _image(self, srv: _Server, item: Any, ctx: ToolContext, images: list[str]) -> str:
         mime = (item.mime_type or "application/octet-stream").lower()

@@ -1,0 +1,210 @@
+"""Python reprs of tables -> JSON text, at C speed, never `eval`.
+
+`str(cursor.fetchall())`, `str([dict(r) for r in rows])`, `str(df.to_dict("list"))`:
+lists or tuples of tuples / lists / dicts, and dicts of lists, with `Decimal`,
+`datetime.date`, `datetime.datetime` (naive or UTC), `datetime.time`, `UUID`
+calls, `None` / `True` / `False`.
+
+How: one `re.split` separates the string literals from the rest; the rest is
+rewritten with plain `str.replace` (brackets, keywords) and the calls become
+tagged JSON arrays (`datetime.date(2024, 1, 2)` -> `[-987654321001, 2024, 1, 2]`,
+`Decimal('1.50')` -> `["\\u0001D", "1.50"]`); the strings are requoted in bulk.
+What is left must be JSON punctuation, numbers and null/true/false: anything else
+(a name, a call we do not know, a keyword argument) raises `ReprUnsupported` and
+the caller takes the exact, `ast`-based path (`pyrepr`), which names the value.
+The tags are turned into typed Arrow columns by `resolve_tags`, vectorised.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from decimal import Decimal, InvalidOperation
+import datetime as dt
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datadesk.offload.shapes_types import python_column
+
+DATE, DATETIME, TIME, UTC = -987654321001, -987654321002, -987654321003, -987654321010
+_TAG_INTS = (DATE, DATETIME, TIME)
+_SEP = "\x00"
+_STRING = re.compile(r"""('[^'\\\n]*(?:\\.[^'\\\n]*)*'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")""")
+_REWRITES = (
+    ("datetime.datetime(", f"[{DATETIME},"), ("datetime.date(", f"[{DATE},"), ("datetime.time(", f"[{TIME},"),
+    ("Decimal(", '["\\u0001D",'), ("UUID(", '["\\u0001u",'),
+    (", tzinfo=datetime.timezone.utc)", f", {UTC})"), ("tzinfo=datetime.timezone.utc", str(UTC)),
+    ("(", "["), (")", "]"), ("None", "null"), ("True", "true"), ("False", "false"),
+)
+_LEFTOVER = re.compile(r"[^0-9\s,\[\]{}:.eE+\-\x00]")
+_WORDS = re.compile(r'null|true|false|"\\u0001[Du]"')
+
+
+class ReprUnsupported(ValueError):
+    """The fast conversion cannot be exact for this text: use the ast-based path."""
+
+
+def looks_like_repr(text: str) -> bool:
+    """A Python repr table starts `[(`, `[{'`, `((`, `{'` with a list, `[[`+quote or `[]` ... (cheap check)."""
+    head = text.lstrip()[:3]
+    return head[:2] in ("[(", "((", "[]", "{'") or head in ("[{'", "({'") or (head[:2] == "[[" and "'" in text[:200])
+
+
+def to_json(text: str) -> tuple[str, bool]:
+    """The JSON text for a Python repr table, and whether it holds tags to resolve."""
+    if _SEP in text:
+        raise ReprUnsupported("NUL character")
+    parts = _STRING.split(text)
+    others = _SEP.join(parts[0::2])
+    tagged = "(" in others and any(call in others for call in ("datetime.", "Decimal(", "UUID("))
+    for old, new in _REWRITES:
+        if old in others:
+            others = others.replace(old, new)
+    others = others.replace(",]", "]")  # a one-element tuple: (1,)
+    bad = _LEFTOVER.search(_WORDS.sub("", others))
+    if bad is not None:
+        raise ReprUnsupported(f"unsupported text near {bad.group()!r}")
+    strings = parts[1::2]
+    joined = _SEP.join(strings)
+    if "\\" not in joined and '"' not in joined:
+        strings = joined.replace("'", '"').split(_SEP) if strings else []
+    else:
+        strings = [_json_string(s) for s in strings]
+    out = others.split(_SEP)
+    parts[0::2] = out
+    parts[1::2] = strings
+    return "".join(parts), tagged
+
+
+def _json_string(literal: str) -> str:
+    if "\\" not in literal:
+        if literal[0] == '"':
+            return literal
+        return '"' + literal[1:-1].replace('"', '\\"') + '"'
+    try:
+        value = ast.literal_eval(literal)  # a single string literal: never code
+    except (ValueError, SyntaxError):
+        raise ReprUnsupported(f"bad string literal {literal[:40]!r}") from None
+    if not isinstance(value, str):
+        raise ReprUnsupported("bytes literal")
+    return json.dumps(value, ensure_ascii=False)
+
+
+# ------------------------------------------------------------------ tag columns
+
+def resolve_tags(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Turn tagged columns (dates, datetimes, times, Decimals, UUIDs) into typed ones."""
+    arrays = []
+    changed = False
+    for col in batch.columns:
+        typed = _resolve_column(col)
+        changed = changed or typed is not col
+        arrays.append(typed)
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names) if changed else batch
+
+
+def _first_list(col: pa.Array) -> Any:
+    valid = col.drop_null() if col.null_count else col
+    return valid[0].as_py() if len(valid) else None
+
+
+def _resolve_column(col: pa.Array) -> pa.Array:
+    t = col.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return col
+    first = _first_list(col)
+    if not first:
+        return col
+    tag = first[0]
+    if tag not in _TAG_INTS and tag not in ("\x01D", "\x01u"):
+        return col
+    try:
+        if tag == "\x01u" and pa.types.is_string(t.value_type):
+            return _element(col, 1)
+        if tag == "\x01D" and pa.types.is_string(t.value_type):
+            return _decimals(_element(col, 1))
+        if tag in _TAG_INTS and pa.types.is_integer(t.value_type):
+            return _temporal(col, tag)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError, OverflowError):
+        pass
+    return python_column([_python_value(v) for v in col.to_pylist()])  # exact, per value
+
+
+def _element(col: pa.Array, k: int, default: Any = None) -> pa.Array:
+    """Element k of each list, aligned with the rows (`default` where a list is shorter)."""
+    out = pc.list_slice(col, k, k + 1, return_fixed_size_list=True).values
+    if default is not None:
+        out = out.fill_null(default)
+        if col.null_count:
+            out = pc.if_else(pc.is_null(col), pa.scalar(None, out.type), out)
+    return out
+
+
+def _decimals(strings: pa.Array) -> pa.Array:
+    dot = pc.find_substring(strings, ".")
+    length = pc.utf8_length(strings)
+    scale = pc.max(pc.if_else(pc.greater_equal(dot, 0), pc.subtract(pc.subtract(length, dot), 1), 0)).as_py() or 0
+    if pc.any(pc.match_substring(strings, "E", ignore_case=True)).as_py():
+        raise ValueError("exponent")
+    precision = min(38, max(int(pc.max(length).as_py() or 1), scale + 1))
+    return strings.cast(pa.decimal128(precision, scale))
+
+
+def _pad(a: pa.Array, width: int) -> pa.Array:
+    return pc.utf8_lpad(a.cast(pa.string()), width, "0")
+
+
+def _temporal(col: pa.Array, tag: int) -> pa.Array:
+    if tag == DATE:
+        y, m, d = (_element(col, k) for k in (1, 2, 3))
+        return pc.binary_join_element_wise(_pad(y, 4), _pad(m, 2), _pad(d, 2), "-").cast(pa.date32())
+    fields = [_element(col, k) for k in range(1, 10)]
+    # the UTC tag is negative, every field is not: where it is found the datetime is zoned
+    zoned = pc.or_kleene(pc.equal(fields[5], UTC), pc.or_kleene(pc.equal(fields[6], UTC),
+                                                                pc.equal(fields[7], UTC)))
+    zoned = pc.or_kleene(zoned, pc.equal(fields[8], UTC)).fill_null(False)
+    zoned_count = pc.sum(zoned.cast(pa.int64())).as_py() or 0
+    if zoned_count not in (0, len(col) - col.null_count):
+        raise ValueError("mixed naive and UTC datetimes")
+    parts = [pc.if_else(pc.equal(f, UTC).fill_null(False), 0, f).fill_null(0) for f in fields[:7]]
+    if tag == TIME:
+        h, mi, sec, us = parts[:4]
+        seconds = pc.add(pc.add(pc.multiply(h, 3600), pc.multiply(mi, 60)), sec)
+        out = pc.add(pc.multiply(seconds, 1_000_000), us).cast(pa.time64("us"))
+        return pc.if_else(pc.is_null(col), pa.scalar(None, out.type), out) if col.null_count else out
+    y, mo, d, h, mi, sec, us = parts
+    text = pc.binary_join_element_wise(
+        pc.binary_join_element_wise(_pad(y, 4), _pad(mo, 2), _pad(d, 2), "-"),
+        pc.binary_join_element_wise(_pad(h, 2), _pad(mi, 2), _pad(sec, 2), ":"), " ")
+    text = pc.binary_join_element_wise(text, _pad(us, 6), ".")
+    if col.null_count:
+        text = pc.if_else(pc.is_null(col), pa.scalar(None, pa.string()), text)
+    naive = text.cast(pa.timestamp("us"))
+    return pc.assume_timezone(naive, "UTC") if zoned_count else naive
+
+
+def _python_value(v: Any) -> Any:
+    """One tagged value -> its Python object (the exact, slow path)."""
+    if type(v) is not list or not v:
+        return v
+    tag = v[0]
+    try:
+        if tag == DATE:
+            return dt.date(*v[1:4])
+        if tag == DATETIME:
+            if v[-1] == UTC:
+                return dt.datetime(*v[1:-1], tzinfo=dt.timezone.utc)
+            return dt.datetime(*v[1:])
+        if tag == TIME:
+            return dt.time(*v[1:])
+        if tag == "\x01D":
+            return Decimal(v[1])
+        if tag == "\x01u":
+            return str(uuid.UUID(v[1]))
+    except (TypeError, ValueError, InvalidOperation):
+        return json.dumps(v)
+    return [_python_value(x) for x in v]
