@@ -27,7 +27,8 @@ from datadesk.sandbox.execution import (
     strip_ansi,
     trim_traceback,
 )
-from datadesk.sandbox.local import LocalKernel
+from datadesk.sandbox import landlock
+from datadesk.sandbox.local import LocalKernel, LocalSandbox
 from datadesk.sandbox.messaging import write_connection_file
 
 SECRETS = {"DATADESK_LLM_API_KEY": "sk-secret", "OPENAI_API_KEY": "sk-openai-secret"}
@@ -81,7 +82,8 @@ def h() -> Iterator[Harness]:
     os.environ.update(SECRETS)
     root = _short_tmp()
     loop = asyncio.new_event_loop()
-    kernel = LocalKernel(_placement(root))
+    (root / "users.json").write_text('{"secret": "app home"}')
+    kernel = LocalKernel(_placement(root), hidden=[root])  # confined as in the app: root is its home
     try:
         loop.run_until_complete(kernel.start())
         yield Harness(kernel, loop, root)
@@ -182,6 +184,22 @@ def test_output_capper_head_tail_exact(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["output-1.txt"]
 
 
+def test_without_landlock_no_local_kernel_starts_unless_allowed(tmp_path: Path) -> None:
+    from datadesk.settings import SandboxSettings
+
+    sandbox = LocalSandbox(SandboxSettings(backend="local"), tmp_path)
+    sandbox.landlock_abi = 0  # a host without Landlock
+    assert "no Landlock" in (sandbox.confinement_problem() or "")
+    with pytest.raises(Exception, match="allow_unsafe_local"):
+        sandbox.kernel(_placement(tmp_path))
+    trusted = LocalSandbox(SandboxSettings(backend="local", allow_unsafe_local=True), tmp_path)
+    trusted.landlock_abi = 0
+    assert trusted.confinement_problem() is None and trusted.kernel(_placement(tmp_path)).hidden is None
+    confined = LocalSandbox(SandboxSettings(backend="local"), tmp_path)
+    if confined.landlock_abi:
+        assert confined.kernel(_placement(tmp_path)).hidden == [tmp_path]
+
+
 def test_rewrite_paths_without_starting(tmp_path: Path) -> None:
     k = LocalKernel(_placement(tmp_path))
     p = k.placement
@@ -213,6 +231,30 @@ def test_error_is_trimmed_and_plain(h: Harness) -> None:
     assert "\x1b" not in tb and "ipykernel" not in tb and "IPython" not in tb
     assert "return x / 0" in tb and r.error.traceback[-1] == "ZeroDivisionError: division by zero"
     assert h.ex("2+3").result == "5"  # the kernel carries on
+
+
+def test_the_kernel_is_kept_out_of_the_apps_home_and_processes(h: Harness) -> None:
+    """Landlock (issue 15): the kernel reads its data and writes its outputs, never the app's home
+    (users.json), never another process's /proc entry (the app's environment), nor signals it."""
+    r = h.ex(f"print(open({str(h.root / 'data' / 'a.txt')!r}).read().strip())\n"
+             f"open({str(h.root / 'outputs' / 'ok.txt')!r}, 'w').write('fine')\n"
+             "import os, pathlib\n"
+             f"home = pathlib.Path({str(h.root)!r})\n"
+             "def tries(fn):\n"
+             "    try:\n        fn(); return 'allowed'\n"
+             "    except PermissionError: return 'denied'\n"
+             "print(tries(lambda: (home / 'users.json').read_text()))\n"
+             "print(tries(lambda: (home / 'forged.json').write_text('{}')))\n"
+             "print(tries(lambda: open(f'/proc/{os.getppid()}/environ').read()))\n"
+             "print(tries(lambda: os.kill(os.getppid(), 0)))\n"
+             "print(open('/proc/self/status').read()[:4])")
+    assert r.status == "ok", r
+    lines = r.stdout.split("\n")
+    assert lines[0] == "hello from data"
+    assert lines[1:4] == ["denied", "denied", "denied"], r.stdout
+    assert lines[4] == ("denied" if landlock.abi_version() >= 6 else lines[4])  # signal scoping: ABI 6
+    assert lines[5] == "Name"
+    assert (h.root / "outputs" / "ok.txt").read_text() == "fine" and not (h.root / "forged.json").exists()
 
 
 def test_matplotlib_png(h: Harness) -> None:

@@ -29,9 +29,12 @@ import re
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+from datadesk.sandbox import landlock
 
 from datadesk.sandbox.base import (
     ExecutionResult,
@@ -90,6 +93,10 @@ class LocalSandbox(SandboxBackend):
         self.ready_timeout_s = settings.start_timeout_s
         self.allow_unsafe = settings.allow_unsafe_local
         self.home = home
+        # Landlock: what the kernel may never touch (the app's home, and its config file)
+        self.landlock_abi = landlock.abi_version()
+        config = os.environ.get("DATADESK_CONFIG")
+        self.hidden = [p for p in (home, Path(config) if config else None) if p is not None]
 
     def sharing_problem(self) -> str | None:
         """Why no local kernel may start now: more than one active user can execute code (read
@@ -108,14 +115,27 @@ class LocalSandbox(SandboxBackend):
                 f"({', '.join(coders)}): use sandbox.backend = \"docker\", or set "
                 "sandbox.allow_unsafe_local = true if every one of them may read and change this server")
 
+    def confinement_problem(self) -> str | None:
+        """Why no local kernel may start on this host: no Landlock to keep it out of the app's
+        home (unless sandbox.allow_unsafe_local says every coder may change this server)."""
+        if self.landlock_abi > 0 or self.allow_unsafe or self.home is None:
+            return None
+        return ("this host offers no Landlock (Linux 5.13 or later), so a local kernel could read and "
+                "change the app's own files: use sandbox.backend = \"docker\", or set "
+                "sandbox.allow_unsafe_local = true for a trusted single user")
+
     def _gate(self) -> None:
-        problem = self.sharing_problem()
+        problem = self.sharing_problem() or self.confinement_problem()
         if problem:
             raise SandboxUnavailable(problem)
 
+    def _confine(self) -> list[Path] | None:
+        return self.hidden if self.landlock_abi > 0 and self.home is not None else None
+
     def kernel(self, placement: KernelPlacement) -> "LocalKernel":
         self._gate()
-        return LocalKernel(placement, memory_bytes=self.memory_bytes, ready_timeout_s=self.ready_timeout_s)
+        return LocalKernel(placement, memory_bytes=self.memory_bytes, ready_timeout_s=self.ready_timeout_s,
+                           hidden=self._confine())
 
     async def attach(self, placement: KernelPlacement, locator: KernelLocator,
                      connect: bool = True) -> "LocalKernel":
@@ -136,9 +156,12 @@ class LocalKernel(ChannelProbe, Kernel):
         placement: KernelPlacement,
         memory_bytes: int = 2 << 30,
         ready_timeout_s: float = 30,
+        hidden: list[Path] | None = None,
     ):
         self.placement = placement
         self.memory_bytes = int(memory_bytes)
+        self.hidden = hidden  # confined with Landlock (never inside these); None: unconfined
+        self._landlock: landlock.Plan | None = None
         self.ready_timeout_s = ready_timeout_s
         self.started_at = 0.0
         self._proc: asyncio.subprocess.Process | None = None
@@ -198,6 +221,7 @@ class LocalKernel(ChannelProbe, Kernel):
             "LC_ALL": "C.UTF-8",
             "MPLBACKEND": MPL_BACKEND,
             "MPLCONFIGDIR": str(run / "mpl"),
+            "TMPDIR": str(run / "tmp"),
             "IPYTHONDIR": str(run / "ipython"),
             "OPENBLAS_NUM_THREADS": "1",
             "OMP_NUM_THREADS": "1",
@@ -210,6 +234,8 @@ class LocalKernel(ChannelProbe, Kernel):
         if limit > 0:  # 0 or less: no address-space limit
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if self._landlock is not None:
+            landlock.apply(self._landlock)  # raises: the kernel does not start unconfined
 
     def _kernel_log_tail(self, lines: int = 8, chars: int = 1500) -> str:
         try:
@@ -234,8 +260,10 @@ class LocalKernel(ChannelProbe, Kernel):
         p.outputs_dir.mkdir(parents=True, exist_ok=True)
         p.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(p.run_dir, 0o700)
-        for sub in ("home", "mpl", "ipython"):
+        for sub in ("home", "mpl", "ipython", "tmp"):
             (p.run_dir / sub).mkdir(exist_ok=True)
+        if self.hidden is not None:
+            self._landlock = landlock.plan(read=[p.data_dir], write=[p.outputs_dir, p.run_dir], hidden=self.hidden)
         _, host_info = write_connection_file(p.run_dir, socket_prefix(p.run_dir))
         log.warning(WARNING_TEXT + " (kernel %s)", p.kernel_id)
         t0 = time.monotonic()
@@ -256,7 +284,7 @@ class LocalKernel(ChannelProbe, Kernel):
                     preexec_fn=self._preexec,
                     start_new_session=True,
                 )
-            except OSError as e:
+            except (OSError, subprocess.SubprocessError) as e:  # SubprocessError: the confinement failed
                 raise SandboxError(f"cannot start the local kernel: {e}") from e
         self._channel = KernelChannel(
             host_info, p.run_dir, self.is_alive, interrupt_grace_s=self.interrupt_grace_s
