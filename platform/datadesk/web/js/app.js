@@ -4,6 +4,10 @@ import { ApiError, api, attachStream, postStream, setCsrf, upload } from "./api.
 import { Conversation, loadThread } from "./chat.js";
 import { $, confirmDialog, h, promptDialog, toast } from "./dom.js";
 import { artifactsPanel, contextPanel, memoryPanel } from "./panels.js";
+import { initDemo } from "./demo.js";
+import { initExport } from "./export.js";
+import { revealSeq } from "./history.js";
+import { initSearch, renderThreadList } from "./search.js";
 
 const enc = encodeURIComponent;
 const REATTACH_TRIES = 5; // a stream that breaks before `done` is re-attached this many times
@@ -45,6 +49,9 @@ async function boot() {
     banner.hidden = false;
   }
   app.conv = new Conversation($("#messages"), app);
+  initSearch(app, openAt);
+  initExport(app);
+  initDemo(app);
   await refreshThreads();
   const wanted = new URLSearchParams(location.hash.slice(1)).get("t");
   const first = app.threads.find((t) => t.id === wanted) || app.threads[0];
@@ -88,11 +95,13 @@ $("#logout").addEventListener("click", async () => {
 // ---- threads -----------------------------------------------------------------------------
 async function refreshThreads() {
   app.threads = await api("GET", "/api/threads");
-  const ul = $("#thread-list");
-  ul.replaceChildren(...app.threads.map((t) => h("li", { class: t.id === (app.thread && app.thread.id) ? "active" : "" },
-    h("button", { type: "button", class: "thread-link", dataset: { thread: t.id }, title: t.title, onclick: () => openThread(t.id) },
-      t.title, t.running ? h("span", { class: "badge" }, "running") : null))));
-  if (!app.threads.length) ul.append(h("li", { class: "muted" }, "No chats yet."));
+  renderThreadList($("#thread-list"), app.threads, app.thread && app.thread.id, openThread); // by date (search.js)
+}
+
+// Open thread `tid` at record `seq` (a search hit; 0: the title matched).
+async function openAt(tid, seq) {
+  if (!app.thread || app.thread.id !== tid) await openThread(tid);
+  if (app.thread && app.thread.id === tid && seq > 0) await revealSeq(app.conv, tid, seq);
 }
 
 async function openThread(tid) {

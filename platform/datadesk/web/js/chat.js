@@ -1,6 +1,7 @@
 // The conversation: messages, streaming answers and tool cards (history and live events).
 
 import { api } from "./api.js";
+import { earlierButton, tagSeq } from "./history.js";
 import { $, bytes, h, lightbox, num, setHtml, toast } from "./dom.js";
 
 // what GET /api/artifacts/{id}/view shows in the browser (never SVG)
@@ -68,6 +69,7 @@ export class Conversation {
     for (const rec of records) {
       if (runningTurn && rec.turn_id === runningTurn && rec.role !== "user") continue;
       this.renderRecord(rec);
+      tagSeq(this.root, rec.seq); // search opens a thread at a record; "load earlier" pages from the oldest
     }
     this.bubble = null;
     this.scroll();
@@ -340,6 +342,6 @@ export async function loadThread(conv, tid, replay = true) {
     }),
   ]);
   conv.render(detail.records, artifacts, replay ? detail.thread.turn : null);
-  if (detail.has_more) $("#messages").prepend(h("p", { class: "muted" }, "Older messages are not shown."));
+  if (detail.has_more) $("#messages").prepend(earlierButton(conv, tid)); // history.js
   return detail.thread;
 }
