@@ -35,6 +35,22 @@ function prettyArgs(raw) {
   return { label: "arguments", text: JSON.stringify(args, null, 2) };
 }
 
+// Pin one of the user's messages as a standing constraint of the thread (its task state).
+function pinButton(app, seq) {
+  return h("button", {
+    type: "button", class: "pin-msg", title: "Pin as a standing constraint (always sent to the model)",
+    onclick: async (e) => {
+      e.stopPropagation();
+      try {
+        await api("POST", `/api/threads/${encodeURIComponent(app.thread.id)}/task-state`, { seq });
+        toast("Pinned: the assistant keeps this as a constraint of this chat.", "info");
+      } catch (err) {
+        toast(err.message);
+      }
+    },
+  }, "📌");
+}
+
 export class Conversation {
   constructor(root, app) {
     this.root = root;
@@ -78,7 +94,7 @@ export class Conversation {
   renderRecord(rec) {
     if (rec.role === "user") {
       if (rec.meta && rec.meta.kind === "upload") this.userUpload(rec.meta.filename, rec.meta.artifact);
-      else this.userMessage(rec.content);
+      else this.userMessage(rec.content, rec.seq);
     } else if (rec.role === "assistant") {
       if (rec.content) {
         const b = this.newBubble();
@@ -99,8 +115,9 @@ export class Conversation {
     }
   }
 
-  userMessage(text) {
+  userMessage(text, seq) {
     const el = h("div", { class: "msg user" }, text);
+    if (seq) el.append(pinButton(this.app, seq));
     if (this.root.querySelector(".empty")) this.root.replaceChildren();
     this.root.append(el);
     this.scroll();
@@ -171,8 +188,28 @@ export class Conversation {
     this.scroll();
   }
 
+  // The thread's summary state as a small notice (GET .../task-state): shown when the summary
+  // failed or history left the model's request unsummarised; the context inspector has the rest.
+  async summaryState(tid = this.app && this.app.thread && this.app.thread.id) {
+    if (!tid) return;
+    let s;
+    try {
+      s = (await api("GET", `/api/threads/${encodeURIComponent(tid)}/task-state`)).summary;
+    } catch {
+      return;
+    }
+    if (this.app.thread && this.app.thread.id !== tid) return; // another chat is shown now
+    this.root.querySelectorAll(".notice.summary-state").forEach((el) => el.remove());
+    const dropped = s.dropped_unsummarised_through_seq;
+    if (s.state !== "failed" && !dropped) return;
+    const parts = [s.state === "failed" ? `The thread summary could not be updated (${s.reason}).` : "The thread summary is behind."];
+    if (dropped) parts.push(`Messages up to #${dropped} are no longer sent to the model and no summary covers them; your pinned goal and constraints still are.`);
+    this.root.append(h("div", { class: "notice warn summary-state", role: "status" }, parts.join(" ")));
+  }
+
   // The turn ended: a card still running ends as cancelled (or error), never spinning on.
   endTurn(status) {
+    setTimeout(() => this.summaryState(), 1500); // the refresh runs after the reply
     this.bubble = null;
     for (const card of this.cards.values()) {
       if (!card.el.classList.contains("running")) continue;
@@ -342,6 +379,7 @@ export async function loadThread(conv, tid, replay = true) {
     }),
   ]);
   conv.render(detail.records, artifacts, replay ? detail.thread.turn : null);
+  conv.summaryState(tid); // a notice when the summary failed or history left the model's request
   if (detail.has_more) $("#messages").prepend(earlierButton(conv, tid)); // history.js
   return detail.thread;
 }

@@ -159,6 +159,47 @@ function factItem(f, act) {
 }
 
 // ---- context inspector -------------------------------------------------------------------
+const SUMMARY_STATES = {
+  off: "off", none: "none yet (nothing has left the window)", ok: "ok", stale: "stale", failed: "failed",
+};
+
+// The thread's task state (the user's goal and constraints, always sent) and its summary state.
+async function taskStateSection(app, rerender) {
+  const url = `/api/threads/${enc(app.thread.id)}/task-state`;
+  let data;
+  try {
+    data = await api("GET", url);
+  } catch (e) {
+    return [h("p", { class: "error" }, e.message)];
+  }
+  const act = async (fn) => {
+    try {
+      await fn();
+    } catch (e) {
+      toast(e.message);
+    }
+    await rerender();
+  };
+  const s = data.summary;
+  const state = h("p", { id: "ctx-summary-state", class: s.state === "failed" ? "warn-text" : "muted", dataset: { state: s.state } },
+    `Summary state: ${SUMMARY_STATES[s.state] || s.state}${s.reason ? ` — ${s.reason}` : ""}`,
+    s.dropped_unsummarised_through_seq ? `. Records up to #${s.dropped_unsummarised_through_seq} left the request unsummarised (the model was told).` : "");
+  const active = data.task_state.items.filter((i) => i.status === "active");
+  const list = active.length
+    ? h("ul", { id: "ctx-task-state" }, ...active.map((i) => h("li", { dataset: { item: i.id } },
+      i.kind === "goal" ? h("strong", {}, "Goal: ") : null, i.text,
+      h("span", { class: "muted" }, ` (${{ user: "pinned by you", model: "noted from your words", summary: "from the summary" }[i.source] || i.source})`),
+      " ", h("button", { type: "button", class: "unpin", onclick: () => act(() => api("DELETE", `${url}/${enc(i.id)}`)) }, "Remove"))))
+    : h("p", { class: "muted", id: "ctx-task-state" }, "No goal or constraint recorded for this chat yet.");
+  const input = h("input", { type: "text", id: "ctx-task-input", placeholder: "e.g. exclude holidays", maxlength: 500 });
+  const kind = h("select", { id: "ctx-task-kind" }, h("option", { value: "constraint" }, "constraint"), h("option", { value: "goal" }, "goal"));
+  const form = h("form", { class: "task-form", onsubmit: (e) => {
+    e.preventDefault();
+    if (input.value.trim()) act(() => api("POST", url, { text: input.value, kind: kind.value }));
+  } }, input, " ", kind, " ", h("button", { type: "submit" }, "Pin"));
+  return [h("h3", {}, "Task state (always sent to the model)"), state, list, form];
+}
+
 function row(label, value, id) {
   return h("tr", {}, h("th", { scope: "row" }, label), h("td", id ? { id } : {}, value));
 }
@@ -216,6 +257,7 @@ export async function contextPanel(body, app) {
   } else {
     out.push(h("p", { class: "muted", id: "ctx-summary" }, "No summary in this request (the whole thread fit the window, or none was made yet)."));
   }
+  out.push(...await taskStateSection(app, () => contextPanel(body, app)));
   out.push(h("h3", {}, "Memory injected"));
   if (m.memory_detail && m.memory_detail.length) {
     out.push(h("ul", { id: "ctx-memory" }, ...m.memory_detail.map((f) => h("li", { dataset: { fact: f.id } }, f.text,
