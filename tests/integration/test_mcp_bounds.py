@@ -266,3 +266,29 @@ def test_mcp_bomb_config_declares_the_server(tmp_path: Path) -> None:
     assert cfg["mcp"]["bomb"]["command"] == FAKE_MCP
     mcp_bomb_config(tmp_path)  # twice: declared once
     assert (tmp_path / "workspaces" / "demo" / "workspace.toml").read_text().count("[mcp.bomb]") == 1
+
+
+# -- through the whole product -------------------------------------------------------------------------
+def test_bomb_through_the_api_names_the_setting(harness_factory, home: Path) -> None:
+    """workspace.toml declares the server (the bench helper), the setting reaches the manager,
+    the model gets the refusal as the tool result, and the next call of the turn works."""
+    import httpx
+
+    from tests.conftest import parse_sse, serve_app
+    from tests.fakes.openai_server import FakeOpenAIServer
+    from tests.integration.test_mcp_e2e import llm
+
+    tool, args = mcp_bomb_config(home, mb=20)
+    with FakeOpenAIServer() as fake:
+        fake.add_tool_calls([{"id": "c1", "name": tool, "arguments": args}])
+        fake.add_tool_calls([{"id": "c2", "name": "bomb__echo", "arguments": {"text": "after"}}])
+        fake.add_text("done")
+        h = harness_factory(llm(fake), limits={"mcp_result_max_mb": 8})
+        with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=120) as c:
+            tid = c.post("/api/threads", json={}).json()["id"]
+            events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "go"}).text)
+        to_model = [m["content"] for m in fake.requests[1]["messages"] if m["role"] == "tool"]
+    fins = {d["call_id"]: d for e, d in events if e == "tool.finished"}
+    assert not fins["c1"]["ok"] and REFUSAL.format(mb=8) in fins["c1"]["preview"], fins["c1"]
+    assert any(REFUSAL.format(mb=8) in t for t in to_model), to_model
+    assert fins["c2"]["ok"] and events[-1][1]["status"] == "ok"

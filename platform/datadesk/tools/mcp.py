@@ -275,7 +275,8 @@ class MCPManager:
             srv.stderr = None
             limit = self.result_max_bytes
             async with bounded_http_client(headers or None, limit) as client:
-                async with streamable_http_client(cfg.url, http_client=client, max_sse_event_size=limit) as (read, write):
+                async with streamable_http_client(cfg.url, http_client=client,
+                                                  max_sse_event_size=limit) as (read, write):
                     await self._session(
                         srv, _WatchedStream(read, lambda: closed("the HTTP connection closed")), write)
 

@@ -9,6 +9,7 @@ identity`; a compressed body is refused (its inflated size could not be bounded 
 
 from __future__ import annotations
 
+import logging
 from typing import Any, AsyncIterator
 
 import httpx2
@@ -46,6 +47,19 @@ class _CountedStream(httpx2.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _quiet_refusals(record: logging.LogRecord) -> bool:
+    """The SDK logs a refused body with its traceback ("Error parsing JSON response"): one line instead."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, ResponseTooLarge):
+        record.msg, record.args = "an MCP server's response was refused: %s", (exc,)
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    return True
+
+
+logging.getLogger("mcp.client.streamable_http").addFilter(_quiet_refusals)
 
 
 def bounded_http_client(headers: dict[str, str] | None, limit_bytes: int) -> httpx2.AsyncClient:
