@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from datadesk.offload.columns import unique_names
 from datadesk.offload.sinkutil import (
-    Segment, cast_for_union, dictionary_columns, display_type, fit_batch, merge_schemas, unify_types,
+    Segment, cast_for_union, display_type, fit_batch, merge_schemas, unify_types, writer_options,
 )
 
 __all__ = ["ParquetSink", "SinkResult", "display_type"]
@@ -250,9 +250,10 @@ class ParquetSink:
         budget = self._budget()
         if self._estimate(table.nbytes) * 2 > budget:
             # Near the ceiling: measure the real encoded size instead of guessing.
-            size = _encoded_size(table, self.compression)
+            options = seg.options(table)
+            size = _encoded_size(table, self.compression, options)
             if size > budget:
-                table = self._cut(table, size, budget)
+                table = self._cut(table, size, budget, options)
                 self._stopped = self.partial = True
         if table.num_rows == 0:
             return
@@ -262,7 +263,7 @@ class ParquetSink:
         self._arrow_written += table.nbytes
         self._disk_written += seg.bytes_written() - before
 
-    def _cut(self, table: pa.Table, size: int, budget: int) -> pa.Table:
+    def _cut(self, table: pa.Table, size: int, budget: int, options: dict) -> pa.Table:
         """The longest prefix of `table` whose encoded size fits `budget`."""
         n = table.num_rows
         for _ in range(12):
@@ -271,7 +272,7 @@ class ParquetSink:
             n = min(n - 1, int(n * budget / max(size, 1) * 0.97))
             if n <= 0:
                 return table.slice(0, 0)
-            size = _encoded_size(table.slice(0, n), self.compression)
+            size = _encoded_size(table.slice(0, n), self.compression, options)
             if size <= budget:
                 return table.slice(0, n)
         return table.slice(0, 0)
@@ -307,7 +308,7 @@ class _CastFailed(Exception):
 def _rewrite(segments: list[Segment], schema: pa.Schema, out: Path, compression: str, batch_rows: int,
              check: Callable[[], None]) -> None:
     with pq.ParquetWriter(out, schema, compression=compression,
-                          use_dictionary=dictionary_columns(schema)) as writer:
+                          **writer_options(schema)) as writer:
         for seg in segments:
             for batch in seg.read(batch_rows):
                 check()
@@ -324,11 +325,10 @@ def _rewrite(segments: list[Segment], schema: pa.Schema, out: Path, compression:
                 writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
 
 
-def _encoded_size(table: pa.Table, compression: str) -> int:
-    """Bytes `table` takes as one Parquet row group (footer excluded)."""
+def _encoded_size(table: pa.Table, compression: str, options: dict) -> int:
+    """Bytes `table` takes as one Parquet row group (footer excluded), written with `options`."""
     sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, table.schema, compression=compression,
-                          use_dictionary=dictionary_columns(table.schema)) as writer:
+    with pq.ParquetWriter(sink, table.schema, compression=compression, **options) as writer:
         writer.write_table(table, row_group_size=max(table.num_rows, 1))
     buf = sink.getvalue()
     footer = int.from_bytes(buf[-8:-4].to_pybytes(), "little")
