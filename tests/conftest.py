@@ -171,8 +171,11 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Docker/browser tests skip without their engine, but fail when CI requires them."""
     import os
 
+    from tests.dbkit import databases_problem
+
     needs = {"docker": (_docker_problem, "DATADESK_REQUIRE_DOCKER"),
-             "browser": (_browser_problem, "DATADESK_REQUIRE_BROWSER")}
+             "browser": (_browser_problem, "DATADESK_REQUIRE_BROWSER"),
+             "databases": (databases_problem, "DATADESK_REQUIRE_DATABASES")}
     for marker, (probe, required_by) in needs.items():
         marked = [i for i in items if i.get_closest_marker(marker)]
         problem = probe() if marked else None

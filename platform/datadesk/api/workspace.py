@@ -3,6 +3,7 @@ Secrets are masked: environment/header values never leave the server."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -12,6 +13,7 @@ from litestar.params import FromQuery
 
 from datadesk.api.access import member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.sources.config import masked_config
 from datadesk.store.warehouse import SQLError
 
 
@@ -35,6 +37,9 @@ class WorkspaceController(Controller):
             "name": cfg.name,
             "prompt": cfg.prompt,
             "data": {"warehouse": cfg.warehouse, "views": cfg.views, "tables": tables, "error": warehouse_error},
+            # each source probed now: state ok/down/misconfigured with the reason; secrets masked
+            "sources": [{**st, "config": masked_config(st["name"], cfg.sources.get(st["name"], {}))}
+                        for st in await asyncio.to_thread(rt.sources.get(ws).statuses, True)],
             "mcp": rt.mcp_status(ws),
             "skills": [{"name": s.name, "description": s.description} for s in rt.skills.skills(ws)],
             "flags": {"memory": cfg.memory, "memory_extraction": cfg.memory_extraction,

@@ -34,8 +34,9 @@ class TurnPolicy:
 
     def __init__(self, tools: ToolRegistry, workspaces: Workspaces, skills: SkillCatalog, memory: MemoryStore,
                  extractor: MemoryExtractor, sandbox_health: Callable[[], tuple[bool, str]], model_name: str,
-                 spawn: Callable[[Any, str], None]) -> None:
+                 spawn: Callable[[Any, str], None], sources: Any = None) -> None:
         self.tools = tools
+        self.sources = sources  # sources.registry.WorkspaceSources: listed in the system message
         self.workspaces = workspaces
         self.skills = skills
         self.memory = memory
@@ -79,7 +80,8 @@ class TurnPolicy:
                              workspace_on=cfg.memory, permissions=user.permission_set)
         return TurnRequest(thread=thread, epoch=epoch, model=self.model_name, turn_id=turn_id,
                            tools=[s.openai_schema() for s in specs], workspace_prompt=cfg.prompt,
-                           skills_catalog=self.skills.catalog_text(ws), memory=memory)
+                           skills_catalog=self.skills.catalog_text(ws), memory=memory,
+                           sources_catalog=self.sources.get(ws).prompt_text() if self.sources is not None else "")
 
     def after_turn(self, user: User, thread: Thread, records: list[Record]) -> None:
         """Background memory extraction (off by default; a workspace flag), never awaited."""

@@ -50,6 +50,8 @@ from datadesk.tools.registry import ToolContext, ToolRegistry
 from datadesk.tools.requery import RequeryService
 from datadesk.tools.skills import SkillCatalog, register_skill_tool
 from datadesk.tools.sql import register_sql_tool
+from datadesk.tools.sources import register_source_tools
+from datadesk.sources.registry import WorkspaceSources
 from datadesk.tools.taskstate import register_task_state_tools
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class Runtime:
         self.threads = ThreadStore(self.layout, settings.limits.max_threads_per_user)
         self.workspaces = Workspaces(self.layout, settings.sql.timeout_s,
                                      SQLLimits.from_settings(settings.limits, self.layout.home))
+        self.sources = WorkspaceSources(self.workspaces, settings.sql.timeout_s)  # [sources.*] of each workspace
         # one turn per thread, N per user, cancel: across every worker of the host (file locks)
         self.turns = TurnRegistry(settings.chat.max_turns_per_user, lock_dir=self.layout.home / "locks" / "turns")
         self._background: set[asyncio.Task[Any]] = set()
@@ -88,7 +91,7 @@ class Runtime:
             register_python_tool(self.tools, PythonTool(settings, self.kernels, self.artifacts, self.quota,
                                                         self.requery, self.auto_requery))
         self.policy = TurnPolicy(self.tools, self.workspaces, self.skills, self.memory, self.extractor,
-                                 lambda: self.sandbox_health(), self.model.name, self._spawn)
+                                 lambda: self.sandbox_health(), self.model.name, self._spawn, sources=self.sources)
         self.turn_services = TurnServices(
             model=self.model, requests=self.requests, tools=self.tools, offload=self.offload,
             summaries=self.summaries, threads=self.threads, policy=self.policy, settings=settings.chat,
@@ -111,7 +114,9 @@ class Runtime:
         self.query_slots = QuerySlots(limits.sql_queries_per_user, limits.sql_queries, limits.sql_queue_s,
                                       MemoryGuard(limits.app_memory_mb))
         register_sql_tool(self.tools, self.warehouse_for, settings.sql, settings.offload.threshold_chars,
-                          settings.offload.stream_timeout_s, self.query_slots)
+                          settings.offload.stream_timeout_s, self.query_slots,
+                          sources_for=lambda ctx: self.sources.get(ctx.workspace))
+        register_source_tools(self.tools, lambda ctx: self.sources.get(ctx.workspace), self.warehouse_for)
         register_artifact_tools(self.tools, self.requery)
         register_history_tools(self.tools)
         self.skills = SkillCatalog(self.layout)
@@ -158,6 +163,7 @@ class Runtime:
 
     async def stop(self) -> None:
         await self.turns.cancel_all()
+        self.sources.close()
         await self.summaries.drain()
         for task in list(self._background):
             task.cancel()

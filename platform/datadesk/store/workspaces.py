@@ -3,7 +3,8 @@
 Keys (documented in the README): `name`, `prompt`, `warehouse` (a DuckDB file
 inside the workspace, optional), `[views]` (Parquet/CSV files or globs inside
 the workspace's data folder, exposed as SQL views), `[mcp.<server>]` (MCP
-servers; validated by tools/mcp.py), `[tool_permissions]` (extra permission a
+servers; validated by tools/mcp.py), `[sources.<name>]` (analysts' databases; validated by
+datadesk.sources, a bad one is listed as misconfigured), `[tool_permissions]` (extra permission a
 tool needs here), `disabled_tools`, and the feature flags `memory`,
 `memory_extraction`, `auto_requery`. A bad file fails with the file, the key
 and what is wrong.
@@ -43,6 +44,8 @@ class WorkspaceConfig(msgspec.Struct, forbid_unknown_fields=True):
     auto_requery: bool | None = None  # restore expired artifacts automatically (None: server setting)
     views: dict[str, str] = msgspec.field(default_factory=dict)  # view name -> data file or glob
     mcp: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)  # server name -> config table
+    # source name -> config table; validated by datadesk.sources (a bad one is shown, never fatal)
+    sources: dict[str, Any] = msgspec.field(default_factory=dict)
     tool_permissions: dict[str, str] = msgspec.field(default_factory=dict)  # tool -> required permission
 
 

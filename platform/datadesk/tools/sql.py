@@ -25,6 +25,7 @@ from datadesk.store.warehouse import (
 )
 from datadesk.tools.arguments import ToolArguments
 from datadesk.tools.registry import ToolContext, ToolRegistry
+from datadesk.tools.sources import SOURCE_HELP, BoundSource, bound_source, is_warehouse
 
 TOOL_NAME = "sql_query"
 
@@ -41,7 +42,8 @@ def _description(settings: SQLSettings) -> str:
         "(you get its schema, row count and a preview, and can load it with the python tool) or, "
         "without the python tool, cut to fit with a notice. A statement is stopped after "
         f"{settings.timeout_s:g} s. Writes, SET/PRAGMA, "
-        "extensions and files outside the warehouse are not available."
+        "extensions and files outside the warehouse are not available. With `source`, the statement "
+        "runs read-only on that configured database instead, in its own SQL dialect."
     )
 
 
@@ -52,6 +54,7 @@ class SqlQuery(ToolArguments):
     """Arguments of `sql_query`."""
 
     sql: Annotated[str, msgspec.Meta(description="One DuckDB SQL statement (no trailing second statement).")]
+    source: Annotated[str, msgspec.Meta(description=SOURCE_HELP)] = ""
 
     hints = {"sql": SQL_HINT}
 
@@ -167,6 +170,7 @@ def register_sql_tool(
     threshold_chars: int = 8_000,
     stream_timeout_s: float = 600.0,
     slots: QuerySlots | None = None,
+    sources_for: Callable[[ToolContext], Any] | None = None,
 ) -> None:
     """Register `sql_query`; `warehouse_for` picks the caller's workspace warehouse; `slots`
     bounds how many queries run per user and in the app (held until the result is closed)."""
@@ -175,9 +179,13 @@ def register_sql_tool(
         sql = args.sql
         if not sql.strip():
             raise ToolError(SQL_HINT)
-        wh = warehouse_for(ctx)
-        try:
-            check_statement(sql)  # refuse on the loop, before any thread, slot or connection
+        try:  # a configured source (tools/sources.py) runs as the warehouse does, on the caller's session
+            wh = warehouse_for(ctx) if is_warehouse(args.source) else \
+                bound_source(sources_for(ctx) if sources_for else None, args.source, ctx.user)
+            if isinstance(wh, BoundSource):
+                wh.check(sql)  # in the source's dialect
+            else:
+                check_statement(sql)  # refuse on the loop, before any thread, slot or connection
         except SQLError as exc:
             raise ToolError(str(exc)) from None
         try:

@@ -1,0 +1,73 @@
+"""Fixtures of the source tests: real PostgreSQL and MariaDB servers (one each per run, started by
+tests/dbkit.py) and a SQLite file; a home whose demo workspace lists them as sources."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from datadesk.store.layout import Layout
+from tests.dbkit import Server, make_sqlite, start_mariadb, start_postgres
+
+PG_ENV, MY_ENV = "DD_TEST_PG_PASSWORD", "DD_TEST_MY_PASSWORD"
+
+
+def _server(start) -> Iterator[Server]:
+    root = Path(tempfile.mkdtemp(prefix="datadesk-db-"))  # under /tmp: the server's user can reach it
+    root.chmod(0o755)
+    srv = start(root / "srv")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[Server]:
+    yield from _server(start_postgres)
+
+
+@pytest.fixture(scope="session")
+def maria() -> Iterator[Server]:
+    yield from _server(start_mariadb)
+
+
+@pytest.fixture(scope="session")
+def sqlite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_sqlite(tmp_path_factory.mktemp("sqlite") / "shop.sqlite")
+
+
+def sources_toml(pg: Server, maria: Server, extra: str = "") -> str:
+    return f'''
+[sources.sales]
+url = "{pg.url()}"
+password = "${{env:{PG_ENV}}}"
+description = "Orders and customers, EUR"
+schemas = ["public"]
+
+[sources.shop]
+url = "{maria.url()}"
+password = "${{env:{MY_ENV}}}"
+description = "The web shop (MariaDB)"
+
+[sources.local]
+url = "sqlite:///data/shop.sqlite"
+description = "A SQLite copy of the shop"
+{extra}'''
+
+
+@pytest.fixture
+def sources_home(home: Path, pg: Server, maria: Server, sqlite_file: Path, monkeypatch) -> Path:
+    """The conftest home, its demo workspace with the three sources; passwords in the app's environment."""
+    monkeypatch.setenv(PG_ENV, pg.password)
+    monkeypatch.setenv(MY_ENV, maria.password)
+    layout = Layout(home)
+    shutil.copy(sqlite_file, layout.workspace_data_dir("demo") / "shop.sqlite")
+    cfg = layout.workspace_config("demo")
+    cfg.write_text(cfg.read_text() + sources_toml(pg, maria))
+    return home
