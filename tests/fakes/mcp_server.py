@@ -23,7 +23,8 @@ Tools:
 `python tests/fakes/mcp_server.py --raw-ts` is a hand-written stdio server that orders keys as
 TypeScript's `JSON.stringify` does (`{"result": ..., "jsonrpc": "2.0", "id": 7}`: the id last),
 with `echo(text)`, `big_text(mb)` and `hold(seconds)` (answered later, out of order).
-`--http PORT --json` answers with JSON bodies instead of SSE streams.
+`--http PORT --json` answers with JSON bodies instead of SSE streams; `--http-gzip PORT` is a
+hand-written HTTP server (JSON bodies) that gzips tool results whatever the client asked.
 
 At start it writes a line with a fake secret to stderr (to test log redaction).
 With `FAKE_MCP_EXTRA_TOOL=1` in its environment it also exposes `extra()`;
@@ -183,63 +184,112 @@ def _maybe_extra() -> None:
             return "extra"
 
 
-# -- a TypeScript-style server: hand-written JSON-RPC, the id last -----------------------------
-_TS_TOOLS = [
+# -- hand-written servers: TypeScript-style key order (the id last), and gzip over HTTP ----------
+_RAW_TOOLS = [
     {"name": "echo", "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}},
     {"name": "big_text", "inputSchema": {"type": "object", "properties": {"mb": {"type": "number"}}}},
     {"name": "hold", "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}}}},
 ]
 
 
-def _ts_answer(lock: threading.Lock, rid: object, result: object) -> None:
-    line = json.dumps({"result": result, "jsonrpc": "2.0", "id": rid}) + "\n"  # JSON.stringify's order
+def _raw_result(method: str | None, params: dict) -> dict | None:
+    """The result of a request (None: method not found); `hold` is the stdio server's own."""
+    if method == "initialize":
+        return {"protocolVersion": params.get("protocolVersion"), "capabilities": {"tools": {}},
+                "serverInfo": {"name": "fake-raw", "version": "1.0.0"}}
+    if method == "tools/list":
+        return {"tools": _RAW_TOOLS}
+    if method == "ping":
+        return {}
+    if method == "tools/call":
+        args = params.get("arguments") or {}
+        if params.get("name") == "big_text":
+            text = "x" * int(float(args.get("mb", 1)) * 1024 * 1024)
+        else:
+            text = str(args.get("text", ""))
+        return {"content": [{"type": "text", "text": text}]}
+    return None
+
+
+def _ts_write(lock: threading.Lock, message: dict) -> None:
     with lock:
-        sys.stdout.buffer.write(line.encode())
+        sys.stdout.buffer.write((json.dumps(message) + "\n").encode())
         sys.stdout.buffer.flush()
 
 
-def _ts_call(lock: threading.Lock, rid: object, name: str, args: dict) -> None:
-    if name == "echo":
-        text = str(args.get("text", ""))
-    elif name == "big_text":
-        text = "x" * int(float(args.get("mb", 1)) * 1024 * 1024)
-    else:  # hold: answered later, from a thread, while other calls go on
-        def later() -> None:
-            time.sleep(float(args.get("seconds", 1)))
-            _ts_answer(lock, rid, {"content": [{"type": "text", "text": "held"}]})
-
-        threading.Thread(target=later, daemon=True).start()
-        return
-    _ts_answer(lock, rid, {"content": [{"type": "text", "text": text}]})
-
-
 def run_raw_ts() -> None:
+    """stdio, keys in JSON.stringify's order: {"result": ..., "jsonrpc": "2.0", "id": 7}."""
     lock = threading.Lock()
     for raw in sys.stdin.buffer:
         msg = json.loads(raw)
         rid, method, params = msg.get("id"), msg.get("method"), msg.get("params") or {}
         if rid is None:
             continue  # a notification
-        if method == "initialize":
-            _ts_answer(lock, rid, {"protocolVersion": params.get("protocolVersion"), "capabilities": {"tools": {}},
-                                   "serverInfo": {"name": "fake-ts", "version": "1.0.0"}})
-        elif method == "tools/list":
-            _ts_answer(lock, rid, {"tools": _TS_TOOLS})
-        elif method == "tools/call":
-            _ts_call(lock, rid, params.get("name"), params.get("arguments") or {})
-        elif method == "ping":
-            _ts_answer(lock, rid, {})
+        if method == "tools/call" and params.get("name") == "hold":  # answered later, out of order
+            seconds = float((params.get("arguments") or {}).get("seconds", 1))
+
+            def later(rid: object = rid, seconds: float = seconds) -> None:
+                time.sleep(seconds)
+                held = {"content": [{"type": "text", "text": "held"}]}
+                _ts_write(lock, {"result": held, "jsonrpc": "2.0", "id": rid})
+
+            threading.Thread(target=later, daemon=True).start()
+            continue
+        result = _raw_result(method, params)
+        if result is None:
+            _ts_write(lock, {"error": {"code": -32601, "message": "Method not found"}, "jsonrpc": "2.0", "id": rid})
         else:
-            with lock:
-                err = {"error": {"code": -32601, "message": "Method not found"}, "jsonrpc": "2.0", "id": rid}
-                sys.stdout.buffer.write((json.dumps(err) + "\n").encode())
-                sys.stdout.buffer.flush()
+            _ts_write(lock, {"result": result, "jsonrpc": "2.0", "id": rid})
+
+
+def run_gzip_http(port: int) -> None:
+    """Streamable HTTP with JSON bodies; tool results gzip-compressed whatever the client asked
+    (a 200 MB text is a 200 KB body: a decompression bomb)."""
+    import gzip
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            msg = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            rid, method, params = msg.get("id"), msg.get("method"), msg.get("params") or {}
+            if rid is None:
+                self.send_response(202)
+                self.end_headers()
+                return
+            result = _raw_result(method, params)
+            body = json.dumps({"jsonrpc": "2.0", "id": rid, "result": result} if result is not None else
+                              {"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "no"}}).encode()
+            packed = method == "tools/call" and params.get("name") == "big_text"
+            if packed:
+                body = gzip.compress(body, 1)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if packed:
+                self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self.send_response(405)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_DELETE = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
 def main() -> None:
     print("fake mcp server starting, token=sk-live-abcdef123456", file=sys.stderr, flush=True)
     if "--raw-ts" in sys.argv:
         run_raw_ts()
+        return
+    if len(sys.argv) >= 3 and sys.argv[1] == "--http-gzip":
+        run_gzip_http(int(sys.argv[2]))
         return
     _maybe_extra()
     if len(sys.argv) >= 3 and sys.argv[1] == "--http":

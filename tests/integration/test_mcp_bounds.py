@@ -203,11 +203,11 @@ def test_id_last_response_is_refused_at_once_with_other_calls_pending(tmp_path: 
 
 
 # -- streamable HTTP ----------------------------------------------------------------------------------
-def _start_http_server(port: int, *extra: str) -> "subprocess.Popen[bytes]":
+def _start_http_server(port: int, *extra: str, flag: str = "--http") -> "subprocess.Popen[bytes]":
     import subprocess
     import urllib.request
 
-    proc = subprocess.Popen([*FAKE_MCP, "--http", str(port), *extra],
+    proc = subprocess.Popen([*FAKE_MCP, flag, str(port), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -292,3 +292,33 @@ def test_bomb_through_the_api_names_the_setting(harness_factory, home: Path) -> 
     assert not fins["c1"]["ok"] and REFUSAL.format(mb=8) in fins["c1"]["preview"], fins["c1"]
     assert any(REFUSAL.format(mb=8) in t for t in to_model), to_model
     assert fins["c2"]["ok"] and events[-1][1]["status"] == "ok"
+
+
+def test_http_gzip_bomb_is_refused_without_inflating(tmp_path: Path) -> None:
+    """We ask for uncompressed bodies; a server that gzips anyway (200 MB in a 200 KB body) is refused."""
+    port = _free_port()
+    proc = _start_http_server(port, flag="--http-gzip")
+
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg, result_max_bytes=8 * MB)
+        await mgr.start_workspace(WS, {"gz": MCPServerConfig(url=f"http://127.0.0.1:{port}/mcp", timeout_s=60)},
+                                  tmp_path)
+        c = ctx(tmp_path)
+        try:
+            assert one(mgr.status(WS), "gz")["state"] == "up", mgr.status(WS)
+            with PeakRSS() as rss:
+                r = await call(reg, c, "gz__big_text", mb=200)
+            assert r.is_error and "the response is compressed (gzip)" in r.content, r.content
+            assert "inflated size cannot be bounded" in r.content
+            assert rss.growth_mb < 16, rss.growth_mb
+            r = await call(reg, c, "gz__echo", text="plain")
+            assert (r.content, r.is_error) == ("plain", False)
+        finally:
+            await mgr.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        proc.kill()
+        proc.wait()

@@ -36,8 +36,8 @@ class _CountedStream(httpx2.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._encoding:
-            raise ResponseTooLarge(f"the response is compressed ({self._encoding}) although identity was "
-                                   f"asked; its size cannot be bounded ({too_large_text(self._limit)})")
+            raise ResponseTooLarge(f"the response is compressed ({self._encoding}) although an uncompressed one "
+                                   "was asked for; refused, as its inflated size cannot be bounded")
         seen = 0
         async for chunk in self._inner:
             seen += len(chunk)
