@@ -132,3 +132,20 @@ def test_the_tools_are_first_party_for_everyone() -> None:
         spec = registry.get(name).spec
         assert spec.permission is None and spec.offloadable is False
         assert "user_words" in spec.parameters["required"]
+
+
+def test_a_hard_memory_delete_also_redacts_the_task_state(thread: Thread) -> None:
+    store = TaskStateStore()
+    store.merge_summary(thread, 0, ThreadSummary(active_constraints=["Client Zephyr reports go to Ines"],
+                                                 covers_through_seq=3))
+
+    def redact(v):  # what memory's hard delete passes (memory.store._redact)
+        if isinstance(v, str):
+            return v.replace("Client Zephyr reports go to Ines", "[deleted memory]")
+        if isinstance(v, list):
+            return [redact(x) for x in v]
+        return {k: redact(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    assert thread.rewrite_summaries(redact) == 1
+    assert "Zephyr" not in thread.task_state_path.read_text()
+    assert [i.text for i in store.load(thread, 0).active()] == ["[deleted memory]"]

@@ -168,12 +168,14 @@ class Thread:
         return lines_from_end(self.manifests_path)
 
     def rewrite_summaries(self, transform: Callable[[Any], Any]) -> int:
-        """Rewrite the summary and its revisions under the thread lock: `transform` maps each
-        decoded JSON document (or the text of an unreadable one) to its new value. Memory's hard
-        delete redacts summaries this way. Returns how many files changed."""
+        """Rewrite the summary, its revisions and the task state (which takes in summaries'
+        constraints) under the thread lock: `transform` maps each decoded JSON document (or the
+        text of an unreadable one) to its new value. Memory's hard delete redacts summaries this
+        way. Returns how many files changed."""
         with self._lock:
             return (_rewrite_json_file(self.summary_path, transform)
-                    + _rewrite_jsonl_file(self.summary_revisions_path, transform))
+                    + _rewrite_jsonl_file(self.summary_revisions_path, transform)
+                    + _rewrite_json_file(self.task_state_path, transform))
 
     # -- meta --------------------------------------------------------------------
     def reload(self) -> ThreadMeta:
