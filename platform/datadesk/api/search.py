@@ -13,6 +13,7 @@ from litestar.params import QueryParameter
 from datadesk.api.access import member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
 from datadesk.store.search import MAX_LIMIT, BadSearchQuery, ThreadSearch
+from datadesk.store.threads import Thread
 
 
 class SearchController(Controller):
@@ -29,7 +30,7 @@ class SearchController(Controller):
         """Matches, best first, each with its thread, the record's seq (0: the title) and a snippet
         whose matched words are the `highlights` ([start, end) offsets)."""
         workspaces = [member_workspace(user, workspace)] if workspace else list(user.workspaces)
-        finder = ThreadSearch(rt.layout, rt.threads)
+        finder = ThreadSearch(rt.layout, Thread.at)
         start = time.perf_counter()
         try:
             hits = await asyncio.to_thread(finder.search, user.id, workspaces, q, limit)

@@ -21,7 +21,9 @@ handler. A bad query is a `BadSearchQuery` naming what is wrong (API: 400).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
 import sqlite3
 import threading
@@ -29,10 +31,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import msgspec
 
+from datadesk.domain.ids import check_id
 from datadesk.domain.records import Record
 
 log = logging.getLogger(__name__)
@@ -214,8 +217,15 @@ class SearchIndex:
                 self.conn.execute("ROLLBACK")
                 raise
 
-    def sync(self, thread: IndexedThread) -> None:
-        """Bring one thread up to date with its log and meta (reads only what is new)."""
+    def states(self) -> dict[str, tuple[int, int, int, int, str]]:
+        """Every thread's state as last indexed (one query)."""
+        with self.lock:
+            rows = self.conn.execute("SELECT thread, epoch, seq, log_size, meta_mtime, title FROM threads").fetchall()
+        return {r[0]: tuple(r[1:]) for r in rows}  # type: ignore[misc]
+
+    def sync(self, thread: IndexedThread, known: tuple | None | bool = False) -> None:
+        """Bring one thread up to date with its log and meta (reads only what is new). `known`:
+        its state from `states()` (a thread unchanged since is checked with two stats only)."""
         tid = thread.dir.name
         log_path = thread.log.path
         try:
@@ -226,6 +236,8 @@ class SearchIndex:
             size = log_path.stat().st_size
         except FileNotFoundError:
             size = 0
+        if known is not False and known is not None and known[2] == size and known[3] == meta_mtime:
+            return
         with self.lock:
             state = self.state(tid)
             if state is not None and state[2] == size and state[3] == meta_mtime:
@@ -255,13 +267,6 @@ class SearchIndex:
             "ON CONFLICT(thread) DO UPDATE SET epoch=excluded.epoch, seq=excluded.seq, log_size=excluded.log_size, "
             "meta_mtime=excluded.meta_mtime, title=excluded.title, updated=excluded.updated",
             (tid, epoch, seq, size, meta_mtime, title, updated))
-
-    def forget_missing(self, alive: set[str]) -> None:
-        """Drop threads whose folder is gone (deleted by another process, or by hand)."""
-        with self.lock:
-            known = {r[0] for r in self.conn.execute("SELECT thread FROM threads")}
-        for tid in known - alive:
-            self.reset(tid, drop=True)
 
     def query(self, match: str, limit: int, deadline_s: float = QUERY_DEADLINE_S) -> list[tuple]:
         """(thread, seq, role, ts, snippet, rank, title, updated) rows, best first."""
@@ -351,12 +356,24 @@ def _highlights(marked: str) -> tuple[str, list[tuple[int, int]]]:
     return "".join(out), spans
 
 
+def _unchanged(tdir: Path, known: tuple | None) -> bool:
+    """Whether the thread's log size and meta time are what the index saw."""
+    if known is None:
+        return False
+    try:
+        meta_mtime = (tdir / "meta.json").stat().st_mtime_ns
+        size = (tdir / "log.jsonl").stat().st_size
+    except FileNotFoundError:
+        return False
+    return known[2] == size and known[3] == meta_mtime
+
+
 class ThreadSearch:
     """Search one user's threads across the workspaces they are a member of."""
 
-    def __init__(self, layout: Any, threads: Any) -> None:
+    def __init__(self, layout: Any, open_thread: Callable[[Path], IndexedThread]) -> None:
         self.layout = layout  # store.layout.Layout
-        self.threads = threads  # store.threads.ThreadStore
+        self.open_thread = open_thread  # store.threads.Thread: the owner of a thread folder
 
     def index(self, workspace: str, owner: str) -> SearchIndex:
         return index_at(self.layout.user_dir(workspace, owner) / INDEX_FILE)
@@ -364,14 +381,23 @@ class ThreadSearch:
     def sync(self, workspace: str, owner: str) -> SearchIndex:
         """The user's index of `workspace`, caught up with every thread folder."""
         idx = self.index(workspace, owner)
+        known = idx.states()
         alive: set[str] = set()
-        for thread in self.threads.folders(workspace, owner):
-            alive.add(thread.dir.name)
-            try:
-                idx.sync(thread)
-            except Exception as exc:  # one unreadable thread must not stop search
-                log.warning("search: thread %s not indexed: %s", thread.dir.name, exc)
-        idx.forget_missing(alive)
+        root = self.layout.threads_dir(workspace, owner)
+        with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
+            for entry in entries:  # the folders ThreadStore.folders yields (links and deleted ones skipped)
+                if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                    continue
+                tid = check_id(entry.name, "thread")
+                alive.add(tid)
+                if _unchanged(Path(entry.path), known.get(tid)):
+                    continue  # two stats; the owner object is made only for a thread that changed
+                try:
+                    idx.sync(self.open_thread(Path(entry.path)), known.get(tid))
+                except Exception as exc:  # one unreadable thread must not stop search
+                    log.warning("search: thread %s not indexed: %s", tid, exc)
+        for tid in set(known) - alive:  # deleted by another process, or by hand
+            idx.reset(tid, drop=True)
         return idx
 
     def search(self, owner: str, workspaces: list[str], text: str, limit: int = 20) -> list[SearchHit]:
