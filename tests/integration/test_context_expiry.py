@@ -3,8 +3,8 @@
 A query result offloaded to an artifact, whose data then expires: in the turn right after
 expiry the model's window still holds the original "saved at /data/..." result, and it
 now ends with the mark naming `requery_artifact("<aid>")`; later, as a stub, it says the
-same; a python result that names the file by its sandbox path is marked too; after the
-re-query the mark is gone. An expired upload says so in the user message that announced it.
+same (`context.append_only = false`, compacted by age); a python call that names the file
+by its sandbox path is marked too; after the re-query the mark is gone. An expired upload says so in the user message that announced it.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_the_turn_right_after_expiry_shows_the_mark(env) -> None:
     turn(h, client, model, tid, "and now?", "answer")  # the turn right after expiry
     after = tool_contents(model.calls[-1])
     mark = f"[artifact {aid} has expired: its data is no longer in /data; requery_artifact(\"{aid}\") restores it"
-    assert after["call_q"].startswith("[compacted result of sql_query") and mark in after["call_q"]
+    assert mark in after["call_q"]  # whole (append-only window) or as a stub, it says so
     assert mark in after["call_py"]  # named by its sandbox path in a python result
     manifest = client.get(f"/api/threads/{tid}/context", headers=h.auth("alice")).json()
     assert manifest["regions"]["history"] > 0
@@ -67,6 +67,25 @@ def test_the_turn_right_after_expiry_shows_the_mark(env) -> None:
     assert next(d for e, d in events if e == "tool.finished")["ok"]
     turn(h, client, model, tid, "thanks", "bye")
     assert "has expired" not in json.dumps(tool_contents(model.calls[-1])[("call_q")])
+
+
+@pytest.mark.parametrize("append_only", [True, False])
+def test_a_stub_says_so_too(harness_factory, append_only: bool) -> None:
+    model = ScriptedModel(then="ok")
+    h = harness_factory(model, context={"append_only": append_only})
+    FakeSandbox(h.rt)
+    with TestClient(h.app()) as client:
+        tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+        events = turn(h, client, model, tid, "all", tool_step("sql_query", {"sql": BIG}, call_id="call_q"), "ok")
+        aid = next(d for e, d in events if e == "artifact.created")["artifact"]["id"]
+        for i in range(3):
+            turn(h, client, model, tid, f"more {i}", "fine")
+        h.rt.artifacts.expire(h.rt.threads.get(tid, "alice", ["demo"]), aid)
+        turn(h, client, model, tid, "and now?", "answer")
+    shown = tool_contents(model.calls[-1])["call_q"]
+    assert shown.startswith("[compacted result of sql_query") is (not append_only)
+    assert f"artifact {aid} (expired)" in shown or append_only
+    assert f"requery_artifact(\"{aid}\") restores it by re-running the call]" in shown
 
 
 def test_a_full_result_in_the_next_turn_is_marked_too(env) -> None:

@@ -4,17 +4,26 @@
 hands this builder the fixed parts, in order, stable first so provider prefix caches hit:
 1. system: base rules (versioned) + workspace prompt (+ skills catalog);
 2. the permitted tools, in a stable order;
-3. the thread summary and memory block (second system message, or a labelled
-   user preamble, as the model profile says);
+3. the preamble: task state, thread summary and memory block (second system
+   message, or a labelled user preamble, as the model profile says); it stays
+   here, before the window: the summary changes as records leave the window,
+   i.e. with a trim that rewrites everything after it anyway;
 this builder adds
 4. the history window: whole user turns, newest first within the budget, put
-   back in order; tool results micro-compacted by age; calls and results
-   paired by id; images carried as the profile allows;
+   back in order; tool results micro-compacted; calls and results paired by
+   id; images carried as the profile allows;
 5. the current user turn (the newest unit of the window).
 
-When history must be trimmed it is dropped in chunks (>= `trim_chunk_fraction`
-of the budget) from the start of the previous window, so the window's start
-stays put across turns. Records are read from the tail of the log and their
+Append-only (`append_only`, the default): while the window from the previous
+request's start fits the budget, it is that request plus the new records, every
+earlier byte unchanged (a result keeps the form the previous manifest shows it
+in), so provider prefix caches cover all but the newest records. A change the
+budget forces is made once and large: re-compaction by age, then whole turns
+dropped from the start (>= `trim_chunk_fraction` of the budget) down to
+`trim_target_fraction` of it; a trim that would drop records no summary covers
+waits, bytes unchanged, within the no-gap allowance. Without append-only,
+results are compacted by age at every request and the window trims from the
+previous start in chunks. Records are read from the tail of the log and their
 token counts are cached, so a build does not cost the whole thread.
 """
 
@@ -114,6 +123,19 @@ class _Frame:
     tool_names: list[str]
 
 
+@dataclass(frozen=True)
+class _Shown:
+    """What the previous request's window showed: its seq span and which results were stubs."""
+
+    first: int
+    last: int
+    stubs: frozenset[int]
+
+    @staticmethod
+    def of(manifest: ContextManifest) -> "_Shown":
+        return _Shown(manifest.first_seq, manifest.last_seq, frozenset(manifest.compacted))
+
+
 class _TokenCache:
     """Token counts of rendered records: (log, seq, ts, form) -> tokens. Records never change."""
 
@@ -164,12 +186,18 @@ class ContextBuilder:
         frame = self._frame(model, profile, system_prompt, tools, preamble)
         previous = last_manifest(thread)
         anchor = previous.first_seq if previous else None
+        shown = _Shown.of(previous) if previous is not None and self.s.append_only else None
         load_back_to = anchor
         if coverage is not None and (anchor is None or coverage.covered_through + 1 < anchor):
             load_back_to = coverage.covered_through + 1  # uncovered turns may have to stay in the window
-        units = self._load_units(thread, load_back_to, frame.history_budget, frame.factor, profile)
-        start = self._select(units, anchor, frame.history_budget, frame.factor)
-        natural_start = start  # where the budget alone would start the window
+        units = self._load_units(thread, load_back_to, frame.history_budget, frame.factor, profile, shown)
+        if shown is not None and anchor is not None:
+            start, natural_start, change = self._append_only_start(units, anchor, shown, frame, thread,
+                                                                   profile, coverage)
+        else:
+            start = self._select(units, anchor, frame.history_budget, frame.factor)
+            change = "fresh" if anchor is None else "aged"
+            natural_start = start  # where the budget alone would start the window
         start, needs_summary, gap_through = self._keep_uncovered(units, start, frame, coverage)
         # past the window, drop more (never the current turn) before refusing
         while start < len(units) - 1 and (self._total(units[start:], frame.regions_raw, frame.factor)
@@ -177,10 +205,15 @@ class ContextBuilder:
             start += 1
         window = units[start:]
         images = self._attach_images(window, thread, profile)
+        if change == "append" and previous is not None and set(previous.images) - set(images):
+            change = "images"  # a newer image turned an older one into a marker (max_images)
         messages = [frame.system_msg, *frame.pre_msgs, *(m for unit in window for m in unit.messages)]
         manifest = self._manifest(frame, window, images, len(messages), turn_id, step, preamble, gap_through)
         manifest.over_budget_through_seq = (units[natural_start].first_seq - 1) \
             if units and natural_start < len(units) else 0
+        if change == "append" and window and window[0].first_seq != anchor:
+            change = "trimmed"  # the no-gap rule or the window limit moved the start after all
+        manifest.window_change = change
         return BuiltContext(messages=messages, tools=tools, manifest=manifest, profile=profile,
                             needs_summary=needs_summary,
                             uncovered_through=(window[0].first_seq - 1) if window else 0)
@@ -279,7 +312,7 @@ class ContextBuilder:
         return (sum(regions_raw.values()) + sum(u.raw_tokens for u in units)) * factor
 
     def _load_units(self, thread: Thread, anchor: int | None, budget: float, factor: float,
-                    profile: ModelProfile) -> list[Unit]:
+                    profile: ModelProfile, shown: "_Shown | None" = None) -> list[Unit]:
         """Whole user turns from the tail of the log, rendered: back to the previous window's
         start, or far enough to fill the budget. Never the whole log unless it is small."""
         log = thread.log
@@ -294,7 +327,7 @@ class ContextBuilder:
             units = _units(records)
             for age, unit in enumerate(reversed(units)):
                 unit.age = age
-                self._render(unit, thread, profile)
+                self._render(unit, thread, profile, shown)
             total = sum(u.raw_tokens for u in units) * factor
             covers_anchor = anchor is not None and bool(units) and units[0].first_seq <= anchor
             if whole_log or covers_anchor or total > enough or want >= 1 << 22:
@@ -327,8 +360,72 @@ class ContextBuilder:
             start = i
         return start
 
+    def _append_only_start(self, units: list[Unit], anchor: int, shown: "_Shown", frame: _Frame,
+                           thread: Thread, profile: ModelProfile,
+                           coverage: Coverage | None) -> tuple[int, int, str]:
+        """(window start, where the budget alone would start it, what changed), append-only.
+        A forced trim that would drop records no summary covers yet waits, with every byte as
+        it was, while the window fits the no-gap allowance: the summary the trim asks for
+        (`over_budget_through_seq`) then lands together with the trim, one change, not two."""
+        start, change = self._select_append_only(units, anchor, frame, thread, profile)
+        if change != "trimmed" or coverage is None or not units \
+                or units[start].first_seq - 1 <= coverage.covered_through:
+            return start, start, change
+        for unit in units:
+            self._render(unit, thread, profile, shown)  # back to the forms the previous request showed
+        kept = next((i for i, u in enumerate(units) if u.first_seq >= anchor), len(units) - 1)
+        allowance = frame.history_budget * (1 + coverage.allowance)
+        if (sum(u.raw_tokens for u in units[kept:]) * frame.factor <= allowance
+                and self._total(units[kept:], frame.regions_raw, frame.factor) + frame.images_reserve
+                <= frame.limit):
+            return kept, start, "append"
+        start, change = self._select_append_only(units, anchor, frame, thread, profile)
+        return start, start, change
+
+    def _select_append_only(self, units: list[Unit], anchor: int, frame: _Frame, thread: Thread,
+                            profile: ModelProfile) -> tuple[int, str]:
+        """(index of the first unit, what changed). While the window from the previous start fits
+        the budget, it is the previous request plus what was appended ("append": every byte
+        before the new records is as it was). Past the budget the change is forced, and made
+        once, large: results are re-compacted by age, and if that leaves more than
+        `trim_target_fraction` of the budget, whole turns are dropped from the start (at least
+        `trim_chunk_fraction` of the budget) until it does not. When the newest `recent_turns`
+        turns alone take more than that, every older turn goes if that leaves room for one
+        more such turn, else only what the budget needs (the older stubs stay)."""
+        if not units:
+            return 0, "append"
+        budget, factor = frame.history_budget, frame.factor
+        start = next((i for i, u in enumerate(units) if u.first_seq >= anchor), len(units) - 1)
+        if sum(u.raw_tokens for u in units[start:]) * factor <= budget:
+            return start, "append"
+        for unit in units:
+            self._render(unit, thread, profile)  # the age rule, for the whole loaded tail
+        costs = [u.raw_tokens * factor for u in units]
+        total = sum(costs[start:])
+        target = min(1.0, max(0.0, self.s.trim_target_fraction)) * budget
+        recent = [c for u, c in zip(units, costs) if u.age < self.s.recent_turns]
+        if sum(recent) > target:
+            # the newest turns alone take more than the target: drop every older turn when that
+            # leaves room for a turn like them to be appended, else only what the budget needs
+            target = sum(recent) if budget - sum(recent) >= max(recent) else budget
+        if total <= target:
+            return start, "recompacted"
+        chunk, dropped = self.s.trim_chunk_fraction * self.s.history_budget_tokens, 0.0
+        while start < len(units) - 1 and (total > target or dropped < chunk):
+            dropped += costs[start]
+            total -= costs[start]
+            start += 1
+        return start, "trimmed"
+
     # -- rendering -------------------------------------------------------------------
-    def _render(self, unit: Unit, thread: Thread, profile: ModelProfile) -> None:
+    def _form(self, rec: Record, age: int, shown: "_Shown | None") -> Form:
+        """The age rule; append-only, a result the previous request showed keeps its form."""
+        if shown is None or not shown.first <= rec.seq <= shown.last:
+            return form_for(rec, age, self.s)
+        return "stub" if rec.seq in shown.stubs else form_for(rec, 0, self.s)  # full or capped, by size
+
+    def _render(self, unit: Unit, thread: Thread, profile: ModelProfile, shown: "_Shown | None" = None) -> None:
+        unit.compacted, unit.capped, unit.images, unit.orphans, unit.synthetic = [], [], [], 0, 0
         calls: dict[str, str] = {}
         results: dict[str, Record] = {}
         for rec in unit.records:
@@ -364,7 +461,7 @@ class ContextBuilder:
                     out.append(tmsg)
                     raw += self._msg_tokens(tmsg)
                     continue
-                form: Form = form_for(res, unit.age, self.s)
+                form: Form = self._form(res, unit.age, shown)
                 if form == "stub":
                     unit.compacted.append(res.seq)
                 elif form == "capped":

@@ -41,6 +41,11 @@ class ContextManifest(msgspec.Struct, omit_defaults=True):
     # (the allowance); the background summary job takes them next
     over_budget_through_seq: int = 0
     memory_facts: list[str] = msgspec.field(default_factory=list)
+    # how the window differs from the previous request's: append (append-only: the previous
+    # request plus the new records; only an artifact's expiry mark can change an earlier
+    # message), recompacted / trimmed (a change the budget forced), images (a new image turned
+    # an older one into a marker), fresh (no previous request), aged (context.append_only off)
+    window_change: str | None = None
     usage: dict[str, int] | None = None  # the provider's usage, when the reply arrived
     cache_ratio: float | None = None  # cached_tokens / prompt_tokens
     error: str | None = None
