@@ -204,3 +204,11 @@ def test_no_summary_ever_the_model_noted_the_constraint(server, harness_factory)
 def test_no_summary_ever_the_user_pinned_the_message(server, harness_factory) -> None:
     out = run_seed(server, harness_factory, never_a_summary, pin=True, budget=SMALL)
     assert_carried_by_the_task_state(out, "user")
+
+
+def test_no_summary_ever_nothing_noted_the_notice_quotes_the_user(server, harness_factory) -> None:
+    """Neither a note nor a pin: the notice of dropped history quotes the user's own messages."""
+    out = run_seed(server, harness_factory, never_a_summary, budget=SMALL)
+    preamble = next(m["content"] for m in out["recompute"]["messages"] if "dropped unsummarised" in m["content"])
+    assert f"- #1: {SEED}" in preamble
+    assert out["state"]["task_state"]["items"] == [] and out["manifests"][-1]["gap_through_seq"]

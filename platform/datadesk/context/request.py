@@ -41,6 +41,9 @@ from datadesk.summary.service import SummaryService
 
 log = logging.getLogger(__name__)
 
+GAP_MESSAGE_CHARS = 300  # of each dropped user message, quoted in the notice
+GAP_WORDS_CHARS = 3_000  # of all of them
+
 
 @dataclass(frozen=True)
 class MemoryScope:
@@ -152,9 +155,33 @@ class RequestAssembler:
         why = status.reason if status is not None and status.state == "failed" and status.reason \
             else "no summary could be made in time"
         span = f"#{first} to #{gap_through}" if first < gap_through else f"#{gap_through}"
-        return (f"[Earlier history dropped unsummarised] Records {span} of this thread are not in this request "
-                f"and no summary covers them ({why}). Do not assume what they said; the task state above still "
-                "holds. If an earlier detail matters, say that it is not available to you and ask the user.")
+        text = (f"[Earlier history dropped unsummarised] Records {span} of this thread are not in this request "
+                f"and no summary covers them ({why}). Do not assume what the rest of them said; the task state "
+                "above still holds. If an earlier detail matters, say that it is not available to you and ask "
+                "the user.")
+        said = self._dropped_user_words(thread, first, gap_through)
+        return f"{text}\nThe user's own messages among them (where their goal and constraints were stated):\n{said}" \
+            if said else text
+
+    @staticmethod
+    def _dropped_user_words(thread: Thread, first: int, last: int) -> str:
+        """The user's messages in records first..last, oldest first, each and all capped: the tool
+        results are what fills a window; what the user asked for is short and must not be lost."""
+        lines: list[str] = []
+        total = left = 0
+        for rec in thread.log.since(first, last):
+            if rec.role != "user" or not rec.content.strip():
+                continue
+            if total >= GAP_WORDS_CHARS:
+                left += 1
+                continue
+            text = " ".join(rec.content.split())
+            text = text if len(text) <= GAP_MESSAGE_CHARS else text[:GAP_MESSAGE_CHARS].rstrip() + " …"
+            lines.append(f"- #{rec.seq}: {text}")
+            total += len(text)
+        if left:
+            lines.append(f"- … and {left} later message{'s' if left != 1 else ''} of the user, not shown")
+        return "\n".join(lines)
 
     def continuity(self, thread: Thread) -> dict[str, Any]:
         """The thread's task state and summary state, for the context inspector and the chat:
