@@ -125,7 +125,8 @@ function factItem(f, act) {
   const li = h("li", { class: "fact", dataset: { fact: f.id } },
     h("div", { class: "fact-text" }, f.text),
     h("div", { class: "muted" }, meta.join(" · ")),
-    f.reason ? h("div", { class: "muted" }, f.reason) : null);
+    f.reason ? h("div", { class: "muted" }, f.reason) : null,
+    f.conflicts_with_text ? h("div", { class: "muted conflicts-with" }, `contradicts: “${f.conflicts_with_text}”`) : null);
   const buttons = h("div", { class: "fact-actions" });
   if (f.status === "candidate") {
     buttons.append(h("button", { type: "button", class: "confirm", onclick: () => act(() => api("POST", `/api/memory/${enc(f.id)}/confirm`)) }, "Confirm"));
