@@ -32,6 +32,7 @@ import binascii
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,7 @@ from datadesk.tools.mcp_config import (  # noqa: F401  (re-exported: the public 
     _ENV_REF, _SECRET_KEY, _BACKOFF_MAX_S, _HEALTHY_S, _MAX_DESCRIPTION, _MAX_STDERR_LINE, _PASSED_ENV, MCPConfigError, MCPServerConfig,
     _describe, exposed_tool_name, mask, masked_config, redact, resolve_values,
 )
-from datadesk.tools.mcp_io import _StderrPipe, _WatchedStream
+from datadesk.tools.mcp_io import _StderrPipe, _WatchedStream, warm_sdk_imports
 from datadesk.tools.mcp_shapes import source_hints
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 
@@ -244,6 +245,8 @@ class MCPManager:
         def closed(reason: str) -> None:
             self._mark_closed(srv, reason)
 
+        if "jsonschema.validators" not in sys.modules:  # once per process, off the event loop
+            await anyio.to_thread.run_sync(warm_sdk_imports)
         if cfg.command is not None:
             from mcp import StdioServerParameters
 
