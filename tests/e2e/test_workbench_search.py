@@ -85,6 +85,17 @@ def test_printed_html_export_has_a_page_per_few_turns(server, page) -> None:
                   "| day | kWh |\n|---|---|\n" + "".join(f"| d{d} | {100 + d * i} |\n" for d in range(7))]
     thread = _thread(server.home, "Thirty weeks", turns)
     login(page, server)
+    # the Export menu of the open chat downloads each format under the chat's title
+    page.click(f"#thread-list .thread-link[data-thread='{thread.id}']")
+    until(page, f"location.hash === '#t={thread.id}'")
+    page.click("#export-menu > summary")
+    shot(page, "export-menu")
+    for fmt, ext in (("md", "md"), ("ipynb", "ipynb"), ("zip", "zip")):
+        if page.locator("#export-menu").get_attribute("open") is None:
+            page.click("#export-menu > summary")
+        with page.expect_download() as dl:
+            page.click(f"#export-{fmt}")
+        assert dl.value.suggested_filename == f"Thirty_weeks.{ext}", dl.value.suggested_filename
     r = page.request.get(f"{server.base}/api/threads/{thread.id}/export?format=html")
     assert r.ok and "sandbox" in r.headers["content-security-policy"]
     page.goto(f"{server.base}/api/threads/{thread.id}/export?format=html")

@@ -40,6 +40,7 @@ padding:0 1.25rem}
 header{border-bottom:2px solid #dde3ea;margin-bottom:1.5rem}
 header p{color:#5c6778;font-size:.85em}
 .turn{border-top:1px solid #dde3ea;padding-top:.75rem;margin-top:1.25rem}
+header+.turn{border-top:none;margin-top:0}
 .who{font-weight:600;font-size:.8em;color:#5c6778;text-transform:uppercase;letter-spacing:.04em;margin:.6rem 0 .2rem}
 .user .text{background:#eef4fb;border-radius:6px;padding:.5rem .75rem;white-space:pre-wrap}
 .tool{border:1px solid #dde3ea;border-radius:6px;padding:.4rem .75rem;margin:.6rem 0;background:#fafbfc}
