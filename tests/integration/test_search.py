@@ -83,3 +83,19 @@ def test_thread_pages_earlier_records(harness_factory) -> None:
         page = c.get(f"/api/threads/{thread.id}", params={"limit": 50, "before": 201}).json()
         assert [r["seq"] for r in page["records"]] == list(range(151, 201)) and page["has_more"]
         assert c.get(f"/api/threads/{thread.id}", params={"before": 0}).status_code == 400
+
+
+def test_a_damaged_index_is_rebuilt_from_the_logs(harness_factory) -> None:
+    h = harness_factory(ScriptedModel([]))
+    thread = _fill(h, "alice", "Notes", ["the albatross count"])
+    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=30) as c:
+        assert c.get("/api/search", params={"q": "albatross"}).json()["results"]
+        path = h.rt.layout.user_dir("demo", "alice") / INDEX_FILE
+        from datadesk.store import search
+
+        search._indexes.pop(str(path)).close()  # as a fresh process would find it
+        for suffix in ("-wal", "-shm"):
+            (path.parent / (path.name + suffix)).unlink(missing_ok=True)
+        path.write_bytes(b"not a database" * 100)
+        r = c.get("/api/search", params={"q": "albatross"})
+        assert r.status_code == 200 and r.json()["results"][0]["thread"] == thread.id

@@ -303,7 +303,14 @@ def index_at(path: Path) -> SearchIndex:
         if idx is not None:  # its folder was removed under us: open afresh
             del _indexes[key]
         path.parent.mkdir(parents=True, exist_ok=True)
-        idx = _indexes[key] = SearchIndex(path)
+        try:
+            idx = SearchIndex(path)
+        except sqlite3.DatabaseError as exc:  # a damaged file: the index is a cache, start afresh
+            log.warning("search index %s is unreadable (%s): rebuilding it", path, exc)
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            idx = SearchIndex(path)
+        _indexes[key] = idx
         while len(_indexes) > _OPEN_INDEXES:
             _, old = _indexes.popitem(last=False)
             old.close()
@@ -311,10 +318,12 @@ def index_at(path: Path) -> SearchIndex:
 
 
 def index_of(thread: IndexedThread) -> SearchIndex | None:
-    """The index that holds `thread` (None for a folder outside `users/<uid>/threads/`)."""
+    """The index that holds `thread`; None for a folder outside `users/<uid>/threads/`, and
+    while its user has never searched (the first search builds the index from the logs)."""
     if thread.dir.parent.name != "threads" or thread.meta is None:
         return None
-    return index_at(thread.dir.parent.parent / INDEX_FILE)
+    path = thread.dir.parent.parent / INDEX_FILE
+    return index_at(path) if path.exists() else None
 
 
 def indexed_append(thread: IndexedThread, rec: Record) -> None:
