@@ -223,9 +223,8 @@ class SearchIndex:
             rows = self.conn.execute("SELECT thread, epoch, seq, log_size, meta_mtime, title FROM threads").fetchall()
         return {r[0]: tuple(r[1:]) for r in rows}  # type: ignore[misc]
 
-    def sync(self, thread: IndexedThread, known: tuple | None | bool = False) -> None:
-        """Bring one thread up to date with its log and meta (reads only what is new). `known`:
-        its state from `states()` (a thread unchanged since is checked with two stats only)."""
+    def sync(self, thread: IndexedThread) -> None:
+        """Bring one thread up to date with its log and meta (reads only what is new)."""
         tid = thread.dir.name
         log_path = thread.log.path
         try:
@@ -236,8 +235,6 @@ class SearchIndex:
             size = log_path.stat().st_size
         except FileNotFoundError:
             size = 0
-        if known is not False and known is not None and known[2] == size and known[3] == meta_mtime:
-            return
         with self.lock:
             state = self.state(tid)
             if state is not None and state[2] == size and state[3] == meta_mtime:
@@ -371,9 +368,12 @@ def _unchanged(tdir: Path, known: tuple | None) -> bool:
         return False
     try:
         meta_mtime = (tdir / "meta.json").stat().st_mtime_ns
-        size = (tdir / "log.jsonl").stat().st_size
     except FileNotFoundError:
         return False
+    try:
+        size = (tdir / "log.jsonl").stat().st_size
+    except FileNotFoundError:
+        size = 0  # no record yet
     return known[2] == size and known[3] == meta_mtime
 
 
@@ -402,7 +402,7 @@ class ThreadSearch:
                 if _unchanged(Path(entry.path), known.get(tid)):
                     continue  # two stats; the owner object is made only for a thread that changed
                 try:
-                    idx.sync(self.open_thread(Path(entry.path)), known.get(tid))
+                    idx.sync(self.open_thread(Path(entry.path)))
                 except Exception as exc:  # one unreadable thread must not stop search
                     log.warning("search: thread %s not indexed: %s", tid, exc)
         for tid in set(known) - alive:  # deleted by another process, or by hand
