@@ -18,8 +18,17 @@ measured in the same run (zstd, as ParquetSink writes, and pyarrow's
 defaults); peak memory; tokens the model receives; and what inlining the
 result would have cost (the sql tool's compact inline JSON, counted on a
 20,000-row sample and scaled linearly; also for the demo `readings` table).
-A breakdown (DuckDB read alone, sink alone, sha256, preview) says where the
-time goes.
+A breakdown (DuckDB read alone, sink alone, sha256, preview, and DuckDB's own
+`COPY ... (FORMAT parquet)` of the same query) says where the time goes.
+The baseline runs interleaved with the DuckDB case (one round each), so drift in
+the machine's load hits both alike.
+
+Every shape of issue 17 (`bench/shapes_data.py`: JSON, Python reprs, CSV/TSV,
+Markdown, boxes, prose; `--shape-rows`, default the result's rows) goes through
+the pipeline as MCP text, with its ratio to pq.write_table of the table it
+became and a check of row count and column sums (bench/offload_shapes.py).
+Goals (issue 17): DuckDB <= 1.15x, MCP JSON text <= 3x, the Python repr of a
+list of tuples >= 200,000 rows/s (10x the 15-20k rows/s before).
 
 Every measurement runs in a fresh subprocess, started through a tiny
 trampoline interpreter: Linux carries a parent's peak RSS into a child's
@@ -52,6 +61,9 @@ from pathlib import Path
 from typing import Any
 
 from offload_cancel import print_cancel
+from offload_report import (GOAL_MCP_RATIO, GOAL_RATIO, GOAL_RATIO_ROWS, GOAL_TOKENS, _fmt_int, print_cases,
+                            print_goals, print_rest)
+from offload_shapes import REPR_GOAL_ROWS_S, print_shapes, shape_names, shape_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 WS = "bench"
@@ -59,9 +71,6 @@ TABLE = "wide"
 SQL = f"SELECT * FROM {TABLE}"
 MCP_TOOL = "crm__export_rows"
 SAMPLE_ROWS = 20_000
-GOAL_RATIO = 1.5
-GOAL_RATIO_ROWS = 1_000_000  # the ratio goal is about large results
-GOAL_TOKENS = 2_000
 DEMO_READINGS_ROWS = 190_560
 # Runs argv[1:] as a child of a small interpreter (see the module docstring).
 _TRAMPOLINE = "import subprocess, sys; sys.exit(subprocess.run([sys.executable] + sys.argv[1:]).returncode)"
@@ -271,7 +280,9 @@ def _offload_case(home: Path, kind: str) -> dict[str, Any]:
                                    offloadable=True, source="mcp"), export)
         tool, arguments = MCP_TOOL, "{}"
     mem = _Memory()
+    cpu0 = time.process_time()
     outcome, t_tool, wall = asyncio.run(_offload(rt, ctx, tool, arguments))
+    cpu_s = time.process_time() - cpu0  # all threads of this process (DuckDB's, the writer's, the reader's)
     memory = mem.report()
     art = outcome.artifact
     if art is None:
@@ -281,6 +292,7 @@ def _offload_case(home: Path, kind: str) -> dict[str, Any]:
     content = outcome.result.content
     return {
         "wall_s": round(wall, 4), "tool_s": round(t_tool, 4), "pipeline_s": round(wall - t_tool, 4),
+        "cpu_s": round(cpu_s, 4),
         "rows": art.rows, "parquet_rows": meta.num_rows, "row_groups": meta.num_row_groups,
         "file_mb": _mb(art.bytes), "schema": [f"{c.name} {c.type}" for c in art.schema],
         "tokens": count_tokens(content), "content": content, "memory": memory,
@@ -342,6 +354,18 @@ def case_breakdown(home: Path) -> dict[str, Any]:
     out["preview_s"] = round(time.perf_counter() - t0, 4)
     out["file_mb"] = _mb(res.bytes)
     out["arrow_mb"] = _mb(nbytes)
+
+    # 5. DuckDB's own Parquet writer on the same query (its threads), for comparison.
+    import duckdb
+
+    con = duckdb.connect(str(home / "workspaces" / WS / "data" / "warehouse.duckdb"), read_only=True)
+    try:
+        t0 = time.perf_counter()
+        con.execute(f"COPY ({SQL}) TO '{home / 'copy.parquet'}' (FORMAT parquet, COMPRESSION zstd)")
+        out["duckdb_copy_s"] = round(time.perf_counter() - t0, 4)
+    finally:
+        con.close()
+    out["duckdb_copy_mb"] = _mb((home / "copy.parquet").stat().st_size)
     return out
 
 
@@ -409,6 +433,7 @@ def child_main(argv: list[str]) -> int:
     ap.add_argument("--home", type=Path, required=True)
     ap.add_argument("--rows", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--shape", default="")
     a = ap.parse_args(argv)
     if a.case == "prepare":
         res = case_prepare(a.home, a.rows)
@@ -416,6 +441,10 @@ def child_main(argv: list[str]) -> int:
         res = case_write_table(a.home, a.repeat)
     elif a.case in ("duckdb", "mcp"):
         res = _offload_case(a.home, a.case)
+    elif a.case == "shape":
+        from offload_shapes import case_shape
+
+        res = case_shape(_runtime(a.home), _Memory, a.shape, a.rows)
     elif a.case == "breakdown":
         res = case_breakdown(a.home)
     elif a.case == "tokens":
@@ -455,45 +484,30 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
-def _fmt_int(n: float | int) -> str:
-    return f"{round(n):,}"
-
-
-def main() -> int:
-    if "--child" in sys.argv:
-        argv = sys.argv[1:]
-        argv.remove("--child")
-        return child_main(argv)
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="20,000 rows (CI smoke run)")
     ap.add_argument("--rows", type=int, default=None, help="rows of the result (default 1,000,000)")
     ap.add_argument("--repeat", type=int, default=None,
                     help="fresh processes per case (default 5, at most 3 for the slow MCP case; 1 with --tiny)")
+    ap.add_argument("--shape-rows", type=int, default=None, help="rows of each shape (default: --rows)")
+    ap.add_argument("--shapes", default="all", help="comma-separated shapes of bench/shapes_data.py, or none")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "offload.json")
     ap.add_argument("--cancel-only", action="store_true", help="only the cancel and progress measurements")
-    args = ap.parse_args()
-    rows = args.rows or (20_000 if args.tiny else 1_000_000)
-    repeat = args.repeat or (1 if args.tiny else 5)
-    mcp_repeat = min(repeat, 3)
-    started = time.perf_counter()
+    return ap.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="offload-bench-") as tmp:
-        home = Path(tmp) / "var"
-        prep = run_case("prepare", home, rows=rows)
-        cancel = run_case("cancel", home, repeat=max(3, repeat))
-        if args.cancel_only:
-            print_cancel(cancel)
-            out = args.out.with_name("offload_cancel.json")
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"rows": rows, "cpus": os.cpu_count(), **cancel}, indent=2))
-            print(f"wrote {out}")
-            return 0
-        base = run_case("write_table", home, repeat=max(3, repeat))
-        duck = _median_run([run_case("duckdb", home) for _ in range(repeat)])
-        mcp = _median_run([run_case("mcp", home) for _ in range(mcp_repeat)])
-        brk = run_case("breakdown", home)
-        tok = run_case("tokens", home, rows=rows)
 
+def _baseline(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The write_table rounds (run between the DuckDB runs) as one: median of each config."""
+    base = dict(rounds[0])
+    for name in ("zstd", "default", "zstd_rg65536"):
+        times = [r[name]["s"] for r in rounds]
+        base[name] = {**rounds[0][name], "s": round(statistics.median(times), 4), "rounds_s": times}
+    return base
+
+
+def _cases(rows: int, base: dict[str, Any], duck: dict[str, Any], mcp: dict[str, Any],
+           tok: dict[str, Any]) -> list[dict[str, Any]]:
     for name, r in (("duckdb", duck), ("mcp", mcp)):
         if r["rows"] != rows or r["parquet_rows"] != rows:
             raise SystemExit(f"{name}: wrote {r['rows']} rows ({r['parquet_rows']} in the file), expected {rows}")
@@ -508,57 +522,74 @@ def main() -> int:
             "inline_tokens_estimate": inline,
             "tokens_saved_factor": round(inline / max(r["tokens"], 1)),
         })
-    d, m = cases
-    ratio_ok = d["ratio_vs_write_table_zstd"] <= GOAL_RATIO
-    ratio_applies = rows >= GOAL_RATIO_ROWS
-    tokens_ok = all(c["tokens"] <= GOAL_TOKENS for c in cases)
+    return cases
 
-    print(f"\nOffload of a {rows:,}-row x {len(prep['types'])}-column result "
-          f"({base['arrow_mb']} MB in Arrow); median of {repeat} fresh process(es) ({mcp_repeat} for MCP); "
-          f"{os.cpu_count()} CPUs, DuckDB threads {prep['duckdb_threads']}")
-    print(f"baseline pq.write_table of the same Arrow table: {base['sink_compression']} {zstd_s:.3f} s "
-          f"({base['zstd']['file_mb']} MB), default settings {default_s:.3f} s ({base['default']['file_mb']} MB), "
-          f"{base['sink_compression']} + 65,536-row groups {base['zstd_rg65536']['s']:.3f} s")
-    hdr = (f"{'case':<22}{'wall s':>8}{'tool s':>8}{'x zstd':>8}{'x dflt':>8}{'peak MB':>9}{'arrow MB':>10}"
-           f"{'file MB':>9}{'tokens':>8}{'inline tokens':>15}")
-    print(hdr)
-    print("-" * len(hdr))
-    for c in cases:
-        print(f"{c['label']:<22}{c['wall_s']:>8.3f}{c['tool_s']:>8.3f}{c['ratio_vs_write_table_zstd']:>8.2f}"
-              f"{c['ratio_vs_write_table_default']:>8.2f}{c['memory']['peak_growth_mb']:>9.1f}"
-              f"{c['memory']['arrow_pool_max_mb']:>10.1f}{c['file_mb']:>9.1f}{c['tokens']:>8}"
-              f"{_fmt_int(c['inline_tokens_estimate']):>15}")
-    print(f"{'write_table (zstd)':<22}{zstd_s:>8.3f}{'':>8}{1.0:>8.2f}{zstd_s / default_s:>8.2f}"
-          f"{base['memory']['peak_growth_mb']:>9.1f}{base['memory']['arrow_pool_max_mb']:>10.1f}"
-          f"{base['zstd']['file_mb']:>9.1f}")
-    print("  peak MB = ru_maxrss - RSS after setup (fresh process); arrow MB = pyarrow pool max_memory"
-          f"{'' if d['memory']['peak_reset'] else '; RSS high-water mark could not be reset'}")
-    ratio_note = "" if ratio_applies else (" (the goal is for 1,000,000+ rows; at this size the fixed "
-                                           "cost of opening the warehouse dominates)")
-    print(f"\nGoals: DuckDB ratio {d['ratio_vs_write_table_zstd']:.2f} <= {GOAL_RATIO}: "
-          f"{'OK' if ratio_ok else 'MISSED'}{ratio_note}; tokens {d['tokens']} / {m['tokens']} <= {GOAL_TOKENS:,}: "
-          f"{'OK' if tokens_ok else 'MISSED'}")
-    print(f"\nWhere the DuckDB case's time goes (one process): DuckDB read alone {brk['duckdb_read_s']:.3f} s "
-          f"({brk['batches']} batches), ParquetSink alone {brk['sink_s']:.3f} s, sha256 {brk['sha256_s']:.3f} s, "
-          f"pipeline.write_table {brk['write_table_s']:.3f} s, preview {brk['preview_s']:.3f} s")
-    print("\nInline cost (sql tool's compact JSON, 20,000-row sample scaled linearly)")
-    print(f"{'result':<28}{'rows':>10}{'tokens/row':>12}{'est. tokens':>14}")
-    for label, t in ((f"this result ({TABLE})", tok["wide"]), ("demo readings", tok["readings"]),
-                     ("MCP JSON text as is", tok["mcp_text"])):
-        print(f"{label:<28}{t['total_rows']:>10,}{t['tokens_per_row']:>12}{_fmt_int(t['estimated_tokens']):>14}")
+
+def _goals(rows: int, cases: list[dict], shapes: dict[str, Any]) -> dict[str, Any]:
+    d, m = cases
+    applies = rows >= GOAL_RATIO_ROWS
+    return {"ratio_vs_write_table_zstd_max": GOAL_RATIO, "mcp_ratio_max": GOAL_MCP_RATIO,
+            "repr_rows_per_s_min": REPR_GOAL_ROWS_S, "tokens_max": GOAL_TOKENS, "ratio_goal_applies": applies,
+            "ratio_ok": d["ratio_vs_write_table_zstd"] <= GOAL_RATIO,
+            "mcp_ok": m["ratio_vs_write_table_zstd"] <= GOAL_MCP_RATIO, "repr_ok": shapes["repr_ok"],
+            "tokens_ok": all(c["tokens"] <= GOAL_TOKENS for c in cases)}
+
+
+def main() -> int:
+    if "--child" in sys.argv:
+        argv = sys.argv[1:]
+        argv.remove("--child")
+        return child_main(argv)
+    args = _args()
+    rows = args.rows or (20_000 if args.tiny else 1_000_000)
+    shape_rows = args.shape_rows or rows
+    repeat = args.repeat or (1 if args.tiny else 5)
+    mcp_repeat = min(repeat, 3)
+    names = [] if args.shapes == "none" else (shape_names() if args.shapes == "all" else args.shapes.split(","))
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+
+    with tempfile.TemporaryDirectory(prefix="offload-bench-") as tmp:
+        home = Path(tmp) / "var"
+        prep = run_case("prepare", home, rows=rows)
+        cancel = run_case("cancel", home, repeat=max(3, repeat))
+        if args.cancel_only:
+            print_cancel(cancel)
+            out = args.out.with_name("offload_cancel.json")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"rows": rows, "cpus": os.cpu_count(), **cancel}, indent=2))
+            print(f"wrote {out}")
+            return 0
+        rounds, duck_runs = [], []
+        for _ in range(repeat):  # interleaved: drift in the machine's load hits both alike
+            rounds.append(run_case("write_table", home, repeat=3))
+            duck_runs.append(run_case("duckdb", home))
+        base, duck = _baseline(rounds), _median_run(duck_runs)
+        mcp = _median_run([run_case("mcp", home) for _ in range(mcp_repeat)])
+        brk = run_case("breakdown", home)
+        tok = run_case("tokens", home, rows=rows)
+        shapes = [run_case("shape", home, shape=name, rows=shape_rows) for name in names]
+
+    load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]}
+    cases = _cases(rows, base, duck, mcp, tok)
+    summary = shape_summary(shapes)
+    goals = _goals(rows, cases, summary)
+    print_cases(rows, repeat, mcp_repeat, prep, base, cases, load)
+    print_shapes(shapes)
+    print_goals(goals, cases, summary)
+    print_rest(brk, tok, TABLE)
     print_cancel(cancel)
     total_s = time.perf_counter() - started
     print(f"\n(benchmark ran {total_s:.1f} s)")
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "tiny": args.tiny, "rows": rows, "repeat": repeat, "mcp_repeat": mcp_repeat, "types": prep["types"],
-        "goals": {"ratio_vs_write_table_zstd_max": GOAL_RATIO, "tokens_max": GOAL_TOKENS,
-                  "ratio_goal_applies": ratio_applies, "ratio_ok": ratio_ok, "tokens_ok": tokens_ok},
-        "baseline_write_table": base, "cases": cases, "breakdown": brk, "inline_tokens": tok,
+        "tiny": args.tiny, "rows": rows, "shape_rows": shape_rows, "repeat": repeat, "mcp_repeat": mcp_repeat,
+        "types": prep["types"], "goals": goals, "baseline_write_table": base, "cases": cases,
+        "shapes": shapes, "shapes_summary": summary, "breakdown": brk, "inline_tokens": tok,
         "preview_duckdb": duck["content"], "prepare": prep, "cancel_and_progress": cancel,
-        "python": sys.version.split()[0], "cpus": os.cpu_count(), "bench_s": round(total_s, 1),
-    }, indent=2))
+        "python": sys.version.split()[0], "cpus": os.cpu_count(), "load_average": load, "bench_s": round(total_s, 1),
+    }, indent=2, default=str))
     print(f"wrote {args.out}")
     return 0
 
