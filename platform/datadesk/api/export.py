@@ -32,6 +32,7 @@ from datadesk.chat.export import MAX_RESULT_CHARS, Entry, ThreadDocument, call_s
 from datadesk.chat.notebook import notebook_for, write_bundle
 
 FORMATS = ("md", "html", "ipynb", "zip")
+EMBEDDED_IMAGES = ("png", "jpeg", "gif", "webp")  # never SVG (it could carry script)
 
 EXPORT_CSS = """
 :root{color-scheme:light}
@@ -52,6 +53,7 @@ th,td{border:1px solid #c9d0da;padding:.25rem .5rem;text-align:left;vertical-ali
 th{background:#eef2f7}
 img{max-width:100%;height:auto}
 figure{margin:.75rem 0}
+figcaption{font-size:.8em;color:#5c6778}
 pre,code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85em}
 pre{background:#f4f6f9;padding:.6rem;overflow:auto;white-space:pre-wrap;word-break:break-word}
 .pyg-k,.pyg-kn,.pyg-kd,.pyg-ow{color:#7a3e9d;font-weight:600}.pyg-s,.pyg-s1,.pyg-s2,.pyg-sd{color:#2c7a39}
@@ -97,7 +99,13 @@ def _call_html(doc: ThreadDocument, e: Entry) -> str:
             src = f"data:{img[0]};base64,{base64.b64encode(img[1]).decode('ascii')}"
             parts.append(f'<figure><img src="{src}" alt="chart {html.escape(aid)}"></figure>')
     for f in doc.files_of(e):
-        parts.append(f"<p>File: <code>{html.escape(str(f['file']))}</code> (artifact {html.escape(str(f['id']))})</p>")
+        img = doc.image(str(f["id"])) if str(f.get("format")) in EMBEDDED_IMAGES else None
+        if img is not None:  # a chart the code saved to /outputs
+            src = f"data:{img[0]};base64,{base64.b64encode(img[1]).decode('ascii')}"
+            parts.append(f'<figure><img src="{src}" alt="{html.escape(str(f["file"]))}">'
+                         f"<figcaption>{html.escape(str(f['file']))}</figcaption></figure>")
+        else:
+            parts.append(f"<p>File: <code>{html.escape(str(f['file']))}</code> (artifact {html.escape(str(f['id']))})</p>")
     return "".join(parts)
 
 

@@ -178,7 +178,9 @@ class ThreadDocument:
             lines += [f"![chart {aid}](data:{img[0]};base64,{base64.b64encode(img[1]).decode()})" if img
                       else f"_(chart {aid} is no longer available)_", ""]
         for f in self.files_of(e):
-            lines += [f"File: `{f['file']}` (artifact `{f['id']}`)", ""]
+            img = self.image(str(f["id"])) if str(f.get("format")) in ("png", "jpeg", "gif", "webp") else None
+            lines += [f"![{f['file']}](data:{img[0]};base64,{base64.b64encode(img[1]).decode()})" if img
+                      else f"File: `{f['file']}` (artifact `{f['id']}`)", ""]
         return lines
 
 
