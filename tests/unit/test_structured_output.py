@@ -133,3 +133,20 @@ def test_a_server_that_refuses_the_schema_is_asked_in_json_mode_then_plainly() -
     assert [f and f["type"] for f in formats] == ["json_schema", "json_object", None]
     assert summarizer.output == "none"  # remembered for the next refresh
     assert summary.active_constraints == ["exclude holidays"]
+
+
+def test_another_refusal_does_not_weaken_the_mode() -> None:
+    with FakeOpenAIServer() as srv:
+        srv.add_error(400, "This model's maximum context length is 8192 tokens")
+        model = OpenAIChatModel(LLMSettings(base_url=srv.base_url, api_key="k", model="fake-model", max_retries=0))
+        summarizer = Summarizer(model, SummarySettings(), output="json_schema")
+
+        async def main():
+            try:
+                return await summarizer.summarize(None, RECORDS, 0)
+            finally:
+                await model.aclose()
+
+        with pytest.raises(SummaryError, match="maximum context length"):
+            asyncio.run(main())
+    assert summarizer.output == "json_schema"

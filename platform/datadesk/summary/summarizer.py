@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -94,6 +95,10 @@ _encoder = msgspec.json.Encoder()
 
 class SummaryError(Exception):
     """No usable summary: the model failed or its output stayed invalid (the message says which)."""
+
+
+# how servers name what they refuse when it is the `response_format` (other 400s are not weakened for)
+_FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|json mode|structured|schema", re.IGNORECASE)
 
 
 class _FormatRejected(Exception):
@@ -336,8 +341,8 @@ class Summarizer:
         except TimeoutError:
             raise SummaryError(f"the summarizer timed out after {self.settings.timeout_s:g} s") from None
         except ModelError as exc:
-            if fmt is not None and type(exc) is ModelError:  # the request itself was refused (400/422)
-                raise _FormatRejected(str(exc)) from exc
+            if fmt is not None and type(exc) is ModelError and _FORMAT_WORDS.search(str(exc)):
+                raise _FormatRejected(str(exc)) from exc  # the request was refused (400/422) for its format
             raise SummaryError(f"the summarizer model failed: {exc}") from exc
         if reply is None:
             raise SummaryError("the summarizer model gave no reply")
