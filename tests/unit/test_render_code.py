@@ -33,6 +33,6 @@ def test_offload_preview_is_shown_apart_from_what_the_model_was_told() -> None:
     text = ("[Result saved as artifact a1: the full data is NOT in this message.]\nsandbox path: /data/a1.parquet\n"
             "preview (first 1 of 9 rows):\n| x | y |\n|---|---|\n| 1 | 2 |\nNOTICE: this is a preview of 1 rows")
     out = tool_html(text)
-    table, note = out.split('<details class="model-note">')
+    table, note = out.split('<div class="model-note">')
     assert table.startswith('<div class="preview-table"><table>') and "NOTICE" not in table
     assert "NOTICE: this is a preview" in note and "<table>" not in note and "sandbox path" in note

@@ -212,8 +212,8 @@ OFFLOAD_HEAD = "[Result saved as artifact "
 def tool_html(content: str) -> str:
     """A tool result for a tool card: a preview with a Markdown table is rendered (the table becomes
     a real table, the notice lines stay lines); anything else is shown verbatim, escaped. An
-    offloaded table shows the user its clean preview, and apart from it, collapsed, the text the
-    model received with it (where the data is, its notice)."""
+    offloaded table shows the user its clean preview, and apart from it (`model-note`, which the UI
+    collapses) the text the model received with it (where the data is, its notice)."""
     lines = content.splitlines()
     starts = [i for i, (a, b) in enumerate(zip(lines, lines[1:])) if _TABLE_LINE.match(a) and _TABLE_RULE.match(b)]
     if not starts:
@@ -226,8 +226,7 @@ def tool_html(content: str) -> str:
     table = markdown_html("\n".join(lines[first:end]), limit=LIVE_BLOCK_CHARS)
     told = markdown_html("\n".join([*lines[:first], "*(the preview table above)*", *lines[end:]]),
                          limit=LIVE_BLOCK_CHARS)
-    return (f'<div class="preview-table">{table}</div><details class="model-note"><summary>What the model '
-            f"received with it</summary>{told}</details>")
+    return f'<div class="preview-table">{table}</div><div class="model-note">{told}</div>'
 
 
 def data_uri(media_type: str, data: bytes) -> str:

@@ -3,9 +3,13 @@
     fig.savefig("/outputs/daily.png"); plt.show()
 
 gives the same chart twice, as the file the code wrote and as the image the kernel displayed
-(at another dpi, cropped "tight" by the inline backend, so never the same bytes). The file is
-the one the user asked for, so a displayed image that shows the same picture as a PNG written
-by the same execution is dropped.
+(at another dpi, cropped "tight" by the inline backend, so never the same bytes; the inline
+backend also shows every open figure at the end of a cell, with or without `plt.show()`). The
+file is the one the user asked for, so the displayed copy is dropped:
+
+- when the code calls `savefig` and displayed no more images than it wrote PNG files, every
+  displayed image is taken for a saved figure (the pattern, whichever way it shows them);
+- otherwise a displayed image is dropped only when it shows the same picture as one of the files.
 
 "The same picture": both are cropped to their content (what is not background), and compared
 at 32x32 in greyscale: aspect ratios within 3% and a mean difference under 4 of 255. The same
@@ -57,11 +61,13 @@ def _same(a: tuple[float, list[int]], b: tuple[float, list[int]]) -> bool:
     return sum(abs(x - y) for x, y in zip(a[1], b[1])) / len(a[1]) < MAX_MEAN_DIFF
 
 
-def not_saved(images: Sequence[bytes], saved: Sequence[bytes]) -> list[bytes]:
+def not_saved(images: Sequence[bytes], saved: Sequence[bytes], code: str = "") -> list[bytes]:
     """The displayed `images` that are not the picture of one of the `saved` PNG files (each
-    file accounts for one displayed image)."""
+    file accounts for one displayed image); `code` is the code that ran."""
     if not images or not saved:
         return list(images)
+    if "savefig" in code and len(images) <= len(saved):
+        return []
     files = [s for s in (_signature(d) for d in saved) if s is not None]
     kept: list[bytes] = []
     for data in images:

@@ -122,8 +122,20 @@ async function openThread(tid) {
   if (app.thread.turn) follow(app.thread.id, `${app.thread.turn}:0`, true); // still running: re-attach
 }
 
+// "+ New chat" again on the empty chat this tab just made keeps it (no empty chats piling up)
+function isEmptyChat() {
+  return app.thread && app.thread.id === app.madeHere && app.thread.title === "New chat" &&
+    !document.querySelector("#messages .msg, #messages .tool-wrap");
+}
+
 async function newThread(title = "New chat") {
+  if (title === "New chat" && isEmptyChat()) {
+    document.body.classList.remove("sidebar-open");
+    $("#input").focus();
+    return app.thread;
+  }
   const t = await api("POST", "/api/threads", { title });
+  app.madeHere = t.id;
   await refreshThreads();
   await openThread(t.id);
   return t;
@@ -321,7 +333,7 @@ async function uploadFile(file) {
   const bar = $("#upload-progress");
   const label = $("#upload-text");
   status.hidden = false;
-  status.classList.remove("error");
+  status.classList.remove("error", "warn"); // a message stays until dismissed (✕) or the next upload
   bar.value = 0;
   label.textContent = `Uploading ${file.name}…`;
   try {
@@ -330,11 +342,11 @@ async function uploadFile(file) {
       label.textContent = f < 1 ? `Uploading ${file.name}… ${Math.round(f * 100)}%` : `Reading ${file.name}…`;
     });
     const a = r.artifact;
-    label.textContent = `${file.name} uploaded${a.rows !== null && a.rows !== undefined ? `: ${a.rows.toLocaleString("en-US")} rows` : ""}.`;
+    label.textContent = `${file.name} uploaded${a.rows !== null && a.rows !== undefined ? `: ${a.rows.toLocaleString("en-US")} rows` : ""}.` +
+      (r.warning ? ` Warning: ${r.warning}` : "");
+    status.classList.toggle("warn", !!r.warning);
+    app.conv.artifacts.set(a.id, a);
     app.conv.userUpload(file.name, a.id);
-    setTimeout(() => {
-      status.hidden = true;
-    }, 4000);
   } catch (e) {
     status.classList.add("error");
     label.textContent = `${file.name} was not uploaded: ${e.message}`;
@@ -422,7 +434,21 @@ for (const name of Object.keys(PANELS)) {
 }
 $("#panel-close").addEventListener("click", closePanel);
 $("#toggle-sidebar").addEventListener("click", () => document.body.classList.toggle("sidebar-open"));
+$("#close-sidebar").addEventListener("click", () => {
+  document.body.classList.remove("sidebar-open");
+  $("#toggle-sidebar").focus();
+});
+$("#upload-dismiss").addEventListener("click", () => { $("#upload-status").hidden = true; });
+document.addEventListener("click", (e) => { // a tap beside the open drawer closes it
+  if (document.body.classList.contains("sidebar-open") && !e.target.closest("#sidebar, #toggle-sidebar")) {
+    document.body.classList.remove("sidebar-open");
+  }
+});
 document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && document.body.classList.contains("sidebar-open")) {
+    document.body.classList.remove("sidebar-open");
+    return;
+  }
   if (e.key === "Escape" && app.panel && !document.querySelector("dialog[open]")) closePanel();
 });
 

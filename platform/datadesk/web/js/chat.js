@@ -2,7 +2,9 @@
 
 import { api } from "./api.js";
 import { earlierButton, tagSeq } from "./history.js";
-import { $, bytes, h, lightbox, num, setHtml, toast } from "./dom.js";
+import { $, bytes, h, num, setHtml, toast } from "./dom.js";
+import { addCopyButtons, chartViewer, collapsible, modelNotes } from "./code.js";
+import { gridButton } from "./grid.js";
 
 // what GET /api/artifacts/{id}/view shows in the browser (never SVG)
 export const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
@@ -59,6 +61,14 @@ export class Conversation {
     this.artifacts = new Map(); // artifact id -> artifact (thread's list)
     this.bubble = null; // the assistant message streaming now
     this.ticker = setInterval(() => this.tick(), 1000); // elapsed seconds of running cards
+    this.atBottom = true; // autoscroll only while the reader is at the bottom
+    this.pill = h("button", { type: "button", id: "new-messages", class: "new-messages", hidden: true }, "New messages ↓");
+    this.pill.addEventListener("click", () => this.scroll(true));
+    root.after(this.pill);
+    root.addEventListener("scroll", () => {
+      this.atBottom = root.scrollHeight - root.scrollTop - root.clientHeight < 48;
+      if (this.atBottom) this.pill.hidden = true;
+    });
   }
 
   clear() {
@@ -71,8 +81,15 @@ export class Conversation {
     this.root.replaceChildren(h("p", { class: "empty" }, text));
   }
 
-  scroll() {
-    this.root.scrollTop = this.root.scrollHeight;
+  // to the newest message when the reader is at the bottom (or `force`); else the "new messages" pill
+  scroll(force = false) {
+    if (force || this.atBottom) {
+      this.root.scrollTop = this.root.scrollHeight;
+      this.atBottom = true;
+      this.pill.hidden = true;
+    } else {
+      this.pill.hidden = false;
+    }
   }
 
   // ---- history ---------------------------------------------------------------
@@ -88,7 +105,7 @@ export class Conversation {
       tagSeq(this.root, rec.seq); // search opens a thread at a record; "load earlier" pages from the oldest
     }
     this.bubble = null;
-    this.scroll();
+    this.scroll(true);
   }
 
   renderRecord(rec) {
@@ -99,11 +116,12 @@ export class Conversation {
       if (rec.content) {
         const b = this.newBubble();
         setHtml(b, rec.html || "");
+        addCopyButtons(b);
         if (rec.status === "error") b.append(h("p", { class: "error" }, (rec.meta && rec.meta.error) || "the model failed"));
       } else if (rec.status === "error" && rec.meta && rec.meta.error) {
         this.notice(rec.meta.error, "error");
       }
-      for (const call of rec.tool_calls || []) this.card(call.id, call.name, call.arguments);
+      for (const call of rec.tool_calls || []) this.card(call.id, call.name, call.arguments, call.input_html);
       this.bubble = null;
     } else if (rec.role === "tool") {
       const card = this.card(rec.tool_call_id, rec.name, null);
@@ -120,13 +138,14 @@ export class Conversation {
     if (seq) el.append(pinButton(this.app, seq));
     if (this.root.querySelector(".empty")) this.root.replaceChildren();
     this.root.append(el);
-    this.scroll();
+    this.scroll(true); // the user's own question: always shown
     return el;
   }
 
   userUpload(filename, aid) {
     const el = h("div", { class: "msg user upload" }, "Uploaded ", h("strong", {}, filename || "a file"),
-      aid ? h("span", { class: "muted" }, ` (artifact ${aid})`) : null);
+      aid ? h("span", { class: "muted" }, ` (artifact ${aid}) `) : null,
+      aid && (this.artifacts.get(aid) || {}).format === "parquet" ? gridButton(aid, filename) : null);
     if (this.root.querySelector(".empty")) this.root.replaceChildren();
     this.root.append(el);
     this.scroll();
@@ -162,10 +181,11 @@ export class Conversation {
     } else if (type === "message.completed") {
       if (!this.bubble) this.newBubble();
       setHtml(this.bubble.el, data.html || "");
+      addCopyButtons(this.bubble.el);
       this.bubble = null;
     } else if (type === "tool.started") {
       this.bubble = null;
-      const card = this.card(data.call_id, data.name, data.arguments);
+      const card = this.card(data.call_id, data.name, data.arguments, data.input_html);
       card.el.classList.add("running");
       card.startedAt = Date.now();
       card.status.textContent = "running…";
@@ -258,7 +278,7 @@ export class Conversation {
   }
 
   // ---- tool cards --------------------------------------------------------------
-  card(callId, name, rawArgs) {
+  card(callId, name, rawArgs, inputHtml) {
     let card = this.cards.get(callId);
     if (!card) {
       const status = h("span", { class: "tool-status" });
@@ -273,8 +293,16 @@ export class Conversation {
     }
     if (rawArgs !== null && rawArgs !== undefined && !card.argsShown) {
       const a = prettyArgs(rawArgs);
-      card.body.prepend(h("div", { class: "tool-section" }, h("div", { class: "label" }, a.label),
-        h("pre", { class: `code ${a.lang || ""}` }, a.text)));
+      let pre = h("pre", { class: `code ${a.lang || ""}` }, a.text);
+      if (inputHtml) { // highlighted on the server (Pygments), sanitized there
+        const tmp = h("div");
+        setHtml(tmp, inputHtml);
+        pre = tmp.querySelector("pre") || pre;
+        pre.classList.add("code", "hl");
+      }
+      const section = h("div", { class: "tool-section" }, h("div", { class: "label" }, a.label), pre);
+      card.body.prepend(section);
+      addCopyButtons(section);
       card.argsShown = true;
     }
     return card;
@@ -311,12 +339,15 @@ export class Conversation {
     else if (message) out.append(h("p", { class: "muted" }, message));
     result.append(out);
     card.body.append(result);
+    modelNotes(out);
+    addCopyButtons(out);
+    collapsible(out);
 
     // charts inline (outside the collapsed card), files and reports as links
     for (const id of meta.images || []) {
       const src = `/api/artifacts/${encodeURIComponent(id)}/view`;
       const img = h("img", { class: "chart", src, alt: `chart ${id}`, loading: "lazy", dataset: { artifact: id } });
-      img.addEventListener("click", () => lightbox(src, `chart ${id}`));
+      img.addEventListener("click", () => chartViewer(src, `chart ${id}`));
       img.addEventListener("error", () => img.replaceWith(h("div", { class: "notice warn" }, `chart ${id} is no longer available`)));
       card.extras.append(img);
     }
@@ -345,7 +376,10 @@ export class Conversation {
       "The model saw only this preview, not the full data. ");
     const base = `/api/artifacts/${encodeURIComponent(art.id)}/download`;
     box.append(h("a", { href: base, class: "download", download: "" }, art.format === "parquet" ? "Download Parquet" : "Download"));
-    if (art.format === "parquet") box.append(" · ", h("a", { href: `${base}?format=csv`, class: "download", download: "" }, "CSV"));
+    if (art.format === "parquet") {
+      box.append(" · ", h("a", { href: `${base}?format=csv`, class: "download", download: "" }, "CSV"), " ",
+        gridButton(art.id, `Result ${art.id} · ${rows}`));
+    }
     return box;
   }
 
@@ -361,11 +395,11 @@ export class Conversation {
     if (IMAGE_FORMATS.has(ext)) {
       const src = `/api/artifacts/${id}/view`;
       const img = h("img", { class: "chart", src, alt: name, loading: "lazy" });
-      img.addEventListener("click", () => lightbox(src, name));
+      img.addEventListener("click", () => chartViewer(src, name));
       return img;
     }
     return h("div", { class: "file-link" }, "File: ", h("a", { href: `/api/artifacts/${id}/download`, download: "" }, name),
-      ` (${bytes(f.bytes)})`);
+      ` (${bytes(f.bytes)}) `, ext === "parquet" ? gridButton(f.id, name) : null);
   }
 }
 

@@ -92,8 +92,18 @@ export function promptDialog(label, value = "") {
   dlg.showModal();
   input.focus();
   input.select();
+  const enter = (e) => { // Enter saves, Shift+Enter adds a line
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      dlg.close("ok");
+    }
+  };
+  input.addEventListener("keydown", enter);
   return new Promise((resolve) => {
-    dlg.addEventListener("close", () => resolve(dlg.returnValue === "ok" ? input.value : null), { once: true });
+    dlg.addEventListener("close", () => {
+      input.removeEventListener("keydown", enter);
+      resolve(dlg.returnValue === "ok" ? input.value : null);
+    }, { once: true });
   });
 }
 
