@@ -125,7 +125,7 @@ df = pd.read_parquet("{path}")
 df["band"] = (df["temperature_c"] // 5 * 5).astype(int)
 curve = df.groupby(["band", "hvac_type"])["kwh"].mean().unstack().round(1)
 daily = df.groupby([df["ts"].dt.date, "hvac_type"]).agg(kwh=("kwh", "sum"), temp=("temperature_c", "mean"))
-corr = daily.groupby("hvac_type").apply(lambda g: g["kwh"].corr(g["temp"])).round(2).sort_values()
+corr = pd.Series({{k: g["kwh"].corr(g["temp"]) for k, g in daily.groupby("hvac_type")}}).round(2).sort_values()
 
 fig, ax = plt.subplots(figsize=(8, 3.6))
 curve.plot(ax=ax, marker="o")
@@ -170,7 +170,7 @@ after = wide.loc["2024-11-01":"2024-11-30"].median()
 jump = (after / before).round(2).sort_values(ascending=False)
 worst = jump.index[0]
 base = wide[worst].rolling(28, min_periods=14).median().shift(1)
-start = wide.index[(wide[worst] > 1.5 * base).fillna(False).to_numpy()].min()
+start = wide.index[(wide[worst] > 1.5 * base).to_numpy()].min()
 
 fig, ax = plt.subplots(figsize=(8, 3.4))
 wide[worst].plot(ax=ax, label=worst, color="#c0392b")
