@@ -188,11 +188,12 @@ class RequestAssembler:
         summary `state` is `off`, `none` (nothing left the window yet), `ok`, `stale` (records
         outside the window wait for the next refresh) or `failed` (with the `reason`)."""
         epoch = thread.current_epoch()
-        tasks = self.tasks.load(thread, epoch)
-        out: dict[str, Any] = {"task_state": msgspec.to_builtins(tasks), "summary": self.summary_state(thread, epoch)}
-        return out
+        return {"task_state": msgspec.to_builtins(self.tasks.load(thread, epoch)),
+                "summary": self.summary_state(thread, epoch)}
 
     def summary_state(self, thread: Thread, epoch: int | None) -> dict[str, Any]:
+        """Where the thread's summary stands (see `continuity`), from the summary, the status of
+        the last refresh and the latest manifest (how far records left the window, and the gap)."""
         if not self.summary_settings.enabled:
             return {"state": "off", "reason": "summaries are switched off (summary.enabled)"}
         summary = self.summaries.store.load_current(thread, epoch)
