@@ -65,6 +65,24 @@ def test_ids_found_in_head_or_tail_only_at_the_top_level() -> None:
     assert LimitsSettings().mcp_result_max_mb == 32
 
 
+def test_parse_matches_the_sdk_and_returns_bad_lines_as_errors() -> None:
+    import mcp_types as types
+
+    from datadesk.tools.mcp_stdio import parse_message
+
+    lines = [b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":[1,2.5,null]}}}',
+             b'{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"\\u00e9\\n\xc3\xa9"}}',
+             b'{"result":{"content":[{"type":"text","text":"\\ud83d\\ude00 big 12345678901234567890"}]},'
+             b'"jsonrpc":"2.0","id":"abc"}',
+             b'{"jsonrpc":"2.0","id":7,"error":{"code":-32603,"message":"m","data":{"k":true}}}',
+             b'{"jsonrpc":"2.0","id":8,"result":{"n":123456789012345678901234567890,"f":1e400}}']
+    for line in lines:
+        ours = parse_message(line)
+        assert ours.message == types.jsonrpc_message_adapter.validate_json(line, by_name=False), line
+    for bad in (b'{"jsonrpc":"2.0","id":1', b'\xff\xfe', b'{"jsonrpc":"1.0","id":1,"result":{}}', b"[1,2]"):
+        assert isinstance(parse_message(bad), ValueError), bad
+
+
 # -- stdio: the Python SDK's server (the id first) ----------------------------------------------------
 def test_200mb_result_is_refused_in_bounded_memory_and_the_next_call_works(tmp_path: Path) -> None:
     limit = LimitsSettings().mcp_result_max_mb * MB
