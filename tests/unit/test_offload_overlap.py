@@ -298,3 +298,27 @@ def test_a_real_duckdb_offload_stopped_at_the_ceiling_closes_the_query_after_the
     # The connection went back: the next query answers.
     again = asyncio.run(rt.tools.run("sql_query", json.dumps({"sql": "SELECT 6 * 7 AS answer"}), c))
     assert json.loads(again.content)["rows"] == [[42]]
+
+
+def test_the_stream_timeout_mid_write_stops_the_offload_and_leaves_nothing(home: Path) -> None:
+    """The statement's deadline fires while the reader thread streams into the writer: the
+    model is told the query timed out, no artifact, no temp file, and the next query answers."""
+    rt = Runtime(settings=Settings(home=home, offload=OffloadSettings(stream_timeout_s=0.3),
+                                    sandbox=SandboxSettings(backend="none")), model=ScriptedModel())
+    FakeSandbox(rt)
+    c = ctx(rt)
+    args = json.dumps({"sql": "SELECT range AS i, md5(range::VARCHAR) AS h FROM range(200000000)"})
+
+    async def go():
+        result = await rt.tools.run("sql_query", args, c)
+        return await rt.offload.process(rt.tools.get("sql_query").spec, result, c.thread,
+                                        c.origin("tool", "sql_query", args), YES, c.epoch)
+
+    t0 = time.monotonic()
+    out = asyncio.run(go())
+    assert time.monotonic() - t0 < 30
+    assert out.artifact is None and out.result.is_error
+    assert "exceeded 0.3 s" in out.result.content  # the SQL timeout's own message
+    assert leftovers(c) == [] and read_ahead_threads() == []
+    again = asyncio.run(rt.tools.run("sql_query", json.dumps({"sql": "SELECT 6 * 7 AS answer"}), c))
+    assert json.loads(again.content)["rows"] == [[42]]
