@@ -3,7 +3,9 @@ latency (p50/p99), user B's turn latency (a small SQL query), A's time to refusa
 peak RSS. The app runs in a child process (uvicorn, the real API, a scripted model that runs the
 SQL a message names), so its RSS is its own. Prints a table, writes bench/results/bombs.json.
 
-    python bench/bombs.py [--only sql_cross_join]
+    python bench/bombs.py [--only sql_cross_join] [--tiny]
+
+A full run writes bench/results/bombs.json; `--only` / `--tiny` write bombs-partial.json.
 
 To add a bomb: a function `(client, base, headers_a) -> str` (what A got back) in BOMBS.
 """
@@ -41,10 +43,13 @@ from datadesk.store.layout import Layout
 from datadesk.store.users import UserStore
 from datadesk.store.workspaces import ensure_demo_workspace
 
-home, port = Path(sys.argv[1]), int(sys.argv[2])
+home, port, root = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 layout = Layout(home)
 create_demo_warehouse(layout.workspace_data_dir("demo"))
 ensure_demo_workspace(layout)
+sys.path.insert(0, root)
+from tests.fakes.mcp_bombs import mcp_bomb_config  # the fake MCP server, with a 200 MB answer
+MCP = mcp_bomb_config(home)
 
 def step(messages, tools):
     last = messages[-1]
@@ -57,6 +62,8 @@ def step(messages, tools):
             rows.append(f"| {i} | sensor-{i % 97} | {i * 3.25:.2f} | reading number {i} of the day |")
             i += 1
         return ScriptStep(text="Here are all rows:\n\n" + "\n".join(rows) + "\n\nThat is all.\n", delay_s=0.0005)
+    if text.startswith("mcp:"):
+        return tool_step(*MCP)
     if "run:" in text:
         return tool_step("sql_query", {"sql": text.split("run:", 1)[1].strip()})
     return "ok"
@@ -124,6 +131,12 @@ def answer_300kb(client: httpx.Client, base: str, headers: dict[str, str]) -> st
     return f"completed={done}, {deltas} deltas streamed"
 
 
+def mcp_result_200mb(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
+    """An MCP server (over stdio) that answers with a 200 MB result: refused past
+    limits.mcp_result_max_mb while it streams, never held whole."""
+    return _tool_preview(turn(client, base, headers, "mcp: big"))
+
+
 def _tool_preview(sse: str) -> str:
     for block in sse.replace("\r\n", "\n").split("\n\n"):
         if "event: tool.finished" in block:
@@ -164,7 +177,11 @@ BOMBS: dict[str, Callable[[httpx.Client, str, dict[str, str]], str]] = {
     "sql_cross_join_x4": sql_cross_join_x4,
     **_upload_bombs(),
     "answer_300kb": answer_300kb,
+    "mcp_result_200mb": mcp_result_200mb,
 }
+
+
+TINY = ["sql_cross_join", "zip_50_levels", "mcp_result_200mb"]
 
 
 def free_port() -> int:
@@ -179,7 +196,7 @@ def run_bomb(name: str, bomb: Callable[..., str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         home, port = Path(tmp) / "var", free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
-        proc = subprocess.Popen([sys.executable, "-c", APP, str(home), str(port)], env=env)
+        proc = subprocess.Popen([sys.executable, "-c", APP, str(home), str(port), str(ROOT)], env=env)
         base = f"http://127.0.0.1:{port}"
         try:
             with httpx.Client() as client:
@@ -253,17 +270,20 @@ def measure(name: str, bomb: Callable[..., str], client: httpx.Client, base: str
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", choices=sorted(BOMBS))
+    parser.add_argument("--tiny", action="store_true", help="CI: three quick bombs, so the bench does not rot")
     args = parser.parse_args()
-    rows = [run_bomb(name, fn) for name, fn in BOMBS.items() if args.only in (None, name)]
+    wanted = [args.only] if args.only else TINY if args.tiny else list(BOMBS)
+    rows = [run_bomb(name, BOMBS[name]) for name in wanted]
     cols = ["bomb", "a_refusal_s", "health_p50_ms", "health_p99_ms", "b_turn_s_max", "rss_before_mb", "peak_rss_mb",
             "rss_ceiling_mb"]
     print(" | ".join(cols))
     for row in rows:
         print(" | ".join(str(row[c]) for c in cols))
         print("   A got:", row["a_result"])
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"bombs": rows}, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    out = RESULTS if len(wanted) == len(BOMBS) else RESULTS.with_name("bombs-partial.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"bombs": rows}, indent=2) + "\n")
+    print(f"wrote {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

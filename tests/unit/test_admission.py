@@ -53,17 +53,26 @@ def test_rss_is_read_from_proc() -> None:
     assert rss_bytes() > 10 * 1024 * 1024
 
 
-def test_a_users_second_query_is_refused_until_the_first_result_is_closed(warehouse) -> None:
+def test_a_users_second_query_waits_for_the_first_result_to_be_closed(warehouse) -> None:
     root, _ = warehouse
-    slots = QuerySlots(per_user=1, total=4, wait_s=5)
+    slots = QuerySlots(per_user=1, total=4, wait_s=0.4)
     registry = _registry(warehouse, slots)
 
     async def scenario() -> None:
         first = await _run(registry, root, "ann", BIG)
         assert first.table is not None and slots.running("ann") == 1  # held while the stream is open
+        started = time.monotonic()
         second = await _run(registry, root, "ann", "SELECT 1 AS x")
-        assert second.is_error
+        assert second.is_error and time.monotonic() - started >= 0.35
         assert "limits.sql_queries_per_user" in second.content and "wait for it to finish" in second.content
+        # a parallel call of the same turn: waits while the first result is written, then runs
+        waiting = asyncio.ensure_future(_run(registry, root, "ann", "SELECT 5 AS x"))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        rows = sum(b.num_rows for b in first.table)
+        first.table.close()
+        assert '"rows":[[5]]' in (await waiting).content and rows == 50000
+        first = await _run(registry, root, "ann", BIG)
         other = await _run(registry, root, "bob", "SELECT 2 AS x")  # another user is not affected
         assert not other.is_error and slots.running("bob") == 0
         assert sum(b.num_rows for b in first.table) == 50000
@@ -154,8 +163,9 @@ def test_slot_release_is_idempotent_and_thread_safe() -> None:
     s1 = slots.try_acquire("ann")
     s2 = slots.try_acquire("ann")
     assert s1 and s2 and slots.try_acquire("bob") is None
-    with pytest.raises(Busy):
-        slots.try_acquire("ann")
+    with pytest.raises(Busy, match="short of memory"):
+        QuerySlots(1, 1, 0, MemoryGuard(1, sample=lambda: 2 << 20)).try_acquire("ann")
+    assert slots.try_acquire("ann") is None  # ann's own two are running
     threads = [threading.Thread(target=s1.release) for _ in range(8)]
     for t in threads:
         t.start()

@@ -9,10 +9,9 @@ queries at once would still add up. So a query needs a **slot** first:
 - at most `limits.sql_queries` running in the app process (all users together).
 
 A slot is held until the result is done with -- for a large result, until the offload
-writer has closed the stream, not when the tool call returns. Past the per-user limit
-the call is refused at once (the user's own queries are what is running); past the
-global one it waits up to `limits.sql_queue_s` for a slot, then is refused. Both
-messages name the setting.
+writer has closed the stream, not when the tool call returns. A query past either limit
+waits up to `limits.sql_queue_s` for a slot (parallel calls of one turn thus run one after
+the other), then is refused with a message naming the setting.
 
 The **memory guard** watches the app's resident memory (`/proc/self/statm`, no extra
 dependency) against `limits.app_memory_mb`: above `admit_fraction` of it no new heavy
@@ -134,8 +133,9 @@ class QuerySlots:
 
     # -- admission -------------------------------------------------------------------------
     def _refuse_user(self, user: str, what: str) -> Busy:
-        return Busy(f"you already have {self._by_user[user]} {what}(s) running (limits.{self.names[0]} = "
-                    f"{self.per_user}): wait for it to finish, or stop it, before starting another")
+        return Busy(f"you already have {self.per_user} {what}(s) running (limits.{self.names[0]} = "
+                    f"{self.per_user}) and it did not finish within {self.wait_s:g} s (limits.{self.names[2]}): "
+                    "wait for it to finish, or stop it, before starting another")
 
     def _refuse_all(self, what: str) -> Busy:
         return Busy(f"the server is running its maximum of {self.total} {what}(s) for all users "
@@ -143,43 +143,52 @@ class QuerySlots:
                     f"(limits.{self.names[2]}): try again shortly")
 
     def try_acquire(self, user: str, what: str = "SQL query") -> Slot | None:
-        """A slot now, or None when the global limit is reached; raises Busy past the user's
-        own limit or near the memory ceiling."""
+        """A slot now, or None when the user's own or the app's limit is reached; raises Busy
+        near the memory ceiling."""
+        got = self._take(user, what)
+        return got if isinstance(got, Slot) else None
+
+    def _take(self, user: str, what: str) -> "Slot | str":
+        """A slot, or which limit stopped it: "user" or "all"."""
         if self.guard is not None:
             self.guard.check_admit(what)
         with self._lock:
             if self._by_user[user] >= self.per_user:
-                raise self._refuse_user(user, what)
+                return "user"
             if len(self._running) >= self.total:
-                return None
+                return "all"
             slot = Slot(self, user, what)
             self._running.append(slot)
             self._by_user[user] += 1
             self._ensure_watchdog()
             return slot
 
+    def _refusal(self, user: str, what: str, blocked: str) -> Busy:
+        return self._refuse_user(user, what) if blocked == "user" else self._refuse_all(what)
+
     async def acquire(self, user: str, what: str = "SQL query") -> Slot:
-        """A slot, waiting up to `wait_s` while the app's slots are all taken by others."""
+        """A slot, waiting up to `wait_s` while the user's own (e.g. a parallel call of the same
+        turn, until its result is written) or the app's slots are all taken."""
         deadline = time.monotonic() + self.wait_s
         while True:
-            slot = self.try_acquire(user, what)
-            if slot is not None:
-                return slot
+            got = self._take(user, what)
+            if isinstance(got, Slot):
+                return got
             if time.monotonic() >= deadline:
-                raise self._refuse_all(what)
+                raise self._refusal(user, what, got)
             await asyncio.sleep(0.05)
 
     def acquire_blocking(self, user: str, what: str = "SQL query") -> Slot:
         """`acquire` for worker threads."""
         deadline = time.monotonic() + self.wait_s
         while True:
-            slot = self.try_acquire(user, what)
-            if slot is not None:
-                return slot
+            got = self._take(user, what)
+            if isinstance(got, Slot):
+                return got
             with self._lock:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self._refuse_all(what)
+                    raise self._refusal(user, what, got)
                 self._changed.wait(min(left, 0.2))
 
     def _release(self, slot: Slot) -> None:
