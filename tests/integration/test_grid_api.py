@@ -83,6 +83,18 @@ def test_sort_and_page_deep_match_duckdb(grid_env) -> None:
     assert got == pytest.approx(want)
 
 
+@pytest.mark.parametrize("offset", [0, 95_000, 150_000, 190_555, 190_560])
+def test_pages_past_the_middle_read_from_the_end_are_the_same(grid_env, offset) -> None:
+    h, client, aid, tbl = grid_env
+    r = rows(client, h, aid, sort=["kwh:desc", "occupancy:asc"], offset=str(offset), limit="10")
+    names = [c["name"] for c in r.json()["columns"]]
+    got = [(d[names.index("building_id")], d[names.index("ts")][:19]) for d in r.json()["data"]]
+    want = duckdb.sql("SELECT building_id, strftime(ts, '%Y-%m-%d %H:%M:%S') FROM (SELECT *, row_number() OVER () AS n "
+                      "FROM tbl) ORDER BY kwh DESC NULLS LAST, occupancy ASC NULLS LAST, n "
+                      f"LIMIT 10 OFFSET {offset}").fetchall()
+    assert got == [tuple(w) for w in want]
+
+
 def test_filters_match_duckdb_and_sum_of_pages(grid_env) -> None:
     h, client, aid, tbl = grid_env
     filters = [{"column": "building_id", "op": "contains", "value": "b0"},

@@ -220,13 +220,22 @@ def where_sql(view: GridView, columns: Sequence[Column]) -> tuple[str, list[Any]
     return (" WHERE " + " AND ".join(parts) if parts else ""), params
 
 
-def order_sql(view: GridView, columns: Sequence[Column]) -> str:
+def order_sql(view: GridView, columns: Sequence[Column], reverse: bool = False) -> str:
+    """The ORDER BY of a sorted view (ties in file order); `reverse`: the exact opposite order."""
     if not view.sort:
         return ""  # file order (DuckDB keeps it for one file)
-    keys = [f"{quote(c)} {'DESC' if d else 'ASC'} NULLS LAST" for c, d in view.sort]
+    keys = [f"{quote(c)} {'DESC' if d != reverse else 'ASC'} NULLS {'FIRST' if reverse else 'LAST'}"
+            for c, d in view.sort]
     if not any(c.name == ROW_NUMBER for c in columns):
-        keys.append(ROW_NUMBER)  # ties in file order: pages are stable
+        keys.append(f"{ROW_NUMBER}{' DESC' if reverse else ''}")  # ties in file order: pages are stable
     return " ORDER BY " + ", ".join(keys)
+
+
+def from_the_end(view: GridView, columns: Sequence[Column], matching: int | None, offset: int) -> bool:
+    """A sorted page past the middle is read in the opposite order from the end (DuckDB's top-N
+    then keeps the rows after it, not the ones before: 600 ms -> ~100 ms at 500,000 of 1M)."""
+    return (bool(view.sort) and matching is not None and offset > matching // 2
+            and not any(c.name == ROW_NUMBER for c in columns))
 
 
 def source_sql(columns: Sequence[Column]) -> str:
@@ -346,8 +355,14 @@ class GridReader:
                 aggs = ", ".join(["count(*)", *(f"count({quote(c.name)})" for c in columns)])
                 row = con.execute(f"SELECT {aggs} FROM {src}{where}", [str(path), *params]).fetchall()[0]
                 found = (int(row[0]), [int(v) for v in row[1:]])
-            found_rows = con.execute(f"SELECT {names} FROM {src}{where}{order_sql(view, columns)} LIMIT ? OFFSET ?",
-                                     [str(path), *params, limit, offset]).fetchall()
+            if from_the_end(view, columns, found[0], offset):
+                take = max(0, min(limit, found[0] - offset))
+                found_rows = con.execute(
+                    f"SELECT {names} FROM {src}{where}{order_sql(view, columns, reverse=True)} LIMIT ? OFFSET ?",
+                    [str(path), *params, take, max(0, found[0] - offset - take)]).fetchall()[::-1]
+            else:
+                found_rows = con.execute(f"SELECT {names} FROM {src}{where}{order_sql(view, columns)} LIMIT ? OFFSET ?",
+                                         [str(path), *params, limit, offset]).fetchall()
             return found_rows, found
 
         table, counts = self._run(path, work, self.timeout_s)
