@@ -211,3 +211,22 @@ def test_upload_warns_when_a_file_parses_into_suspiciously_few_rows(grid_env) ->
     r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("ok.csv", good.encode(), "text/csv")},
                     headers=h.auth("alice"))
     assert r.status_code == 201 and "warning" not in r.json()
+
+
+def test_a_grid_query_takes_a_query_slot(grid_env) -> None:
+    h, client, aid, _ = grid_env
+    slots = h.rt.query_slots
+    old = slots.wait_s
+    slots.wait_s = 0.3
+    held = slots.try_acquire("alice", "SQL query")
+    try:
+        assert held is not None
+        r = rows(client, h, aid)
+        assert r.status_code == 503 and "limits.sql_queries_per_user" in r.json()["error"], r.text
+        assert client.get(f"/api/artifacts/{aid}/rows.csv", headers=h.auth("alice")).status_code == 503
+    finally:
+        held.release()
+        slots.wait_s = old
+    assert rows(client, h, aid).status_code == 200 and slots.running("alice") == 0
+    r = client.get(f"/api/artifacts/{aid}/rows.csv", headers=h.auth("alice"))
+    assert r.status_code == 200 and slots.running("alice") == 0  # the stream gave its slot back

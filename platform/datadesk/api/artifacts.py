@@ -205,14 +205,15 @@ def grid_reader(rt: Runtime) -> GridReader:
 
 
 async def _grid_slot(rt: Runtime, user: User) -> Any:
-    """A query slot (limits.sql_queries_per_user / sql_queries) for one grid query; 429 when none."""
+    """A query slot (limits.sql_queries_per_user / sql_queries) for one grid query; 503 naming the
+    limit when none came free within limits.sql_queue_s (as for SQL, api/errors.py)."""
     slots = getattr(rt, "query_slots", None)
     if slots is None:
         return None
     try:
         return await slots.acquire(user.id, "table query")
     except Busy as exc:
-        raise HTTPException(status_code=429, detail=str(exc), headers={"Retry-After": "2"}) from None
+        raise HTTPException(status_code=503, detail=str(exc), headers={"Retry-After": "2"}) from None
 
 
 def _release(slot: Any) -> None:
