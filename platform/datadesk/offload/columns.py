@@ -173,7 +173,10 @@ def temporal(arr: pa.Array) -> pa.Array | None:
     first = _first_valid(arr)
     if not isinstance(first, str) or not (10 <= len(first) <= 35) or first[4:5] != "-" or not first[:4].isdigit():
         return None
-    targets = (pa.date32(),) if len(first) == 10 else (pa.timestamp("us"), pa.timestamp("us", tz="UTC"))
+    zoned = first[-1:] == "Z" or (len(first) > 19 and first[-6:-5] in ("+", "-")) or first[-5:-4] in ("+", "-") \
+        or first[-3:-2] in ("+", "-")
+    naive, utc = pa.timestamp("us"), pa.timestamp("us", tz="UTC")
+    targets = (pa.date32(),) if len(first) == 10 else (utc, naive) if zoned else (naive, utc)
     for target in targets:
         try:
             return arr.cast(target)

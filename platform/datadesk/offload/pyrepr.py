@@ -27,7 +27,10 @@ _CALLS = {
     "Decimal": decimal.Decimal,
     "datetime.date": dt.date, "datetime.datetime": dt.datetime, "datetime.time": dt.time,
     "datetime.timedelta": dt.timedelta, "UUID": lambda s: str(uuid.UUID(s)),
+    "datetime.timezone": dt.timezone,
 }
+_KEYWORDS = {"datetime.datetime": {"tzinfo", "fold"}, "datetime.time": {"tzinfo", "fold"},
+             "datetime.timedelta": {"days", "seconds", "microseconds"}}
 
 
 def looks_like_repr_rows(text: str) -> bool:
@@ -47,10 +50,17 @@ def _value(node: ast.AST) -> Any:
     cls = type(node)
     if cls is ast.Constant:
         return node.value  # type: ignore[attr-defined]
-    if cls is ast.Call and not node.keywords:  # type: ignore[attr-defined]
-        fn = _CALLS.get(_call_name(node.func) or "")  # type: ignore[attr-defined]
-        if fn is not None:
-            return fn(*[_value(a) for a in node.args])  # type: ignore[attr-defined]
+    if cls is ast.Call:
+        name = _call_name(node.func) or ""  # type: ignore[attr-defined]
+        fn = _CALLS.get(name)
+        kwargs = {k.arg: _value(k.value) for k in node.keywords}  # type: ignore[attr-defined]
+        if fn is not None and set(kwargs) <= _KEYWORDS.get(name, set()):
+            try:
+                return fn(*[_value(a) for a in node.args], **kwargs)  # type: ignore[attr-defined]
+            except (TypeError, ValueError, decimal.InvalidOperation) as exc:
+                raise TabularParseError(f"bad value in a Python-repr table: {ast.unparse(node)[:80]} ({exc})") from None
+    if cls is ast.Attribute and ast.unparse(node) in ("datetime.timezone.utc", "timezone.utc"):
+        return dt.timezone.utc
     if cls is ast.Dict:
         keys = [_value(k) for k in node.keys]  # type: ignore[attr-defined]
         return dict(zip(keys, [_value(v) for v in node.values]))  # type: ignore[attr-defined]
@@ -88,9 +98,15 @@ def repr_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch
     when it can be exact, else the `ast` path below, which names what it refuses."""
     from datadesk.offload import shapes_json
     from datadesk.offload.shapes_repr import ReprUnsupported, resolve_tags, to_json
+    from datadesk.offload.shapes_reprfast import dict_json, tuple_batches
 
+    fast = tuple_batches(text, batch_rows)  # Arrow kernels only (plain reprs of tuples)
+    if fast is not None:
+        yield from fast
+        return
     try:
-        json_text, _ = to_json(text)
+        data = dict_json(text) if text.lstrip()[:2] in ("[{", "{'") else None
+        json_text = data if data is not None else to_json(text)[0]
         found = shapes_json.locate(json_text, header_rows=False)
     except (ReprUnsupported, TabularParseError):
         yield from exact_batches(text, batch_rows)

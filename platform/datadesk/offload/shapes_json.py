@@ -61,12 +61,16 @@ def _decode(data: Any, decoder: msgspec.json.Decoder = _ANY) -> Any:
         raise TabularParseError(f"invalid JSON: {exc}") from None
 
 
-def locate(text: str | bytes, header_rows: bool = True) -> JsonRows:
+def locate(text: Any, header_rows: bool = True) -> JsonRows:
     """The rows of a tabular JSON document (TabularParseError naming why when there are none).
 
     `header_rows=False`: an array of arrays never has a header row (a Python repr)."""
-    body = text.lstrip() if isinstance(text, str) else text.lstrip()
-    first = body[:1]
+    if isinstance(text, str):
+        body: Any = text.lstrip()
+        first = body[:1]
+    else:  # bytes or an Arrow buffer: no copy
+        body = memoryview(text)
+        first = bytes(body[:256]).lstrip()[:1]
     if first in ("[", b"["):
         return _from_array(_decode(body, _RAWS), "JSON array", header_rows=header_rows)
     if first not in ("{", b"{"):
@@ -79,7 +83,7 @@ def locate(text: str | bytes, header_rows: bool = True) -> JsonRows:
 
 
 def _ndjson(body: str | bytes) -> JsonRows:
-    data = body.encode("utf-8") if isinstance(body, str) else body
+    data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
     rows = [msgspec.Raw(line) for line in data.splitlines() if line.strip()]
     for i, raw in enumerate(rows[:3]):
         if _head(raw) != b"{":
@@ -225,6 +229,9 @@ def batches(found: JsonRows, batch_rows: int = CHUNK_ROWS, default_name: str = "
             yield pa.RecordBatch.from_arrays([pa.nulls(0) for _ in found.names], names=unique_names(found.names))
         return
     forced: set[str] = set()
+    if found.kind == "records":  # which fields pyarrow would type as timestamps: learn it on a sample
+        sample = _arrow_json(_ENC.encode_lines(found.rows[:200]), set(), learn=True)
+        forced |= sample
     for start in range(0, len(found.rows), batch_rows):
         chunk = found.rows[start:start + batch_rows]
         if found.kind == "records":
@@ -259,9 +266,15 @@ def _records_chunk(chunk: list[Any], forced: set[str]) -> list[pa.RecordBatch]:
     return table.to_batches()
 
 
-def _arrow_json(data: bytes, forced: set[str]) -> pa.Table | None:
+def _arrow_json(data: bytes, forced: set[str], learn: bool = False) -> Any:
     """pyarrow's reader on NDJSON bytes, timestamps kept as strings (we type them ourselves);
-    None when it cannot give an exact result."""
+    None when it cannot give an exact result. `learn`: only the names pyarrow types as timestamps."""
+    if learn:
+        try:
+            table = pajson.read_json(io.BytesIO(data))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return set()
+        return {f.name for f in table.schema if pa.types.is_timestamp(f.type)}
     for _ in range(3):
         schema = pa.schema([(name, pa.string()) for name in sorted(forced)]) if forced else None
         opts = pajson.ParseOptions(explicit_schema=schema, newlines_in_values=False)
@@ -312,12 +325,11 @@ def _arrays_chunk(chunk: list[Any], names: list[str] | None, start: int, default
 def rows_batch(rows: list[Any], names: list[str] | None, start: int = 0, default_name: str = "column_",
                strict: bool = False) -> pa.RecordBatch:
     """Positional rows (lists or tuples) -> a typed batch; short rows are padded with nulls."""
-    width = len(names) if names is not None else max((len(r) for r in rows if isinstance(r, (list, tuple))),
-                                                     default=0)
-    lengths = set(map(len, rows)) if all(isinstance(r, (list, tuple)) for r in rows) else None
+    lengths = set(map(len, rows)) if set(map(type, rows)) <= {list, tuple} else None
     if lengths is None:
         bad = next(i for i, r in enumerate(rows) if not isinstance(r, (list, tuple)))
         raise TabularParseError(f"row {start + bad + 1} is not an array of values like the rows before it")
+    width = len(names) if names is not None else max(lengths, default=0)
     if max(lengths, default=0) > width:
         bad = next(i for i, r in enumerate(rows) if len(r) > width)
         raise TabularParseError(f"row {start + bad + 1} has {len(rows[bad])} values but there are {width} columns")

@@ -40,8 +40,6 @@ _REWRITES = (
     (", tzinfo=datetime.timezone.utc)", f", {UTC})"), ("tzinfo=datetime.timezone.utc", str(UTC)),
     ("(", "["), (")", "]"), ("None", "null"), ("True", "true"), ("False", "false"),
 )
-_LEFTOVER = re.compile(r"[^0-9\s,\[\]{}:.eE+\-\x00]")
-_WORDS = re.compile(r'null|true|false|"\\u0001[Du]"')
 
 
 class ReprUnsupported(ValueError):
@@ -55,29 +53,36 @@ def looks_like_repr(text: str) -> bool:
 
 
 def to_json(text: str) -> tuple[str, bool]:
-    """The JSON text for a Python repr table, and whether it holds tags to resolve."""
+    """The JSON text for a Python repr table, and whether it holds tags to resolve.
+
+    msgspec's strict JSON decoder is the final check: a name, a call we do not rewrite,
+    a set, a non-string key, `nan` ... all leave invalid JSON, and the caller then takes
+    the exact path (which names the value it refuses)."""
     if _SEP in text:
         raise ReprUnsupported("NUL character")
-    parts = _STRING.split(text)
+    if '"' not in text and "\\" not in text:
+        # the common case: every string is 'plain', so the odd pieces of a split on the
+        # quote are exactly the strings' contents (valid JSON string contents as they are)
+        parts = text.split("'")
+        if len(parts) % 2 == 0:
+            raise ReprUnsupported("unbalanced quotes")
+        quote = '"'
+        strings = None
+    else:
+        parts = _STRING.split(text)
+        quote = ""
+        strings = [_json_string(x) for x in parts[1::2]]
     others = _SEP.join(parts[0::2])
-    tagged = "(" in others and any(call in others for call in ("datetime.", "Decimal(", "UUID("))
+    tagged = any(call in others for call in ("datetime.", "Decimal(", "UUID("))
     for old, new in _REWRITES:
         if old in others:
             others = others.replace(old, new)
-    others = others.replace(",]", "]")  # a one-element tuple: (1,)
-    bad = _LEFTOVER.search(_WORDS.sub("", others))
-    if bad is not None:
-        raise ReprUnsupported(f"unsupported text near {bad.group()!r}")
-    strings = parts[1::2]
-    joined = _SEP.join(strings)
-    if "\\" not in joined and '"' not in joined:
-        strings = joined.replace("'", '"').split(_SEP) if strings else []
-    else:
-        strings = [_json_string(s) for s in strings]
-    out = others.split(_SEP)
-    parts[0::2] = out
-    parts[1::2] = strings
-    return "".join(parts), tagged
+    if ",]" in others:
+        others = others.replace(",]", "]")  # a one-element tuple: (1,)
+    parts[0::2] = others.split(_SEP)
+    if strings is not None:
+        parts[1::2] = strings
+    return quote.join(parts), tagged
 
 
 def _json_string(literal: str) -> str:

@@ -145,6 +145,11 @@ def python_column(values: Sequence[Any]) -> pa.Array:
         target = pa.float64()
     elif kinds == {bool}:
         target = pa.bool_()
+    elif kinds == {list}:  # tagged values of a Python repr, or nested lists: pyarrow types them
+        try:
+            return pa.array(values)
+        except _ERRORS:
+            return infer_array(values)
     if target is not None:
         try:
             return pa.array(values, target)

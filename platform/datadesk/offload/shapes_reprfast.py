@@ -1,0 +1,236 @@
+"""Python reprs of tables in Arrow kernels only: no Python object per value or per string.
+
+For the common reprs (every string single-quoted, without backslashes or double quotes):
+the text is split on the quote by `split_pattern` (C++), the pieces between strings are
+rewritten by `replace_substring(_regex)` over the whole array of pieces at once, and the
+pieces are joined again by `binary_join`:
+
+- tuples / lists of values become CSV (`), (` -> newline, `, ` -> `,`, the string
+  quote as CSV quote), read by pyarrow's CSV reader; calls become tagged fields
+  (`datetime.date(2024, 1, 2)` -> `\\x01d2024-1-2`, `Decimal('1.50')` -> `'\\x01D1.50'`)
+  that `resolve` types vectorised;
+- dicts become JSON with the tags of `shapes_repr` (read by pyarrow's JSON reader).
+
+Anything else returns None and the caller takes the msgspec / `ast` paths, which are exact
+for every repr this module refuses (a string with a quote in it, a call it does not know,
+a one-element tuple ...). A real string can never look like a tag: a control character in
+a repr string is written as an escape (a backslash), which sends the text elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from datadesk.offload.columns import TabularParseError, unique_names
+from datadesk.offload.shapes_types import text_column
+
+_Q = pa.scalar("'", pa.large_string())
+_DATETIME = r"datetime\.datetime\((\d+), (\d+), (\d+), (\d+), (\d+)(?:, (\d+))?(?:, (\d+))?"
+_CALL_RULES = (
+    (_DATETIME + r", tzinfo=datetime\.timezone\.utc\)", "\x01z\\1 \\2 \\3 \\4 \\5 \\6 \\7"),
+    (_DATETIME + r"\)", "\x01t\\1 \\2 \\3 \\4 \\5 \\6 \\7"),
+    (r"datetime\.date\((\d+), (\d+), (\d+)\)", "\x01d\\1-\\2-\\3"),
+    (r"datetime\.time\((\d+), (\d+)(?:, (\d+))?(?:, (\d+))?\)", "\x01h\\1 \\2 \\3 \\4"),
+)
+_STRING_CALLS = (("Decimal(", "\x01D"), ("UUID(", "\x01u"))
+
+
+def _pieces(text: str) -> tuple[pa.Array, pa.Array] | None:
+    """(the pieces between strings, the strings' contents), or None when not a plain repr."""
+    if '"' in text or "\\" in text or "\x01" in text or ",)" in text:
+        return None
+    pieces = pc.split_pattern(pa.array([text], pa.large_string()), "'").values
+    n = len(pieces)
+    if n % 2 == 0:
+        return None
+    return pieces.take(pa.array(np.arange(0, n, 2))), pieces.take(pa.array(np.arange(1, n, 2)))
+
+
+def _join(others: pa.Array, strings: pa.Array, quote: str) -> pa.Buffer:
+    m = len(others)
+    combined = pa.concat_arrays([others, strings])
+    order = np.empty(2 * m - 1, dtype=np.int64)
+    order[0::2] = np.arange(m)
+    order[1::2] = m + np.arange(m - 1)
+    pieces = combined.take(pa.array(order))
+    return _join_pieces(pieces, quote)
+
+
+def _string_calls(others: pa.Array, strings: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """`Decimal('1.5')` / `UUID('...')`: the call leaves the pieces, its string gets a tag."""
+    for call, tag in _STRING_CALLS:
+        ends = pc.ends_with(others, call)
+        if not pc.any(ends).as_py():
+            continue
+        before = ends.slice(0, len(others) - 1)
+        strings = pc.if_else(before, pc.binary_join_element_wise(pa.scalar(tag, pa.large_string()), strings,
+                                                                 pa.scalar("", pa.large_string())), strings)
+        others = pc.if_else(ends, pc.utf8_slice_codeunits(others, 0, -len(call)), others)
+        after = pa.concat_arrays([pa.array([False]), before])
+        if not pc.all(pc.or_(pc.invert(after), pc.starts_with(others, ")"))).as_py():
+            raise _Refused()
+        others = pc.if_else(after, pc.utf8_slice_codeunits(others, 1), others)
+    return others, strings
+
+
+class _Refused(Exception):
+    pass
+
+
+_SEP = "\x00"
+_DT = re.compile(r"datetime\.datetime\((\d+), (\d+), (\d+), (\d+), (\d+)(?:, (\d+))?(?:, (\d+))?"
+                 r"(, tzinfo=datetime\.timezone\.utc)?\)")
+_ALLOWED = b"0123456789,.-+eE \n\x00\x01Duzthd"  # outside the strings, after the rewrites
+_DATE = re.compile(r"datetime\.date\((\d+), (\d+), (\d+)\)")
+_TIME = re.compile(r"datetime\.time\((\d+), (\d+)(?:, (\d+))?(?:, (\d+))?\)")
+
+
+def _dt(m: re.Match) -> str:
+    g = m.groups()
+    return f"\x01{'z' if g[7] else 't'}{g[0]} {g[1]} {g[2]} {g[3]} {g[4]} {g[5] or 0} {g[6] or 0}"
+
+
+def _csv_text(text: str) -> str | None:
+    """The CSV for a plain repr of tuples (strings untouched), or None: not for this path."""
+    stripped = text.strip()
+    if not (stripped.startswith("[(") and stripped.endswith(")]")) or ",)" in stripped \
+            or '"' in stripped or "\\" in stripped or _SEP in stripped or "\x01" in stripped:
+        return None  # (a one-element tuple is written "(1,)": the exact path reads it)
+    parts = stripped[2:-2].split("'")
+    if len(parts) % 2 == 0:
+        return None
+    others = _SEP.join(parts[0::2])  # everything but the strings: the rewrites cannot touch a string
+    for call, tag in (("Decimal(", "\x01D"), ("UUID(", "\x01u")):
+        if call in others:  # the tag sits before the quoted digits: `\x01D'1.50'`, one CSV field
+            others = others.replace(call + _SEP + ")", tag + _SEP)
+    if "datetime.datetime(" in others:
+        others = _DT.sub(_dt, others)
+    if "datetime.date(" in others:
+        others = _DATE.sub(lambda m: f"\x01d{m[1]}-{m[2]}-{m[3]}", others)
+    if "datetime.time(" in others:
+        others = _TIME.sub(lambda m: f"\x01h{m[1]} {m[2]} {m[3] or 0} {m[4] or 0}", others)
+    others = others.replace("), (", "\n").replace(", ", ",")
+    rest = others
+    for word in ("None", "True", "False", "nan", "inf"):
+        rest = rest.replace(word, "")
+    if rest.encode("utf-8", "replace").translate(None, _ALLOWED):
+        return None  # a call, a nested tuple, a name this path does not rewrite: the exact paths
+    parts[0::2] = others.split(_SEP)
+    return "'".join(parts)
+
+
+def tuple_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch] | None:
+    """Typed batches of `[(...), (...)]` (columns col_1 ...), or None: not for this path."""
+    csv_text = _csv_text(text)
+    if csv_text is None:
+        return None
+    try:
+        table = pacsv.read_csv(
+            pa.BufferReader(csv_text.encode("utf-8")),
+            read_options=pacsv.ReadOptions(autogenerate_column_names=True, block_size=4 << 20),
+            parse_options=pacsv.ParseOptions(delimiter=",", quote_char="'", double_quote=False, escape_char=False,
+                                             newlines_in_values=False),
+            convert_options=pacsv.ConvertOptions(null_values=["None"], true_values=["True"], false_values=["False"],
+                                                 strings_can_be_null=True, quoted_strings_can_be_null=False))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    names = unique_names([f"col_{i + 1}" for i in range(table.num_columns)])
+    table = table.rename_columns(names)
+    return _typed_batches(table, batch_rows)
+
+
+def _buffer(one: pa.Array) -> pa.Buffer:
+    _, offsets, data = one.buffers()
+    bounds = np.frombuffer(offsets, dtype=np.int64)[one.offset:one.offset + 2]
+    return data.slice(int(bounds[0]), int(bounds[1] - bounds[0])) if data is not None else pa.py_buffer(b"")
+
+
+def _join_pieces(pieces: pa.Array, quote: str = "'") -> pa.Buffer:
+    lists = pa.LargeListArray.from_arrays(pa.array([0, len(pieces)], pa.int64()), pieces)
+    return _buffer(pc.binary_join(lists, pa.scalar(quote, pa.large_string())))
+
+
+def _typed_batches(table: pa.Table, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    for batch in table.to_batches(max_chunksize=batch_rows):
+        yield pa.RecordBatch.from_arrays([resolve(c) for c in batch.columns], names=batch.schema.names)
+
+
+def resolve(col: pa.Array) -> pa.Array:
+    """A CSV column of the fast path: tagged fields typed, other strings as text."""
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        return col
+    valid = col.drop_null()
+    if len(valid) == 0:
+        return col
+    first = valid[0].as_py()
+    tag = first[:2] if first[:1] == "\x01" else ""
+    if not tag or not pc.all(pc.starts_with(valid, tag)).as_py():
+        if pc.any(pc.starts_with(valid, "\x01")).as_py():
+            raise TabularParseError("a Python-repr column mixes values of different kinds (e.g. dates and text)")
+        return col.cast(pa.string())
+    body = pc.utf8_slice_codeunits(col, 2)
+    if tag in ("\x01D", "\x01u"):  # \x01D'1.50': the quotes came with it
+        body = pc.utf8_slice_codeunits(body, 1, -1)
+        return _decimal(body) if tag == "\x01D" else body.cast(pa.string())
+    if tag == "\x01d":
+        parts = pc.split_pattern(body, "-")
+        y, m, d = (pc.list_element(parts, k) for k in range(3))
+        return pc.binary_join_element_wise(pc.utf8_lpad(y, 4, "0"), pc.utf8_lpad(m, 2, "0"),
+                                           pc.utf8_lpad(d, 2, "0"), "-").cast(pa.date32())
+    parts = pc.split_pattern(body, " ")
+    fields = [pc.list_element(parts, k) for k in range(7 if tag != "\x01h" else 4)]
+    pad = lambda a, w: pc.utf8_lpad(a, w, "0")  # noqa: E731
+    if tag == "\x01h":
+        return _time(*fields)
+    y, mo, d, h, mi, s, us = fields
+    text = pc.binary_join_element_wise(
+        pc.binary_join_element_wise(pad(y, 4), pad(mo, 2), pad(d, 2), "-"),
+        pc.binary_join_element_wise(pad(h, 2), pad(mi, 2), pad(s, 2), ":"), " ")
+    ts = pc.binary_join_element_wise(text, pad(us, 6), ".").cast(pa.timestamp("us"))
+    return pc.assume_timezone(ts, "UTC") if tag == "\x01z" else ts
+
+
+def _time(h: pa.Array, mi: pa.Array, s: pa.Array, us: pa.Array) -> pa.Array:
+    ints = [a.cast(pa.int64()) for a in (h, mi, s, us)]
+    seconds = pc.add(pc.add(pc.multiply(ints[0], 3600), pc.multiply(ints[1], 60)), ints[2])
+    return pc.add(pc.multiply(seconds, 1_000_000), ints[3]).cast(pa.time64("us"))
+
+
+def _decimal(strings: pa.Array) -> pa.Array:
+    strings = strings.cast(pa.string())
+    dot = pc.find_substring(strings, ".")
+    length = pc.utf8_length(strings)
+    scale = pc.max(pc.if_else(pc.greater_equal(dot, 0), pc.subtract(pc.subtract(length, dot), 1), 0)).as_py() or 0
+    if pc.any(pc.match_substring(strings, "E", ignore_case=True)).as_py():
+        raise TabularParseError("a Decimal in exponent form (1E+2) in a Python-repr table")
+    precision = min(38, max(int(pc.max(length).as_py() or 1), scale + 1))
+    return strings.cast(pa.decimal128(precision, scale))
+
+
+def dict_json(text: str) -> pa.Buffer | None:
+    """JSON bytes for `[{'k': v, ...}, ...]` / `{'k': [...]}` with `shapes_repr`'s tags, or None.
+
+    The rewrites run over every piece at once; the strings' pieces are then taken back as
+    they were (a parity mask), so no string is ever changed."""
+    from datadesk.offload.shapes_repr import _REWRITES
+
+    if '"' in text or "\\" in text or "\x01" in text:
+        return None
+    lists = pc.split_pattern(pa.array([text], pa.large_string()), "'")
+    pieces = lists.values
+    if len(pieces) % 2 == 0:
+        return None
+    rewritten = pieces
+    for old, new in _REWRITES:
+        if old in text:
+            rewritten = pc.replace_substring(rewritten, old, new)
+    if ",)" in text:
+        rewritten = pc.replace_substring(rewritten, ",]", "]")
+    parity = pa.array(np.arange(len(pieces)) % 2 == 0)
+    return _join_pieces(pc.if_else(parity, rewritten, pieces), '"')
