@@ -162,6 +162,13 @@ def test_grid_pages_sorts_filters_copies_and_downloads_the_full_result(server, c
     lines = clipboard(page).split("\n")
     assert len(lines) == 2 and all(len(x.split("\t")) == 2 for x in lines) and lines[0].startswith("B07\t")
 
+    # the keyboard: arrows move the selection, Shift extends it, Ctrl+C copies
+    page.focus(".grid-scroll")
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("Shift+ArrowRight")
+    page.keyboard.press("Control+c")
+    until(page, "document.querySelectorAll('#grid-table td[aria-selected]').length === 2")
+    assert len(clipboard(page).split("\t")) == 2
     # download the current view (filtered, sorted) as CSV, named from the thread's title
     with page.expect_download() as dl:
         page.click("#grid-download")

@@ -230,3 +230,23 @@ def test_a_grid_query_takes_a_query_slot(grid_env) -> None:
     assert rows(client, h, aid).status_code == 200 and slots.running("alice") == 0
     r = client.get(f"/api/artifacts/{aid}/rows.csv", headers=h.auth("alice"))
     assert r.status_code == 200 and slots.running("alice") == 0  # the stream gave its slot back
+
+
+def test_a_csv_the_code_wrote_opens_in_the_grid(grid_env) -> None:
+    from datadesk.domain.artifacts import ArtifactOrigin
+
+    h, client, _, _ = grid_env
+    tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+    handle = h.rt.threads.get(tid, "alice", ["demo"])
+    body = "building,kwh,note\n" + "".join(f"B{i % 7:02d},{i * 1.5},{'x' if i % 3 else ''}\n" for i in range(500))
+    origin = ArtifactOrigin(source="python", user="alice", thread=tid, workspace="demo", filename="daily.csv")
+    art = h.rt.artifacts.save_bytes(handle, body.encode(), "csv", "deliverable", "text/csv", origin)
+    page = rows(client, h, art.id, sort="kwh:desc", filter=[{"column": "building", "op": "=", "value": "B03"}],
+                limit="5").json()
+    assert page["rows"] == sum(1 for i in range(500) if i % 7 == 3)
+    assert [r[1] for r in page["data"]] == sorted((i * 1.5 for i in range(500) if i % 7 == 3), reverse=True)[:5]
+    assert {c["name"]: c["kind"] for c in page["columns"]} == {"building": "text", "kwh": "number", "note": "text"}
+    assert client.get(f"/api/artifacts/{art.id}/rows.csv", headers=h.auth("alice")).text.count("\n") == 501
+    txt = h.rt.artifacts.save_bytes(handle, b"hello", "txt", "deliverable", "text/plain", origin)
+    r = rows(client, h, txt.id)
+    assert r.status_code == 400 and "not a table" in r.json()["error"]

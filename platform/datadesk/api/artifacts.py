@@ -191,6 +191,7 @@ except ImportError:  # pragma: no cover
     class Busy(Exception):  # type: ignore[no-redef]
         pass
 
+GRID_FORMATS = {"parquet", "csv", "tsv"}  # what the grid reads (offload/grid.py)
 _READERS: "weakref.WeakKeyDictionary[Runtime, GridReader]" = weakref.WeakKeyDictionary()
 
 
@@ -225,7 +226,7 @@ async def _grid_request(rt: Runtime, user: User, aid: str, request: Request,
                         paging: bool) -> tuple[Thread, Artifact, Path, list[Column], Any, int, int]:
     """The table behind `aid` and the view the query parameters ask for (400 naming a bad one)."""
     handle, art, path = _data_file(rt, user, aid)
-    if art.format != "parquet":
+    if art.format not in GRID_FORMATS:
         raise ClientException(f"artifact {aid} is {art.format}, not a table: it has no rows to show")
     params = {k: request.query_params.getall(k) for k in request.query_params}
     try:
@@ -305,7 +306,7 @@ class ArtifactController(Controller):
     async def rows_csv(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep) -> Stream:
         """Every row of the grid's current view (same `sort` and `filter` as /rows) as CSV."""
         handle, art, path, columns, view, _, _ = await _grid_request(rt, user, aid, request, False)
-        _release(await _grid_slot(rt, user))  # busy now: a 429 before the download starts
+        _release(await _grid_slot(rt, user))  # busy now: a 503 before the download starts
         rt.artifacts.touch(handle, [aid])
         stem = download_stem(handle.meta.title, art) + ("_view" if view.sort or view.filters else "")
         return Stream(_csv_view(rt, user, path, columns, view), media_type="text/csv; charset=utf-8",

@@ -244,6 +244,8 @@ img{max-width:100%;height:auto}
 pre,code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.9em}
 pre{background:#f4f6f9;padding:.75rem;overflow:auto}
 .dd-report-bar{font-size:.8em;color:#5c6778;border-bottom:1px solid #dde3ea;margin-bottom:1.5rem;padding-bottom:.5rem}
+[class^="pyg-k"],.pyg-ow{color:#7a1fa2;font-weight:600}[class^="pyg-s"]{color:#0b6e2f}[class^="pyg-m"]{color:#a6460b}
+[class^="pyg-c"]{color:#6a737d;font-style:italic}.pyg-nb,.pyg-nf{color:#1f5fbf}
 @media print{.dd-report-bar{display:none}body{margin:0;max-width:none}}
 """
 

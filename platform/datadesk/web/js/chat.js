@@ -4,7 +4,7 @@ import { api } from "./api.js";
 import { earlierButton, tagSeq } from "./history.js";
 import { $, bytes, h, num, setHtml, toast } from "./dom.js";
 import { addCopyButtons, chartViewer, collapsible, modelNotes } from "./code.js";
-import { gridButton } from "./grid.js";
+import { GRID_FORMATS, gridButton } from "./grid.js";
 
 // what GET /api/artifacts/{id}/view shows in the browser (never SVG)
 export const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
@@ -399,7 +399,7 @@ export class Conversation {
       return img;
     }
     return h("div", { class: "file-link" }, "File: ", h("a", { href: `/api/artifacts/${id}/download`, download: "" }, name),
-      ` (${bytes(f.bytes)}) `, ext === "parquet" ? gridButton(f.id, name) : null);
+      ` (${bytes(f.bytes)}) `, GRID_FORMATS.has(ext) ? gridButton(f.id, name) : null);
   }
 }
 

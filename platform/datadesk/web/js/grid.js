@@ -5,6 +5,7 @@ import { api } from "./api.js";
 import { h, num, toast } from "./dom.js";
 
 const enc = encodeURIComponent;
+export const GRID_FORMATS = new Set(["parquet", "csv", "tsv"]); // what /rows reads
 const PAGE_SIZES = [100, 250, 500, 1000];
 const OPS = [["contains", "contains"], ["=", "="], ["<", "<"], [">", ">"], ["is null", "is null"], ["not null", "not null"]];
 
@@ -63,7 +64,8 @@ class Grid {
     });
     this.chips = h("div", { class: "grid-chips", id: "grid-chips" });
     this.table = h("table", { class: "grid-table", id: "grid-table" });
-    this.scroller = h("div", { class: "grid-scroll", tabindex: "0", "aria-label": "Table rows" }, this.table);
+    this.scroller = h("div", { class: "grid-scroll", tabindex: "0",
+      "aria-label": "Table rows (arrows select cells, Shift extends, Ctrl+C copies, Page Down: next page)" }, this.table);
     this.pos = h("span", { id: "grid-pos", class: "muted" });
     const nav = (label, id, fn) => {
       const b = h("button", { type: "button", id, "aria-label": label, title: label }, { first: "«", prev: "‹", next: "›", last: "»" }[id.slice(5)]);
@@ -89,7 +91,31 @@ class Grid {
         this.copy();
       }
     });
+    this.scroller.addEventListener("keydown", (e) => this.key(e));
     document.body.append(this.dlg);
+  }
+
+  // the keyboard on the rows: arrows move the selected cell, Shift+arrows extend it,
+  // Page Down / Page Up turn the page
+  key(e) {
+    const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+    if (e.key === "PageDown" || e.key === "PageUp") {
+      e.preventDefault();
+      this.go(this.offset + (e.key === "PageDown" ? this.limit : -this.limit));
+      return;
+    }
+    const m = moves[e.key];
+    if (!m || !this.page || !this.page.data.length) return;
+    e.preventDefault();
+    const rows = this.page.data.length;
+    const cols = this.page.columns.length;
+    const s = this.sel;
+    const r = s ? Math.max(0, Math.min(rows - 1, s.r1 + m[0])) : 0; // the first arrow selects the first cell
+    const c = s ? Math.max(0, Math.min(cols - 1, s.c1 + m[1])) : 0;
+    this.sel = e.shiftKey && s ? { ...s, r1: r, c1: c } : { r0: r, c0: c, r1: r, c1: c };
+    this.paint();
+    const td = this.table.querySelector(`td[data-r="${r}"][data-c="${c}"]`);
+    if (td) td.scrollIntoView({ block: "nearest", inline: "nearest" });
   }
 
   rows() {
@@ -259,7 +285,10 @@ class Grid {
     for (const td of this.table.querySelectorAll("td")) {
       const r = Number(td.dataset.r);
       const c = Number(td.dataset.c);
-      td.classList.toggle("sel", !!b && r >= b.r0 && r <= b.r1 && c >= b.c0 && c <= b.c1);
+      const on = !!b && r >= b.r0 && r <= b.r1 && c >= b.c0 && c <= b.c1;
+      td.classList.toggle("sel", on);
+      if (on) td.setAttribute("aria-selected", "true");
+      else td.removeAttribute("aria-selected");
     }
   }
 

@@ -3,7 +3,7 @@
 import { api } from "./api.js";
 import { IMAGE_FORMATS, REPORT_FORMATS } from "./chat.js";
 import { bytes, confirmDialog, h, num, promptDialog, relative, toast, when } from "./dom.js";
-import { gridButton } from "./grid.js";
+import { GRID_FORMATS, gridButton } from "./grid.js";
 
 const enc = encodeURIComponent;
 
@@ -53,7 +53,8 @@ function artifactItem(a, app) {
   li.append(h("div", { class: "muted" }, a.expires_at ? `expires ${relative(a.expires_at)} if unused` : "kept until the chat is cleared"));
   const dl = `/api/artifacts/${enc(a.id)}/download`;
   const links = h("div", { class: "links" }, h("a", { href: dl, download: "" }, "Download"));
-  if (a.format === "parquet") links.append(" · ", h("a", { href: `${dl}?format=csv`, download: "" }, "CSV"), " ", gridButton(a.id, name));
+  if (a.format === "parquet") links.append(" · ", h("a", { href: `${dl}?format=csv`, download: "" }, "CSV"));
+  if (GRID_FORMATS.has(a.format)) links.append(" ", gridButton(a.id, name));
   if (REPORT_FORMATS.has(a.format) || IMAGE_FORMATS.has(a.format)) {
     links.append(" · ", h("a", { href: `/api/artifacts/${enc(a.id)}/view`, target: "_blank", rel: "noopener" }, "Open"));
   }
