@@ -163,8 +163,10 @@ def pg_superuser(srv: Server, sql: str) -> str:
     """Run `sql` as the postgres superuser (e.g. to end the analyst's backends)."""
     pg = _system_user("postgres")
     out = subprocess.run(["psql", "-h", str(srv.root / "sock"), "-p", str(srv.port), "-U", "postgres",
-                          "-d", "sales", "-At", "-c", sql], check=True, capture_output=True,
+                          "-d", "sales", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql], capture_output=True,
                          env={"PATH": "/usr/bin:/bin"}, **_as(pg))
+    if out.returncode:
+        raise RuntimeError(f"psql failed: {out.stderr.decode()[-2000:]}")
     return out.stdout.decode()
 
 
@@ -212,7 +214,9 @@ def start_mariadb(root: Path) -> Server:
 
 def maria_root(srv: Server, sql: str) -> str:
     out = subprocess.run(["mariadb", f"--socket={srv.root / 'mysqld.sock'}", "-uroot", "-N", "-e", sql],
-                         check=True, capture_output=True)
+                         capture_output=True)
+    if out.returncode:
+        raise RuntimeError(f"mariadb failed: {out.stderr.decode()[-2000:]}")
     return out.stdout.decode()
 
 

@@ -337,3 +337,17 @@ def test_requery_reruns_on_the_same_source_and_reports_drift(sources_home, pg) -
         report = c.post(f"/api/artifacts/{aid}/requery", headers=h.auth("alice")).json()
     assert report["restored"] and report["rows_before"] == 5000 and report["rows_after"] == 5010
     assert report["changed"] and report["schema_equal"] and not report["content_equal"]
+
+
+def test_errors_the_model_can_act_on(sources_home) -> None:
+    h = make_harness(sources_home, ScriptedModel())
+    sources = h.rt.sources.get("demo")
+    with pytest.raises(SQLError, match="nearest: public.orders"):
+        sources.get("sales").record_batches("SELECT * FROM ordrs", "alice")
+    with pytest.raises(SQLError, match="nearest: sales.orders"):
+        sources.get("shop").record_batches("SELECT * FROM ordrs", "alice")
+    with pytest.raises(SQLError, match="syntax error \\(postgres dialect"):
+        sources.get("sales").record_batches("SELEC 1", "alice")
+    with pytest.raises(SQLError, match="no source 'nope' in this workspace; sources: warehouse, local, sales, shop"):
+        sources.get("nope")
+    h.rt.sources.close()

@@ -13,6 +13,7 @@ thread that calls it (the SQL tool's or the offload writer's worker thread).
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from typing import Any, Iterator
 
@@ -25,6 +26,7 @@ from datadesk.sources.session import SourceDown
 _CONNECT_TIMEOUT_S = 5
 TIMEOUT_CODES = {1969, 3024}  # MariaDB max_statement_time, MySQL max_execution_time
 KILLED = 1317  # query execution was interrupted (KILL QUERY)
+_RECEIVE_BUFFER = 1 << 20
 
 
 def _connect_args(src: ParsedSource) -> dict[str, Any]:
@@ -52,6 +54,7 @@ class MySQLSession:
         self._running = False
         try:
             self._con = self._run(asyncmy.connect(**self._args))
+            _bound_receive_buffer(self._con)
             version = self._scalar("SELECT VERSION()")
             self.mariadb = "mariadb" in str(version).lower()
             limit = (f"SET SESSION max_statement_time = {timeout_s:g}" if self.mariadb
@@ -135,6 +138,18 @@ class MySQLSession:
             self._con.close()
         finally:
             self._loop.close()
+
+
+def _bound_receive_buffer(con: Any) -> None:
+    """Cap the socket's receive buffer: asyncmy parses every complete row it has received into
+    Python objects, and with the kernel's auto-tuned buffer (several MB per read on a fast link)
+    a streamed result's backlog grew with the result. 1 MiB per read keeps it bounded."""
+    sock = con._transport.get_extra_info("socket") if getattr(con, "_transport", None) is not None else None
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
+        except OSError:
+            pass
 
 
 def error_code(exc: BaseException) -> int | None:

@@ -112,11 +112,13 @@ def sqlite_batch(rows: Sequence[Sequence[Any]], schema: pa.Schema) -> pa.RecordB
         return pa.RecordBatch.from_pylist([], schema=schema)
     arrays = []
     for col, f in zip(zip(*rows), schema):
-        if pa.types.is_string(f.type) and any(v is not None and not isinstance(v, str) for v in col):
+        try:
+            arrays.append(pa.array(col, f.type))  # the common case: every value of the column's kind
+            continue
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass
+        if pa.types.is_string(f.type):  # a text column with a number in it: the number as text
             col = tuple(v if v is None or isinstance(v, str) else str(v) for v in col)
-        elif pa.types.is_floating(f.type):
-            col = tuple(v if v is None or isinstance(v, float) else float(v) if isinstance(v, int) else v
-                        for v in col)
         try:
             arrays.append(pa.array(col, f.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
