@@ -374,6 +374,10 @@ export class Conversation {
     }
     box.append(`Offloaded: ${rows} (${bytes(art.bytes)} ${art.format}) saved as artifact ${art.id}. ` +
       "The model saw only this preview, not the full data. ");
+    if (known.status === "partial" || art.status === "partial") {
+      box.append(h("strong", { class: "partial" }, known.partial_by === "source"
+        ? "Partial (by the source): the source itself cut this result. " : "Partial: not all rows were kept. "));
+    }
     const base = `/api/artifacts/${encodeURIComponent(art.id)}/download`;
     box.append(h("a", { href: base, class: "download", download: "" }, art.format === "parquet" ? "Download Parquet" : "Download"));
     if (art.format === "parquet") {

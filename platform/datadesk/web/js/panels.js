@@ -39,7 +39,7 @@ function artifactItem(a, app) {
     : a.origin.source === "python" && a.format === "png" ? "chart" : a.origin.source === "upload" ? "upload" : a.kind);
   const facts = [a.format, bytes(a.bytes)];
   if (a.rows !== null && a.rows !== undefined) facts.push(`${num(a.rows)} rows`);
-  if (a.status === "partial") facts.push("partial");
+  if (a.status === "partial") facts.push(a.partial_by === "source" ? "partial (by the source)" : "partial");
   const li = h("li", { class: `artifact ${a.status}`, dataset: { artifact: a.id } },
     h("div", { class: "artifact-name" }, name, h("span", { class: "muted" }, ` ${a.id}`)),
     h("div", { class: "muted" }, facts.join(" · ")));
