@@ -28,7 +28,7 @@ from datadesk.api.security import SANDBOX_CSP
 from datadesk.chat.runtime import Runtime
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.users import User
-from datadesk.offload.grid import Column, GridError, GridLimit, GridReader, parse_request
+from datadesk.offload.grid import Column, GridError, GridLimit, GridReader, GridView, parse_request
 from datadesk.offload.requery import expired_message
 from datadesk.offload.store import regular_file
 from datadesk.sandbox.files import read_regular
@@ -309,7 +309,15 @@ class ArtifactController(Controller):
     async def rows_csv(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep) -> Stream:
         """Every row of the grid's current view (same `sort` and `filter` as /rows) as CSV."""
         handle, art, path, columns, view, _, _ = await _grid_request(rt, user, aid, request, False)
-        _release(await _grid_slot(rt, user))  # busy now: a 503 before the download starts
+        slot = await _grid_slot(rt, user)  # busy now: a 503 before the download starts
+        try:  # a filter value its column cannot hold is a 400 now, not an empty 200 stream later
+            await asyncio.to_thread(grid_reader(rt).page, path, columns, GridView((), view.filters), 0, 1)
+        except GridError as exc:
+            raise ClientException(str(exc), extra={"param": exc.param}) from None
+        except GridLimit as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        finally:
+            _release(slot)
         rt.artifacts.touch(handle, [aid])
         stem = download_stem(handle.meta.title, art) + ("_view" if view.sort or view.filters else "")
         return Stream(_csv_view(rt, user, path, columns, view), media_type="text/csv; charset=utf-8",

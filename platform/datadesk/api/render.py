@@ -266,7 +266,7 @@ def tool_input_html(arguments: str | None) -> str | None:
     None when it has none of them (the UI shows the arguments as JSON)."""
     try:
         args = json.loads(arguments or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # model-written: may be nested too deep to decode
         return None
     if not isinstance(args, dict):
         return None

@@ -54,7 +54,7 @@ class Entry:
     def args(self) -> dict[str, Any]:
         try:
             value = msgspec.json.decode((self.call.arguments if self.call else "") or "{}")
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # model-written: may be nested too deep
             return {}
         return value if isinstance(value, dict) else {}
 

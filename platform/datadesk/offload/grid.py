@@ -156,7 +156,7 @@ def _filters(raw: list[str], columns: dict[str, Column]) -> tuple[Filter, ...]:
         raise GridError("filter", "give one JSON list of filters")
     try:
         items = msgspec.json.decode(raw[0].encode())
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deep
         raise GridError("filter", 'not valid JSON: send [{"column": "...", "op": "=", "value": "..."}]') from None
     if isinstance(items, dict):
         items = [items]

@@ -143,7 +143,7 @@ def record_text(rec: Record) -> str:
         try:
             args = msgspec.json.decode(call.arguments or "{}")
             parts.extend(str(v) for v in (args.values() if isinstance(args, dict) else [args]))
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # model-written: may be nested too deep
             parts.append(call.arguments or "")
     if rec.meta and rec.role == "user" and rec.meta.get("filename"):
         parts.append(str(rec.meta["filename"]))

@@ -101,7 +101,7 @@ class ToolRegistry:
             )
         try:
             args = msgspec.json.decode(raw_arguments or "{}")
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             return ToolResult(f"invalid arguments for {name!r}: not valid JSON ({exc})", is_error=True)
         if not isinstance(args, dict):
             return ToolResult(f"invalid arguments for {name!r}: expected a JSON object", is_error=True)
