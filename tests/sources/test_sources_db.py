@@ -351,3 +351,35 @@ def test_errors_the_model_can_act_on(sources_home) -> None:
     with pytest.raises(SQLError, match="no source 'nope' in this workspace; sources: warehouse, local, sales, shop"):
         sources.get("nope")
     h.rt.sources.close()
+
+
+def test_partial_and_no_code_permission_truncation_work_as_for_the_warehouse(sources_home, pg) -> None:
+    step = tool_step("sql_query", {"sql": f"SELECT {PG_COLS} FROM orders", "source": "sales"})
+    events, h, tid = run_turn(sources_home, [step], offload={"result_max_bytes": 2_000_000})
+    art = next(d for e, d in events if e == "artifact.created")["artifact"]
+    meta = json.loads(artifact_file(h, "alice", tid, events).with_suffix(".json").read_text())
+    assert meta["status"] == "partial" and 0 < meta["rows"] < ROWS and art["id"] == meta["id"]
+    time.sleep(0.5)  # the rest of the statement was cancelled, not streamed to nobody
+    assert pg_superuser(pg, "SELECT count(*) FROM pg_stat_activity WHERE usename = 'analyst' AND state = 'active' "
+                            "AND query LIKE '%FROM orders%'").strip() == "0"
+
+
+def test_without_code_permission_a_large_result_is_cut_with_a_notice(sources_home) -> None:
+    step = tool_step("sql_query", {"sql": f"SELECT {PG_COLS} FROM orders", "source": "sales"})
+    events, h, tid = run_turn(sources_home, [step], user="bob")  # bob has no code_execution: no file
+    done = finished(events)
+    assert done["ok"] and not [e for e, _ in events if e == "artifact.created"]
+    assert f"{ROWS:,}" in done["preview"] or str(ROWS) in done["preview"]
+
+
+def test_no_log_line_carries_a_password(sources_home, pg, maria, caplog, monkeypatch) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("DD_TEST_MY_PASSWORD", maria.password + "-wrong")  # a failing login is logged too
+    steps = [tool_step("sql_query", {"sql": "SELECT * FROM orders", "source": "sales"}),
+             tool_step("sql_query", {"sql": "SELECT 1", "source": "shop"})]
+    events, h, tid = run_turn(sources_home, steps)
+    text = "\n".join(r.getMessage() for r in caplog.records) + json.dumps(events)
+    assert "Access denied" in json.dumps(events)
+    assert pg.password not in text and maria.password not in text
