@@ -134,8 +134,8 @@ class Grid {
   }
 
   async open(aid, label) {
+    this.cache.clear(); // the data may have changed since (a re-run query)
     if (this.aid !== aid) {
-      this.cache.clear();
       this.view = { sort: [], filters: [] };
       this.page = null;
       this.table.replaceChildren();
@@ -173,7 +173,9 @@ class Grid {
       if (seq !== this.seq) return;
       this.status.textContent = e.message;
       this.status.hidden = false;
-      if (this.view.filters.length && e.status === 400) this.view.filters.pop(); // the filter just added was refused
+      if (this.view.filters.length && e.status === 400 && e.message.startsWith("filter")) {
+        this.view.filters.pop(); // the filter just added was refused
+      }
       this.drawChips();
     } finally {
       if (seq === this.seq) this.dlg.removeAttribute("aria-busy");
