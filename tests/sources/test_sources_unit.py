@@ -217,3 +217,33 @@ def test_generic_adbc_driver_by_module_name(tmp_path) -> None:
     with pytest.raises(SQLRefused):
         src.record_batches("DELETE FROM orders", "alice")
     sources.close()
+
+
+def test_app_starts_with_a_bad_source_and_shows_it_masked(home) -> None:
+    import asyncio
+
+    from litestar.testing import TestClient
+
+    from datadesk.llm.scripted import ScriptedModel
+    from datadesk.store.layout import Layout
+    from tests.conftest import make_harness
+    from tests.sandbox_kit import ctx
+
+    cfg = Layout(home).workspace_config("demo")
+    cfg.write_text(cfg.read_text() + '\n[sources.crm]\nurl = "mysql://app:hunter2-secret@crm/db"\n'
+                   '\n[sources.odd]\nurl = "sqlite:///data/none.sqlite"\ndescription = "missing file"\n')
+    h = make_harness(home, ScriptedModel(then="ok"))
+    described = asyncio.run(h.rt.tools.run("describe_source", "{}", ctx(h.rt)))  # the warehouse by default
+    assert not described.is_error and "readings" in described.content and "warehouse (duckdb)" in described.content
+    h.rt.users.add("root", ["demo"], ["admin"])
+    token = h.rt.users.new_token("root")
+    with TestClient(h.app()) as c:
+        view = c.get("/api/workspace", headers={"Authorization": f"Bearer {token}"}).json()
+        tid = c.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+        c.post(f"/api/threads/{tid}/messages", json={"content": "hi"}, headers=h.auth("alice"))
+    by_name = {s["name"]: s for s in view["sources"]}
+    assert by_name["crm"]["state"] == "misconfigured" and "may not carry a password" in by_name["crm"]["reason"]
+    assert by_name["odd"]["state"] == "down" and "does not exist" in by_name["odd"]["reason"]
+    assert "hunter2-secret" not in str(view) and by_name["crm"]["config"]["url"] == "mysql://app:********@crm/db"
+    system = h.rt.model.calls[0][0]["content"]
+    assert "crm: MISCONFIGURED" in system and "odd (sqlite): missing file" in system
