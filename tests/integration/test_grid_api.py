@@ -133,6 +133,9 @@ def test_csv_of_the_current_view(grid_env) -> None:
     assert len(lines) == want[0] + 1 and lines[0].startswith('"building_id"')
     k = lines[0].split(",").index('"kwh"')
     assert float(lines[1].split(",")[k]) == pytest.approx(want[1])
+    bad = quote(json.dumps([{"column": "kwh", "op": ">", "value": "much"}]))
+    r = client.get(f"/api/artifacts/{aid}/rows.csv?filter={bad}", headers=h.auth("alice"))
+    assert r.status_code == 400 and r.json()["error"].startswith("filter:")
 
 
 @pytest.mark.parametrize("query, param", [
