@@ -98,9 +98,9 @@ def repr_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch
     when it can be exact, else the `ast` path below, which names what it refuses."""
     from datadesk.offload import shapes_json
     from datadesk.offload.shapes_repr import ReprUnsupported, resolve_tags, to_json
-    from datadesk.offload.shapes_reprfast import dict_json, tuple_batches
+    from datadesk.offload.shapes_reprfast import dict_batches, dict_json, tuple_batches
 
-    fast = tuple_batches(text, batch_rows)  # Arrow kernels only (plain reprs of tuples)
+    fast = tuple_batches(text, batch_rows) or dict_batches(text, batch_rows)  # pyarrow's CSV reader
     if fast is not None:
         yield from fast
         return

@@ -96,10 +96,13 @@ def _dt(m: re.Match) -> str:
     return f"\x01{'z' if g[7] else 't'}{g[0]} {g[1]} {g[2]} {g[3]} {g[4]} {g[5] or 0} {g[6] or 0}"
 
 
-def _csv_text(text: str) -> str | None:
-    """The CSV for a plain repr of tuples (strings untouched), or None: not for this path."""
+def _csv_text(text: str, dicts: bool = False) -> str | None:
+    """The CSV for a plain repr of tuples (strings untouched), or None: not for this path.
+
+    `dicts`: a list of dicts; each row becomes `key,value,key,value...` (see `dict_batches`)."""
     stripped = text.strip()
-    if not (stripped.startswith("[(") and stripped.endswith(")]")) or ",)" in stripped \
+    start, end, row_break = ("[{", "}]", "}, {") if dicts else ("[(", ")]", "), (")
+    if not (stripped.startswith(start) and stripped.endswith(end)) or ",)" in stripped \
             or '"' in stripped or "\\" in stripped or _SEP in stripped or "\x01" in stripped:
         return None  # (a one-element tuple is written "(1,)": the exact path reads it)
     parts = stripped[2:-2].split("'")
@@ -115,7 +118,9 @@ def _csv_text(text: str) -> str | None:
         others = _DATE.sub(lambda m: f"\x01d{m[1]}-{m[2]}-{m[3]}", others)
     if "datetime.time(" in others:
         others = _TIME.sub(lambda m: f"\x01h{m[1]} {m[2]} {m[3] or 0} {m[4] or 0}", others)
-    others = others.replace("), (", "\n").replace(", ", ",")
+    others = others.replace(row_break, "\n").replace(", ", ",")
+    if dicts:
+        others = others.replace(": ", ",")
     rest = others
     for word in ("None", "True", "False", "nan", "inf"):
         rest = rest.replace(word, "")
@@ -127,7 +132,30 @@ def _csv_text(text: str) -> str | None:
 
 def tuple_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch] | None:
     """Typed batches of `[(...), (...)]` (columns col_1 ...), or None: not for this path."""
-    csv_text = _csv_text(text)
+    table = _read_csv(_csv_text(text))
+    if table is None:
+        return None
+    names = unique_names([f"col_{i + 1}" for i in range(table.num_columns)])
+    return _typed_batches(table.rename_columns(names), batch_rows)
+
+
+def dict_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch] | None:
+    """Typed batches of `[{'k': v, ...}, ...]` whose rows all have the same keys in the same
+    order (a query's rows), or None: not for this path (the JSON path reads the others)."""
+    table = _read_csv(_csv_text(text, dicts=True))
+    if table is None or table.num_columns % 2:
+        return None
+    names = []
+    for i in range(0, table.num_columns, 2):
+        keys = table.column(i)
+        if keys.null_count or pc.count_distinct(keys).as_py() != 1:
+            return None  # rows with other keys, or in another order
+        names.append(str(keys[0].as_py()))
+    values = table.select(list(range(1, table.num_columns, 2))).rename_columns(unique_names(names))
+    return _typed_batches(values, batch_rows)
+
+
+def _read_csv(csv_text: str | None) -> pa.Table | None:
     if csv_text is None:
         return None
     try:
@@ -140,9 +168,7 @@ def tuple_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatc
                                                  strings_can_be_null=True, quoted_strings_can_be_null=False))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    names = unique_names([f"col_{i + 1}" for i in range(table.num_columns)])
-    table = table.rename_columns(names)
-    return _typed_batches(table, batch_rows)
+    return table
 
 
 def _buffer(one: pa.Array) -> pa.Buffer:
