@@ -148,3 +148,24 @@ def test_python_repr_datetimes_with_utc_and_naive() -> None:
     table = pa.Table.from_batches(list(parse_text(text)))
     assert table["col_1"].to_pylist() == [dt.datetime(2024, 1, 1, 10, 0, 5, 120, tzinfo=dt.timezone.utc)]
     assert table["col_2"].to_pylist() == [dt.time(10, 30)]
+
+
+@pytest.mark.parametrize("text", [
+    "[(1, '00123', 'True', 'None', '', None), (2, '00456', 'False', 'x', 'y', 'z')]",
+    "[{'a': 1, 'b': '00123', 'c': 'True', 'd': 'None', 'e': '', 'f': None}, "
+    "{'a': 2, 'b': '00456', 'c': 'False', 'd': 'x', 'e': 'y', 'f': 'z'}]",
+])
+def test_repr_strings_stay_strings_whatever_they_look_like(text: str) -> None:
+    table = pa.Table.from_batches(list(parse_text(text)))
+    rows = [list(r.values()) for r in table.to_pylist()]
+    assert rows == [[1, "00123", "True", "None", "", None], [2, "00456", "False", "x", "y", "z"]]
+
+
+def test_repr_fast_paths_match_the_exact_path() -> None:
+    from datadesk.offload.pyrepr import exact_batches, repr_batches
+
+    for shape in ("repr_tuples", "repr_dicts"):
+        text = SHAPES[shape](300)
+        fast = pa.Table.from_batches(list(repr_batches(text)))
+        exact = pa.Table.from_batches(list(exact_batches(text)))
+        assert fast.to_pylist() == exact.to_pylist(), shape

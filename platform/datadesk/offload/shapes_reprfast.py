@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from datadesk.offload.columns import TabularParseError, unique_names
-from datadesk.offload.shapes_types import text_column
+from datadesk.offload.shapes_types import json_strings
 
 _Q = pa.scalar("'", pa.large_string())
 _DATETIME = r"datetime\.datetime\((\d+), (\d+), (\d+), (\d+), (\d+)(?:, (\d+))?(?:, (\d+))?"
@@ -84,6 +84,7 @@ class _Refused(Exception):
 
 
 _SEP = "\x00"
+_STR = "\x02"  # marks a string's content in the CSV (a quoted '123' stays the text "123")
 _DT = re.compile(r"datetime\.datetime\((\d+), (\d+), (\d+), (\d+), (\d+)(?:, (\d+))?(?:, (\d+))?"
                  r"(, tzinfo=datetime\.timezone\.utc)?\)")
 _ALLOWED = b"0123456789,.-+eE \n\x00\x01Duzthd"  # outside the strings, after the rewrites
@@ -103,7 +104,7 @@ def _csv_text(text: str, dicts: bool = False) -> str | None:
     stripped = text.strip()
     start, end, row_break = ("[{", "}]", "}, {") if dicts else ("[(", ")]", "), (")
     if not (stripped.startswith(start) and stripped.endswith(end)) or ",)" in stripped \
-            or '"' in stripped or "\\" in stripped or _SEP in stripped or "\x01" in stripped:
+            or '"' in stripped or "\\" in stripped or _SEP in stripped or "\x01" in stripped or _STR in stripped:
         return None  # (a one-element tuple is written "(1,)": the exact path reads it)
     parts = stripped[2:-2].split("'")
     if len(parts) % 2 == 0:
@@ -127,6 +128,9 @@ def _csv_text(text: str, dicts: bool = False) -> str | None:
     if rest.encode("utf-8", "replace").translate(None, _ALLOWED):
         return None  # a call, a nested tuple, a name this path does not rewrite: the exact paths
     parts[0::2] = others.split(_SEP)
+    if len(parts) > 1:  # every string starts with _STR inside its quotes: pyarrow never types it
+        strings = _SEP.join(parts[1::2])
+        parts[1::2] = (_STR + strings.replace(_SEP, _SEP + _STR)).split(_SEP)
     return "'".join(parts)
 
 
@@ -150,7 +154,8 @@ def dict_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch
         keys = table.column(i)
         if keys.null_count or pc.count_distinct(keys).as_py() != 1:
             return None  # rows with other keys, or in another order
-        names.append(str(keys[0].as_py()))
+        key = keys[0].as_py()
+        names.append(key[1:] if isinstance(key, str) and key.startswith(_STR) else str(key))
     values = table.select(list(range(1, table.num_columns, 2))).rename_columns(unique_names(names))
     return _typed_batches(values, batch_rows)
 
@@ -199,10 +204,12 @@ def resolve(col: pa.Array) -> pa.Array:
     if not tag or not pc.all(pc.starts_with(valid, tag)).as_py():
         if pc.any(pc.starts_with(valid, "\x01")).as_py():
             raise TabularParseError("a Python-repr column mixes values of different kinds (e.g. dates and text)")
-        return col.cast(pa.string())
+        marked = pc.starts_with(col, _STR)
+        text = pc.if_else(marked, pc.utf8_slice_codeunits(col, 1), col).cast(pa.string())
+        return json_strings(text)  # ISO dates / timestamps typed, like JSON strings; the rest text
     body = pc.utf8_slice_codeunits(col, 2)
-    if tag in ("\x01D", "\x01u"):  # \x01D'1.50': the quotes came with it
-        body = pc.utf8_slice_codeunits(body, 1, -1)
+    if tag in ("\x01D", "\x01u"):  # \x01D'\x021.50': the quotes and the string mark came with it
+        body = pc.utf8_slice_codeunits(body, 2, -1)
         return _decimal(body) if tag == "\x01D" else body.cast(pa.string())
     if tag == "\x01d":
         parts = pc.split_pattern(body, "-")
