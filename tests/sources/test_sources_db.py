@@ -383,3 +383,21 @@ def test_no_log_line_carries_a_password(sources_home, pg, maria, caplog, monkeyp
     text = "\n".join(r.getMessage() for r in caplog.records) + json.dumps(events)
     assert "Access denied" in json.dumps(events)
     assert pg.password not in text and maria.password not in text
+
+
+@pytest.mark.parametrize("source", ["sales", "shop"])
+def test_the_session_statement_timeout_stops_a_statement_the_client_would_let_run(sources_home, pg, maria,
+                                                                                  source) -> None:
+    from datadesk.store.workspaces import load_workspace
+
+    raw = load_workspace(Layout(sources_home), "demo").sources
+    sources = SourceSet({source: {**raw[source], "timeout_s": 1}}, sources_home, 30, stream_timeout_s=1)
+    src = sources.get(source)
+    setting = {"sales": "SELECT current_setting('statement_timeout') AS t", "shop": "SELECT @@max_statement_time AS t"}
+    with src.record_batches(setting[source], "alice") as stream:
+        assert str(next(iter(stream)).column(0)[0].as_py()) in ("1s", "1", "1.0")
+    start = time.monotonic()
+    with pytest.raises(SQLTimeout, match="statement timeout of its session"):
+        list(src.record_batches(SLOW[source], "alice", control=QueryControl(30)))  # no client deadline
+    assert time.monotonic() - start < 6
+    sources.close()

@@ -75,7 +75,9 @@ class Runtime:
         self.threads = ThreadStore(self.layout, settings.limits.max_threads_per_user)
         self.workspaces = Workspaces(self.layout, settings.sql.timeout_s,
                                      SQLLimits.from_settings(settings.limits, self.layout.home))
-        self.sources = WorkspaceSources(self.workspaces, settings.sql.timeout_s)  # [sources.*] of each workspace
+        # [sources.*] of each workspace: first rows within sql.timeout_s, the whole statement within
+        # offload.stream_timeout_s (set in the database session)
+        self.sources = WorkspaceSources(self.workspaces, settings.sql.timeout_s, settings.offload.stream_timeout_s)
         # one turn per thread, N per user, cancel: across every worker of the host (file locks)
         self.turns = TurnRegistry(settings.chat.max_turns_per_user, lock_dir=self.layout.home / "locks" / "turns")
         self._background: set[asyncio.Task[Any]] = set()

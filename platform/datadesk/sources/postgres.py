@@ -1,7 +1,8 @@
 """PostgreSQL through ADBC (`adbc-driver-postgresql`): libpq, results as Arrow over binary COPY.
 
 The session is read-only by the server's own rules: it starts with
-`default_transaction_read_only=on` and the source's `statement_timeout` (libpq `options`),
+`default_transaction_read_only=on` and a `statement_timeout` (libpq `options`: the cap of a whole
+statement, streaming included; the first rows are awaited for the source's `timeout_s` by the caller),
 and every query runs in its own `BEGIN READ ONLY` transaction that is rolled back afterwards,
 so even a setting changed inside a query does not outlive it. Stop and the client deadline
 cancel the statement with libpq's cancel request (`adbc_cancel`).

@@ -23,7 +23,6 @@ from datadesk.sources.config import WAREHOUSE, ParsedSource, SourceConfigError, 
 from datadesk.sources.session import Session, SessionPool, SourceDown, SourceStream
 from datadesk.store.warehouse import QueryControl, SQLCancelled, SQLError, SQLTimeout, TableInfo
 
-_CLIENT_GRACE_S = 2.0  # the client deadline backs up the server's statement timeout by this much
 _MISSING = re.compile(r"does not exist|doesn't exist|no such table|unknown table|not found", re.I)
 CATALOG_USER = "_catalog"  # the pool bucket of describe() and probes (never a real user id)
 
@@ -31,12 +30,17 @@ CATALOG_USER = "_catalog"  # the pool bucket of describe() and probes (never a r
 class Source:
     """One configured database: statement check, pooled read-only sessions, catalogue, state."""
 
-    def __init__(self, parsed: ParsedSource, workspace_dir: Path, default_timeout_s: float) -> None:
+    def __init__(self, parsed: ParsedSource, workspace_dir: Path, default_timeout_s: float,
+                 stream_timeout_s: float = 600.0) -> None:
+        """`timeout_s` (the source's, else `default_timeout_s`): until the first rows, as the
+        warehouse's; the session's own statement timeout caps the whole statement, streaming
+        included, at `stream_timeout_s` (offload.stream_timeout_s)."""
         self.parsed = parsed
         self.name, self.kind, self.dialect = parsed.name, parsed.kind, parsed.dialect
         self.description = parsed.config.description
         self.workspace_dir = Path(workspace_dir)
         self.timeout_s = parsed.config.timeout_s or default_timeout_s
+        self.statement_cap_s = max(self.timeout_s, stream_timeout_s)
         cfg = parsed.config
         self.pool = SessionPool(self.name, self._open, cfg.max_connections, cfg.max_connections_per_user)
         self.catalog = CatalogCache(self._describe_now, cfg.catalog_ttl_s)
@@ -60,9 +64,9 @@ class Source:
 
     def _open_kind(self) -> Session:
         if self.kind == "postgresql":
-            return postgres.PostgresSession(self.parsed, self.timeout_s)
+            return postgres.PostgresSession(self.parsed, self.statement_cap_s)
         if self.kind == "mysql":
-            return mysql.MySQLSession(self.parsed, self.timeout_s)
+            return mysql.MySQLSession(self.parsed, self.statement_cap_s)
         if self.kind == "sqlite":
             from datadesk.sources.sqlite import SQLiteSession
 
@@ -78,10 +82,6 @@ class Source:
     def check(self, sql: str) -> exp.Expression:
         return check_read(sql, self.dialect, self.name)
 
-    def _client_timeout(self) -> float:
-        server_side = self.kind in ("postgresql", "mysql")
-        return self.timeout_s + (_CLIENT_GRACE_S if server_side else 0.0)
-
     def record_batches(self, sql: str, user: str, control: QueryControl | None = None,
                        batch_size: int = 65_536) -> SourceStream:
         """Check `sql`, run it on `user`'s read-only session and stream its batches. Connection,
@@ -89,7 +89,7 @@ class Source:
         tree = self.check(sql)
         control = control or QueryControl()
         if control.timeout_s is None:
-            control.timeout_s = self._client_timeout()
+            control.timeout_s = self.timeout_s  # the SQL tool extends it once rows flow
         session = self.pool.acquire(user)
         released = False
 
@@ -123,9 +123,12 @@ class Source:
         if control.cancelled:
             return SQLCancelled("the query was cancelled")
         driver = self._driver()
-        if control.fired or (driver is not None and driver.is_timeout(exc)):
-            return SQLTimeout(f"query exceeded {self.timeout_s:g} s on source {self.name!r} (its statement "
-                              "timeout); narrow it or add a LIMIT")
+        if control.fired:
+            return SQLTimeout(f"query exceeded {control.timeout_s or self.timeout_s:g} s on source {self.name!r}; "
+                              "narrow it or add a LIMIT")
+        if driver is not None and driver.is_timeout(exc):
+            return SQLTimeout(f"query exceeded {self.statement_cap_s:g} s on source {self.name!r} (the statement "
+                              "timeout of its session); narrow it or add a LIMIT")
         if driver is postgres:
             text = postgres.clean_message(str(exc))
         elif driver is mysql:
@@ -179,7 +182,7 @@ class Source:
     def _internal_rows(self, sql: str) -> list[tuple]:
         """Rows of a catalogue query of ours (not checked: it is not the model's SQL)."""
         session = self.pool.acquire(CATALOG_USER)
-        control = QueryControl(self._client_timeout())
+        control = QueryControl(self.timeout_s)
         try:
             control.attach(session)
             _schema, batches, _types = session.execute(sql, 65_536)
@@ -221,12 +224,14 @@ def _sqlite_catalog(session: Any) -> list[tuple]:
 class SourceSet:
     """The `[sources.*]` of one workspace: working sources and misconfigured ones with reasons."""
 
-    def __init__(self, raw: dict[str, Any], workspace_dir: Path, default_timeout_s: float) -> None:
+    def __init__(self, raw: dict[str, Any], workspace_dir: Path, default_timeout_s: float,
+                 stream_timeout_s: float = 600.0) -> None:
         self.sources: dict[str, Source] = {}
         self.broken: dict[str, str] = {}
         for name, table in raw.items():
             try:
-                self.sources[name] = Source(parse_source(name, table), workspace_dir, default_timeout_s)
+                self.sources[name] = Source(parse_source(name, table), workspace_dir, default_timeout_s,
+                                            stream_timeout_s)
             except SourceConfigError as exc:
                 self.broken[name] = str(exc)
 
@@ -282,9 +287,10 @@ class SourceSet:
 class WorkspaceSources:
     """The SourceSet of each workspace, built on first use from its `workspace.toml`."""
 
-    def __init__(self, workspaces: Any, default_timeout_s: float) -> None:
+    def __init__(self, workspaces: Any, default_timeout_s: float, stream_timeout_s: float = 600.0) -> None:
         self.workspaces = workspaces  # store.workspaces.Workspaces: config(ws) and layout
         self.default_timeout_s = default_timeout_s
+        self.stream_timeout_s = stream_timeout_s
         self._sets: dict[str, SourceSet] = {}
         self._lock = threading.Lock()
 
@@ -294,7 +300,8 @@ class WorkspaceSources:
             if found is None:
                 cfg = self.workspaces.config(ws)
                 found = self._sets[ws] = SourceSet(dict(getattr(cfg, "sources", {}) or {}),
-                                                   self.workspaces.layout.workspace_dir(ws), self.default_timeout_s)
+                                                   self.workspaces.layout.workspace_dir(ws), self.default_timeout_s,
+                                                   self.stream_timeout_s)
             return found
 
     def close(self) -> None:
