@@ -72,7 +72,7 @@ def find_table(lines: list[str]) -> TextTable | None:
             end = _block_end(lines, k, kind)
             return TextTable(kind, k, end, lines[:k], lines[end:], shape)
         delimited = _delimited_at(lines, k)
-        if delimited is not None:
+        if delimited is not None and (k == 0 or _header_like(lines[k], delimited[0])):
             kind, end = delimited
             return TextTable(kind, k, end, lines[:k], lines[end:], f"{kind.upper()} text")
     return None
@@ -111,6 +111,16 @@ def _delimited_at(lines: list[str], k: int) -> tuple[str, int] | None:
                 end -= 1
             return kind, end
     return None
+
+
+def _header_like(line: str, kind: str) -> bool:
+    """After prose, a delimited block must start with a header-like record (short names,
+    no sentences), so that prose with a comma per line is not taken for a table."""
+    try:
+        cells = next(csv.reader([line], delimiter="\t" if kind == "tsv" else ","))
+    except (csv.Error, StopIteration):
+        return False
+    return all(0 < len(c.strip()) <= 64 and ". " not in c for c in cells)
 
 
 def _is_note(line: str) -> bool:
