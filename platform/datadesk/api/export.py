@@ -27,7 +27,7 @@ from litestar.response import Stream
 
 from datadesk.api.access import find_thread
 from datadesk.api.auth import CurrentUser, RuntimeDep
-from datadesk.api.render import code_html, markdown_html, tool_html
+from datadesk.api.render import code_html, markdown_html, plain_html, tool_html
 from datadesk.chat.export import MAX_RESULT_CHARS, Entry, ThreadDocument, call_source, safe_name
 from datadesk.chat.notebook import notebook_for, write_bundle
 
@@ -73,11 +73,31 @@ EXPORT_CSP = ("sandbox; default-src 'none'; img-src data:; style-src 'sha256-"
               "base-uri 'none'; form-action 'none'; frame-ancestors 'self'")
 
 
+# The same policy inside the page, for the copy a user saves and opens from disk (no header then).
+META_CSP = "default-src 'none'; img-src data:; style-src " + EXPORT_CSP.split("style-src ")[1].split(";")[0] + \
+    "; base-uri 'none'; form-action 'none'"
+RENDER_BUDGET_CHARS = 1 << 20  # answer and result text rendered as Markdown per page; past it: plain text
+
+
+def _data_image(src: str) -> str | None:
+    """Images in answers may only be `data:` rasters: a saved page never fetches from anywhere."""
+    s = src.strip()
+    return s if s[:11].lower() == "data:image/" and not s[11:].lower().startswith("svg") else None
+
+
+def _rendered(text: str, budget: list[int], render: Any) -> str:
+    """`render(text)` while the page's budget lasts, else the text escaped (bounded CPU per export)."""
+    if len(text) > budget[0]:
+        return plain_html(text)
+    budget[0] -= len(text)
+    return render(text)
+
+
 def _stamp(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts))
 
 
-def _call_html(doc: ThreadDocument, e: Entry) -> str:
+def _call_html(doc: ThreadDocument, e: Entry, budget: list[int]) -> str:
     code, lang = call_source(e)
     ok = e.status == "ok"
     art = doc.result_artifact(e)
@@ -88,8 +108,8 @@ def _call_html(doc: ThreadDocument, e: Entry) -> str:
         parts.append(code_html(code, lang if lang != "json" else None))
     if e.result is not None and e.result.content:
         text = e.result.content
-        parts.append(tool_html(text[:MAX_RESULT_CHARS] + (f"\n… ({len(text) - MAX_RESULT_CHARS:,} more chars)"
-                                                          if len(text) > MAX_RESULT_CHARS else "")))
+        parts.append(_rendered(text[:MAX_RESULT_CHARS] + (f"\n… ({len(text) - MAX_RESULT_CHARS:,} more chars)"
+                                                          if len(text) > MAX_RESULT_CHARS else ""), budget, tool_html))
     parts.append("</div>")
     for aid in doc.images_of(e):
         img = doc.image(aid)
@@ -113,10 +133,12 @@ def thread_html(doc: ThreadDocument) -> str:
     """The printable page of a thread (every turn; see the module docstring)."""
     questions = sum(1 for e in doc.entries if e.kind == "user")
     out = [f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(doc.title)}</title>"
+           f"<meta http-equiv=\"Content-Security-Policy\" content=\"{META_CSP}\">"
            f"<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><style>{EXPORT_CSS}</style>"
            f"</head><body><header><h1>{html.escape(doc.title)}</h1><p>Exported from DataDesk on "
            f"{_stamp(doc.exported)} UTC · thread {html.escape(doc.thread.id)} · {questions} questions</p></header>"]
     open_turn = False
+    budget = [RENDER_BUDGET_CHARS]
     for e in doc.entries:
         if e.kind == "user":
             if open_turn:
@@ -128,11 +150,12 @@ def thread_html(doc: ThreadDocument) -> str:
                        f'<div class="text">{html.escape(text)}</div>')
             open_turn = True
         elif e.kind == "answer":
-            out.append(f'<div class="who">Assistant</div><div class="answer">{markdown_html(e.record.content or "")}</div>')
+            answer = _rendered(e.record.content or "", budget, lambda t: markdown_html(t, img_src=_data_image))
+            out.append(f'<div class="who">Assistant</div><div class="answer">{answer}</div>')
             if e.record.status == "error":
                 out.append(f"<p><em>error: {html.escape(str((e.record.meta or {}).get('error')))}</em></p>")
         else:
-            out.append(_call_html(doc, e))
+            out.append(_call_html(doc, e, budget))
     if open_turn:
         out.append("</section>")
     out.append("</body></html>")

@@ -19,7 +19,7 @@ from litestar.response.sse import ServerSentEventMessage
 
 from datadesk.api.access import find_thread, member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
-from datadesk.api.render import LiveMarkdown, markdown_html, model_img_src, tool_html, tool_input_html
+from datadesk.api.render import LiveMarkdown, markdown_html, model_img_src, plain_html, tool_html, tool_input_html
 from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut, ThreadPatch
 from datadesk.chat.journal import Cursor, JournalEvent, event_id
 from datadesk.chat.loop import start_turn
@@ -32,20 +32,35 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a pasted table may be large: it becomes an artifact
 MAX_TITLE_CHARS = 200
 HTML_EVERY_S = 0.25  # while an answer streams, its rendered Markdown is refreshed this often
+RENDER_BUDGET_CHARS = 512 * 1024  # text rendered as Markdown per GET of a thread (newest first); older: plain
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def record_view(rec: Any, artifact_ids: Iterable[str] = ()) -> dict[str, Any]:
+def record_view(rec: Any, artifact_ids: Iterable[str] = (), plain: bool = False) -> dict[str, Any]:
     """A record for the UI: as stored, plus `html` (sanitized) for assistant text and tool results;
-    images may show `data:` URIs and the thread's artifacts (`artifact_ids`) only."""
+    images may show `data:` URIs and the thread's artifacts (`artifact_ids`) only. `plain`: the
+    text escaped, not rendered (past the response's render budget)."""
     out = msgspec.to_builtins(rec)
-    if rec.role == "assistant" and rec.content:
+    if plain and rec.role in ("assistant", "tool") and rec.content:
+        out["html"] = plain_html(rec.content)
+    elif rec.role == "assistant" and rec.content:
         out["html"] = markdown_html(rec.content, img_src=model_img_src(artifact_ids))
     elif rec.role == "tool" and rec.content:
         out["html"] = tool_html(rec.content)
     for call in out.get("tool_calls") or [] if rec.role == "assistant" else []:
         call["input_html"] = tool_input_html(call.get("arguments"))  # highlighted SQL / Python
     return out
+
+
+def record_views(records: list[Any], artifact_ids: list[str]) -> list[dict[str, Any]]:
+    """The views of `records`, newest first rendered until RENDER_BUDGET_CHARS of text, the older
+    ones as plain text: a page of many long answers costs bounded CPU (a worker thread each)."""
+    budget, views = RENDER_BUDGET_CHARS, []
+    for rec in reversed(records):
+        size = len(rec.content or "")
+        views.append(record_view(rec, artifact_ids, plain=size > budget))
+        budget -= size if size <= budget else 0
+    return views[::-1]
 
 
 def thread_out(rt: RuntimeDep, meta: ThreadMeta) -> ThreadOut:
@@ -82,7 +97,7 @@ class ThreadController(Controller):
         has_more = len(records) > limit
         records = records[-limit:]
         ids = [a.id for a in rt.artifacts.list(handle)]
-        views = await asyncio.to_thread(lambda: [record_view(r, ids) for r in records])  # rendering is CPU
+        views = await asyncio.to_thread(record_views, records, ids)  # rendering is CPU
         return ThreadDetail(thread=thread_out(rt, handle.meta), records=views, has_more=has_more)
 
     @patch("/{tid:str}")
