@@ -11,6 +11,7 @@ class NewThread(msgspec.Struct, forbid_unknown_fields=True):
     title: str = msgspec.field(default="New chat")
     workspace: str | None = None
     project: str | None = None  # a label: project-scoped memory facts apply to this thread
+    reuse_empty: bool = False  # return the user's empty untitled chat instead of making another
 
 
 class NewMessage(msgspec.Struct, forbid_unknown_fields=True):

@@ -78,7 +78,12 @@ class ThreadController(Controller):
         project = data.project.strip() if data.project else None
         if project is not None and not re.fullmatch(r"[A-Za-z0-9 _.-]{1,64}", project):
             raise ClientException("project must be 1-64 letters, digits, spaces, '_', '.' or '-'")
-        handle = rt.threads.create(ws, user.id, data.title.strip() or "New chat", project=project)
+        title = data.title.strip() or "New chat"
+        if data.reuse_empty and title == "New chat" and project is None:
+            empty = rt.threads.empty_chat(ws, user.id)  # "+ New chat": an empty one is reused
+            if empty is not None and empty.meta is not None and not rt.turns.running(empty.id):
+                return thread_out(rt, empty.meta)
+        handle = rt.threads.create(ws, user.id, title, project=project)
         return thread_out(rt, handle.meta)
 
     @get("/")

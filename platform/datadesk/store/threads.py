@@ -288,6 +288,20 @@ class ThreadStore:
                 return thread
         raise ThreadNotFound(f"thread {tid} not found")
 
+    def empty_chat(self, workspace: str, owner: str) -> Thread | None:
+        """The owner's most recent untitled chat with nothing in it (no record, no upload), to be
+        reused by "+ New chat" instead of leaving another empty one behind."""
+        found: list[tuple[float, Thread]] = []
+        for folder in self.folders(workspace, owner):
+            thread = Thread.at(folder.dir)
+            meta = thread.meta
+            if meta is None or meta.title != "New chat" or meta.project is not None:
+                continue
+            log = thread.dir / "log.jsonl"
+            if not log.exists() or log.stat().st_size == 0:
+                found.append((meta.updated, thread))
+        return max(found, key=lambda f: f[0])[1] if found else None
+
     def folders(self, workspace: str, owner: str) -> Iterator[Thread]:
         """Every thread folder of `owner` in `workspace` (links and deleted ones skipped)."""
         root = self.layout.threads_dir(workspace, owner)

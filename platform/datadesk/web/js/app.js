@@ -134,7 +134,7 @@ async function newThread(title = "New chat") {
     $("#input").focus();
     return app.thread;
   }
-  const t = await api("POST", "/api/threads", { title });
+  const t = await api("POST", "/api/threads", { title, reuse_empty: title === "New chat" });
   app.madeHere = t.id;
   await refreshThreads();
   await openThread(t.id);
