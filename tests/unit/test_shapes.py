@@ -170,3 +170,19 @@ def test_repr_fast_paths_match_the_exact_path() -> None:
         fast = pa.Table.from_batches(list(repr_batches(text)))
         exact = pa.Table.from_batches(list(exact_batches(text)))
         assert fast.to_pylist() == exact.to_pylist(), shape
+
+
+@pytest.mark.parametrize("text,names,first", [
+    ("((1, 'a'), (2, 'b'))", ["col_1", "col_2"], {"col_1": 1, "col_2": "a"}),
+    ("[[1, \"it's\"], [2, 'b']]", ["col_1", "col_2"], {"col_1": 1, "col_2": "it's"}),
+    ("[(UUID('12345678-1234-5678-1234-567812345678'), 1), (UUID('12345678-1234-5678-1234-567812345679'), 2)]",
+     ["col_1", "col_2"], {"col_1": "12345678-1234-5678-1234-567812345678", "col_2": 1}),
+    ("{'n': [1, 2], 'p': [Decimal('1.25'), Decimal('2.5')]}", ["n", "p"], {"n": 1, "p": Decimal("1.25")}),
+    ("a | b\n--|--\n1 | x\n2 | y\n", ["a", "b"], {"a": 1, "b": "x"}),
+    ('{"a": 1}\n\n{"a": 2}\n', ["a"], {"a": 1}),
+    ('[["name", "city"], ["ann", "oslo"], ["bob", "rome"]]', ["name", "city"], {"name": "ann", "city": "oslo"}),
+    ("name,city\nann,oslo\nbob,rome\n", ["name", "city"], {"name": "ann", "city": "oslo"}),
+])
+def test_more_shapes(text: str, names: list[str], first: dict) -> None:
+    table = pa.Table.from_batches(list(parse_text(text)))
+    assert table.column_names == names and table.num_rows == 2 and table.to_pylist()[0] == first

@@ -115,8 +115,8 @@ def _from_array(items: list[Any], what: str, path: str = "", envelope: dict | No
 
 def _header_row(items: list[Any]) -> list[str] | None:
     """The first row's values when it is a header: all distinct non-empty strings, above rows
-    where some column is not text (or, when all is text, identifier-like names over values
-    that are not)."""
+    where some column is not text (or, when all is text, none of the names seen again in its
+    column below)."""
     first = _decode(items[0])
     if not first or not all(isinstance(v, str) and v.strip() for v in first) or len(set(first)) != len(first):
         return None
@@ -127,9 +127,11 @@ def _header_row(items: list[Any]) -> list[str] | None:
         col = [r[i] for r in sample if isinstance(r, list) and i < len(r) and r[i] is not None]
         if col and not all(isinstance(v, str) for v in col):
             return first
-    ident = all(v.replace("_", "a").replace(" ", "a").isalnum() and not v[0].isdigit() for v in first)
-    data_ident = all(isinstance(v, str) and v.replace("_", "a").isalnum() for v in (sample[0] or []))
-    return first if ident and not data_ident else None
+    # all text: a header, as for CSV (and pandas, pyarrow), unless a name repeats in its column
+    for i, name in enumerate(first):
+        if any(isinstance(r, list) and i < len(r) and r[i] == name for r in sample):
+            return None
+    return first
 
 
 def _column_names(raw_columns: Any) -> tuple[list[str], list[Any] | None]:

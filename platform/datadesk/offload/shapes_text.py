@@ -85,9 +85,14 @@ def _block_end(lines: list[str], k: int, kind: str) -> int:
             if lines[end - 1].rstrip()[-1:] in ("]", "}"):
                 return end
         return n
-    if kind in ("markdown", "box"):
+    if kind == "box":
         end = k + 2
-        while end < n and (_pipe_line(lines[end]) or (kind == "box" and _is_box_rule(lines[end]))):
+        while end < n and (_pipe_line(lines[end]) or _is_box_rule(lines[end])):
+            end += 1
+        return end
+    if kind == "markdown":  # outer pipes are optional in Markdown
+        end = k + 2
+        while end < n and "|" in lines[end]:
             end += 1
         return end
     end = k + 2
