@@ -153,3 +153,37 @@ def test_the_html_export_of_a_large_thread_is_bounded_and_complete(env) -> None:
     rendered = [a for a in answers if a.startswith("<table>")]
     assert rendered and len(rendered) * 20_000 <= RENDER_BUDGET_CHARS + 20_000
     assert all(a.startswith('<pre class="dd-plain">') for a in answers if not a.startswith("<table>"))
+
+
+def test_the_workspace_view_shows_no_secret_of_a_misconfigured_source(home, harness_factory, monkeypatch) -> None:
+    """Secrets written where they may not be (a password holding '@', a query parameter, a wrong
+    key) make the source misconfigured; the admin's view says why and shows none of them."""
+    from datadesk.store.layout import Layout
+    from datadesk.store.users import UserStore
+
+    monkeypatch.setenv("QA_SOURCE_PW", "env-secret-value")
+    cfg = Layout(home).workspace_config("demo")
+    cfg.write_text(cfg.read_text() + '''
+[sources.at]
+url = "postgresql://u:p@ss-part1@127.0.0.1:1/db"
+[sources.wrongkey]
+url = "postgresql://reader@127.0.0.1:1/db"
+password = "${env:QA_SOURCE_PW}"
+token = "wrong-key-part2"
+[sources.query]
+driver = "adbc_driver_snowflake"
+url = "snowflake://acct/db?user=bob&password=query-part3&role=r"
+''')
+    h = harness_factory(ScriptedModel(then="ok"))
+    _, h.tokens["adm"] = UserStore(h.rt.layout).add("adm", ["demo"], ["admin"])
+    with TestClient(h.app(), raise_server_exceptions=False) as client:
+        assert client.get("/api/workspace", headers=h.auth("bob")).status_code == 403
+        r = client.get("/api/workspace?workspace=demo", headers=h.auth("adm"))
+    assert r.status_code == 200, r.text
+    for secret in ("ss-part1", "wrong-key-part2", "query-part3", "env-secret-value"):
+        assert secret not in r.text, secret
+    sources = {s["name"]: s for s in r.json()["sources"]}
+    assert sources["at"]["config"]["url"] == "postgresql://u:********@127.0.0.1:1/db"
+    assert sources["wrongkey"]["config"]["token"] == "********" and "token" in sources["wrongkey"]["reason"]
+    assert sources["query"]["config"]["url"] == "snowflake://acct/db?user=bob&password=********&role=r"
+    assert sources["wrongkey"]["config"]["password"] == "${env:QA_SOURCE_PW}"  # a reference, no secret

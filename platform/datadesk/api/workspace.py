@@ -13,8 +13,26 @@ from litestar.params import FromQuery
 
 from datadesk.api.access import member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
-from datadesk.sources.config import masked_config
+from datadesk.sources.config import MASK, SourceConfig, masked_config
 from datadesk.store.warehouse import SQLError
+
+
+_KNOWN_KEYS = set(SourceConfig.__struct_fields__)
+
+
+def shown_config(name: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """`masked_config`, stricter where a table is wrong (the admin sees why it is misconfigured, no
+    secret): a key sources do not take is masked (a secret under a wrong name), and in the URL the
+    user info after ':' up to its last '@' (a password holding '@')."""
+    out = {k: (v if k in _KNOWN_KEYS else MASK) for k, v in masked_config(name, raw).items()}
+    url = out.get("url")
+    if isinstance(url, str):
+        scheme, sep, rest = url.partition("://")
+        auth, at, host = rest.rpartition("@")
+        if sep and at and ":" in auth:
+            rest = f"{auth.split(':', 1)[0]}:{MASK}@{host}"
+        out["url"] = scheme + sep + rest
+    return out
 
 
 class WorkspaceController(Controller):
@@ -38,7 +56,7 @@ class WorkspaceController(Controller):
             "prompt": cfg.prompt,
             "data": {"warehouse": cfg.warehouse, "views": cfg.views, "tables": tables, "error": warehouse_error},
             # each source probed now: state ok/down/misconfigured with the reason; secrets masked
-            "sources": [{**st, "config": masked_config(st["name"], cfg.sources.get(st["name"], {}))}
+            "sources": [{**st, "config": shown_config(st["name"], cfg.sources.get(st["name"], {}))}
                         for st in await asyncio.to_thread(rt.sources.get(ws).statuses, True)],
             "mcp": rt.mcp_status(ws),
             "skills": [{"name": s.name, "description": s.description} for s in rt.skills.skills(ws)],

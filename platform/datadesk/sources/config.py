@@ -32,6 +32,7 @@ KINDS = {"postgresql": "postgresql", "postgres": "postgresql", "mysql": "mysql",
 DIALECTS = {"postgresql": "postgres", "mysql": "mysql", "sqlite": "sqlite", "duckdb": "duckdb"}
 _SECRET_KEY = re.compile(r"pass|secret|token|key|credential|auth", re.I)
 MASK = "********"
+_QUERY_SECRET = re.compile(r"([?&;][^=&#;\s]*(?:pass|pwd|secret|token|key|credential|auth)[^=&#;\s]*=)[^&#;\s]*", re.I)
 
 
 class SourceConfigError(ValueError):
@@ -109,6 +110,7 @@ def secret_values(src: ParsedSource) -> list[str]:
 def mask_text(text: str, src: ParsedSource | None) -> str:
     """`text` with every secret of `src` and any `user:password@` in a URL replaced by a mask."""
     text = re.sub(r"(://[^/:@\s]+):[^@\s/]+@", r"\1:" + MASK + "@", text)
+    text = _QUERY_SECRET.sub(lambda m: m.group(1) + MASK, text)  # ?password=...&token=... in a URL
     for secret in secret_values(src) if src is not None else []:
         text = text.replace(secret, MASK)
     return text
