@@ -256,7 +256,7 @@ def _apply_types(out: list[pa.RecordBatch], types: list[Any]) -> list[pa.RecordB
 
 def _records_chunk(chunk: list[Any], forced: set[str]) -> list[pa.RecordBatch]:
     data = _ENC.encode_lines(chunk)
-    table = _arrow_json(data, forced)
+    table = _arrow_json(data, forced, multiline=data.count(b"\n") > len(chunk))
     if table is None:
         return [records_to_batch(_decode(b"[" + b",".join(bytes(r) for r in chunk) + b"]"))]
     if forced:  # pyarrow puts the fields of an explicit schema first: back to the source's order
@@ -268,18 +268,18 @@ def _records_chunk(chunk: list[Any], forced: set[str]) -> list[pa.RecordBatch]:
     return table.to_batches()
 
 
-def _arrow_json(data: bytes, forced: set[str], learn: bool = False) -> Any:
+def _arrow_json(data: bytes, forced: set[str], learn: bool = False, multiline: bool = False) -> Any:
     """pyarrow's reader on NDJSON bytes, timestamps kept as strings (we type them ourselves);
     None when it cannot give an exact result. `learn`: only the names pyarrow types as timestamps."""
     if learn:
         try:
-            table = pajson.read_json(io.BytesIO(data))
+            table = pajson.read_json(io.BytesIO(data), parse_options=pajson.ParseOptions(newlines_in_values=True))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             return set()
         return {f.name for f in table.schema if pa.types.is_timestamp(f.type)}
     for _ in range(3):
         schema = pa.schema([(name, pa.string()) for name in sorted(forced)]) if forced else None
-        opts = pajson.ParseOptions(explicit_schema=schema, newlines_in_values=False)
+        opts = pajson.ParseOptions(explicit_schema=schema, newlines_in_values=multiline)  # pretty-printed rows
         try:
             reader = pajson.open_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=_BLOCK),
                                       parse_options=opts)
