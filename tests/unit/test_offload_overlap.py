@@ -193,6 +193,17 @@ def test_the_digest_taken_while_writing_equals_the_file_hash(tmp_path: Path) -> 
     assert n == len(data) and digest == hashlib.sha256(data).hexdigest()
 
 
+def test_a_file_shorter_than_its_writer_said_is_an_error_not_a_wrong_hash(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 1000)
+    hasher = TailHasher(path)
+    with pytest.raises(OSError, match="ended at 1000 bytes"):
+        hasher.finish(2000)
+    stopped = TailHasher(path)
+    stopped.abort()
+    stopped.abort()  # idempotent
+
+
 def test_a_sink_with_many_row_groups_publishes_the_hash_of_its_file(tmp_path: Path) -> None:
     out = tmp_path / "out.parquet"
     with ParquetSink(out, 1 << 30, row_group_rows=3_000) as sink:

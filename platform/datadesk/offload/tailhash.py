@@ -80,8 +80,12 @@ class TailHasher:
                         return
                     want, final = self._target - self._done, self._final
                 chunk = self._fh.read(min(want, CHUNK))
-                if not chunk and final:
-                    raise OSError(f"the file ended at {self._done} bytes, {want} more were expected")
+                if not chunk:
+                    if final:
+                        raise OSError(f"the file ended at {self._done} bytes, {want} more were expected")
+                    with self._cond:  # not there yet (cannot happen with an append-only writer)
+                        self._cond.wait(POLL_S)
+                    continue
                 self._hash.update(chunk)
                 self._done += len(chunk)
         except BaseException as exc:  # raised by finish() on the writer's side
