@@ -401,3 +401,26 @@ def test_the_session_statement_timeout_stops_a_statement_the_client_would_let_ru
         list(src.record_batches(SLOW[source], "alice", control=QueryControl(30)))  # no client deadline
     assert time.monotonic() - start < 6
     sources.close()
+
+
+def test_schemas_bound_what_a_query_may_name(sources_home) -> None:
+    h = make_harness(sources_home, ScriptedModel())
+    src = h.rt.sources.get("demo").get("sales")
+    with pytest.raises(SQLRefused, match="schema 'hidden' is not visible"):
+        src.record_batches("SELECT * FROM hidden.secrets", "alice")
+    with pytest.raises(SQLError, match="does not exist"):  # search_path is the visible schemas only
+        src.record_batches("SELECT * FROM secrets", "alice")
+    h.rt.sources.close()
+
+
+def test_the_app_tries_each_source_at_start(sources_home, monkeypatch) -> None:
+    monkeypatch.setenv("DD_TEST_MY_PASSWORD", "wrong-on-purpose")
+    h = make_harness(sources_home, ScriptedModel())
+    with TestClient(h.app()):  # app start: each source is tried once in the background
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and h.rt.sources.get("demo").get("shop").status()["state"] == "unknown":
+            time.sleep(0.1)
+        states = {s["name"]: s["state"] for s in h.rt.sources.get("demo").statuses()}
+        prompt = h.rt.sources.get("demo").prompt_text()
+    assert states == {"sales": "ok", "shop": "down", "local": "ok"}
+    assert "shop (mysql): The web shop (MariaDB) — DOWN at the last attempt" in prompt and "Access denied" in prompt

@@ -162,6 +162,8 @@ class Runtime:
             if cfg.mcp:
                 servers = workspace_servers(self.layout.workspace_config(ws), cfg.mcp)
                 await self.mcp.start_workspace(ws, servers, self.layout.workspace_dir(ws))
+        # each [sources.*] tried once in the background: one that is down shows with its reason
+        self._spawn(asyncio.to_thread(self.sources.probe, self.workspaces.names()), "sources-probe")
 
     async def stop(self) -> None:
         await self.turns.cancel_all()

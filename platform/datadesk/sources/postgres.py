@@ -31,6 +31,9 @@ def connection_uri(src: ParsedSource, timeout_s: float) -> str:
     params.update({k: resolve_env(v, f"sources.{src.name}.options.{k}") for k, v in cfg.options.items()})
     session_opts = (f"-c default_transaction_read_only=on -c statement_timeout={int(timeout_s * 1000)} "
                     "-c idle_in_transaction_session_timeout=600000")
+    if cfg.schemas:  # unqualified names resolve in the visible schemas only
+        session_opts += " -c search_path=" + ",".join('"' + s.replace('"', '""').replace(" ", "\\ ") + '"'
+                                                      for s in cfg.schemas)
     params["options"] = (params.get("options", "") + " " + session_opts).strip()
     params.setdefault("connect_timeout", str(_CONNECT_TIMEOUT_S))
     params.setdefault("application_name", "datadesk")

@@ -8,6 +8,7 @@ reason, and only calls to it fail, with that reason.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -21,9 +22,10 @@ from datadesk.sources.catalog import CatalogCache, nearest_tables, tables_from_r
 from datadesk.sources.check import check_read, referenced_tables
 from datadesk.sources.config import WAREHOUSE, ParsedSource, SourceConfigError, mask_text, parse_source
 from datadesk.sources.session import Session, SessionPool, SourceDown, SourceStream
-from datadesk.store.warehouse import QueryControl, SQLCancelled, SQLError, SQLTimeout, TableInfo
+from datadesk.store.warehouse import QueryControl, SQLCancelled, SQLError, SQLRefused, SQLTimeout, TableInfo
 
 _MISSING = re.compile(r"does not exist|doesn't exist|no such table|unknown table|not found", re.I)
+log = logging.getLogger(__name__)
 CATALOG_USER = "_catalog"  # the pool bucket of describe() and probes (never a real user id)
 
 
@@ -80,7 +82,15 @@ class Source:
 
     # -- queries ----------------------------------------------------------------------------
     def check(self, sql: str) -> exp.Expression:
-        return check_read(sql, self.dialect, self.name)
+        """One read statement in this source's dialect, naming no schema outside `schemas`."""
+        tree = check_read(sql, self.dialect, self.name)
+        allowed = {s.lower() for s in self.parsed.config.schemas}
+        if allowed:
+            for schema, table in referenced_tables(tree):
+                if schema and schema.lower() not in allowed:
+                    raise SQLRefused(f"{schema}.{table}: schema {schema!r} is not visible on source {self.name!r} "
+                                     f"(its schemas: {', '.join(sorted(allowed))})")
+        return tree
 
     def record_batches(self, sql: str, user: str, control: QueryControl | None = None,
                        batch_size: int = 65_536) -> SourceStream:
@@ -303,6 +313,15 @@ class WorkspaceSources:
                                                    self.workspaces.layout.workspace_dir(ws), self.default_timeout_s,
                                                    self.stream_timeout_s)
             return found
+
+    def probe(self, workspaces: list[str]) -> None:
+        """Try each source of `workspaces` once (at start), so the model and admins see a source
+        that is down with its reason before anyone queries it. Never raises."""
+        for ws in workspaces:
+            try:
+                self.get(ws).statuses(probe=True)
+            except Exception as exc:  # a workspace that cannot be read is reported elsewhere
+                log.info("probing the sources of %s failed: %s", ws, exc)
 
     def close(self) -> None:
         with self._lock:

@@ -116,6 +116,7 @@ class SessionPool:
         self._cond = threading.Condition()
         self._idle: dict[str, list[tuple[float, Session]]] = {}
         self._count: dict[str, int] = {}  # open sessions per user (idle + in use)
+        self._closed = False  # after close_all, sessions given back are closed, not kept
 
     @property
     def open_count(self) -> int:
@@ -177,7 +178,7 @@ class SessionPool:
             except Exception:
                 reusable = False
         with self._cond:
-            if reusable:
+            if reusable and not self._closed:
                 self._idle.setdefault(user, []).append((time.monotonic(), session))
                 self._cond.notify_all()
             else:
@@ -185,6 +186,7 @@ class SessionPool:
 
     def close_all(self) -> None:
         with self._cond:
+            self._closed = True
             for user, idle in self._idle.items():
                 while idle:
                     self._drop_locked(user, idle.pop()[1])
