@@ -15,6 +15,8 @@ exact Python path (`columns.records_to_batch`), so no value is ever lost.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -258,7 +260,8 @@ def _records_chunk(chunk: list[Any], forced: set[str]) -> list[pa.RecordBatch]:
     data = _ENC.encode_lines(chunk)
     table = _arrow_json(data, forced, multiline=data.count(b"\n") > len(chunk))
     if table is None:
-        return [records_to_batch(_decode(b"[" + b",".join(bytes(r) for r in chunk) + b"]"))]
+        with _no_gc():
+            return [records_to_batch(_decode(b"[" + b",".join(bytes(r) for r in chunk) + b"]"))]
     if forced:  # pyarrow puts the fields of an explicit schema first: back to the source's order
         first = list(_decode(chunk[0], _OBJ))
         order = [n for n in first if n in table.column_names]
@@ -320,8 +323,20 @@ def _exact(table: pa.Table) -> bool:
 
 def _arrays_chunk(chunk: list[Any], names: list[str] | None, start: int, default_name: str,
                   strict: bool) -> list[pa.RecordBatch]:
-    rows = _decode(b"[" + b",".join(bytes(r) for r in chunk) + b"]")
-    return [rows_batch(rows, names, start, default_name, strict)]
+    with _no_gc():  # millions of short-lived lists: the cyclic GC would rescan them again and again
+        rows = _decode(b"[" + b",".join(bytes(r) for r in chunk) + b"]")
+        return [rows_batch(rows, names, start, default_name, strict)]
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def rows_batch(rows: list[Any], names: list[str] | None, start: int = 0, default_name: str = "column_",
