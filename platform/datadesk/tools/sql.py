@@ -53,7 +53,8 @@ SQL_HINT = "`sql` must be a non-empty string holding one read-only SQL statement
 class SqlQuery(ToolArguments):
     """Arguments of `sql_query`."""
 
-    sql: Annotated[str, msgspec.Meta(description="One DuckDB SQL statement (no trailing second statement).")]
+    sql: Annotated[str, msgspec.Meta(description="One SQL statement (no trailing second statement): DuckDB SQL "
+                                                 "for the warehouse, the source's own dialect with `source`.")]
     source: Annotated[str, msgspec.Meta(description=SOURCE_HELP)] = ""
 
     hints = {"sql": SQL_HINT}
