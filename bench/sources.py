@@ -18,8 +18,8 @@ over `pandas`, and peak memory growth (ru_maxrss after minus RSS after setup; ea
 grandchild of a small trampoline so a parent's peak does not leak into it). Memory is also
 measured at a second, smaller size (`--small`, default N/4): ours should not grow with N.
 
-Prints a table and writes JSON to bench/results/sources.json (`--tiny`: sources_tiny.json,
-20,000 and 5,000 rows, the CI smoke run).
+Prints a table and writes JSON to bench/results/sources.json (`--only pg`: sources_pg.json;
+`--tiny`: sources_tiny.json, 20,000 and 5,000 rows, the CI smoke run).
 """
 
 from __future__ import annotations
@@ -319,7 +319,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print_table(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / ("sources_tiny.json" if args.tiny else "sources.json")
+    name = "sources" + ("" if set(kinds) == {"pg", "maria", "sqlite"} else "_" + "_".join(kinds))
+    out = RESULTS / (name + ("_tiny" if args.tiny else "") + ".json")
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
 
