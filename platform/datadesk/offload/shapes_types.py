@@ -53,6 +53,14 @@ def json_strings(arr: pa.Array) -> pa.Array:
     return typed if typed is not None else arr
 
 
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def text_column(arr: pa.Array) -> pa.Array:
     """Cells of a text table -> int64 / float64 / bool / date32 / timestamp / text.
 
@@ -67,12 +75,16 @@ def text_column(arr: pa.Array) -> pa.Array:
     s = pc.if_else(pc.is_in(s, value_set=_NULL_WORDS), pa.scalar(None, pa.string()), s)
     if s.null_count == len(s):
         return pa.nulls(len(s))
-    if not _any(pc.match_substring_regex(s, r"^[+-]?0\d")):
-        for target in (pa.int64(), pa.float64()):
+    first = s.drop_null()[0].as_py() if s.null_count else s[0].as_py()
+    # the first value says which casts are worth a pass over the column (a failed cast costs one)
+    if _number(first) and not _any(pc.match_substring_regex(s, r"^[+-]?0\d")):
+        targets = (pa.float64(),) if any(c in first for c in ".eEnN") else (pa.int64(), pa.float64())
+        for target in targets:
             out = _try(s, target)
             if out is not None:
                 return out
-    if pc.all(pc.is_in(s.drop_null(), value_set=_BOOL_WORDS)).as_py():
+    if first in ("true", "false", "True", "False", "TRUE", "FALSE") and \
+            pc.all(pc.is_in(s.drop_null(), value_set=_BOOL_WORDS)).as_py():
         return pc.equal(pc.utf8_lower(s), "true")  # nulls stay null
     typed = temporal(s)
     return typed if typed is not None else s
