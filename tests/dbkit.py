@@ -44,6 +44,15 @@ def _as(user: pwd.struct_passwd) -> dict:
     return {"user": user.pw_uid, "group": user.pw_gid} if os.geteuid() == 0 else {}
 
 
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """`cmd`, failing with its stderr (not just its exit status)."""
+    out = subprocess.run(cmd, capture_output=True, **kw)
+    if out.returncode:
+        raise RuntimeError(f"{Path(cmd[0]).name} failed ({out.returncode}): "
+                           f"{out.stderr.decode(errors='replace')[-2000:]}")
+    return out
+
+
 def _wait_port(port: int, timeout: float, proc_alive=lambda: True) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -137,22 +146,21 @@ def start_postgres(root: Path) -> Server:
         os.chown(p, pg.pw_uid, pg.pw_gid) if os.geteuid() == 0 else None
     srv = Server("postgresql", free_port(), "analyst", "pw-" + secrets.token_hex(12), "sales", root)
     env = {"PATH": f"{PG_BIN}:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    subprocess.run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                    "--no-sync"], check=True, capture_output=True, env=env, **_as(pg))
+    _run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
+         env=env, **_as(pg))
     with (data / "postgresql.conf").open("a") as f:
         f.write(f"listen_addresses = '127.0.0.1'\nport = {srv.port}\nunix_socket_directories = '{sock}'\n"
                 "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
     (data / "pg_hba.conf").write_text("local all postgres trust\nhost all all 127.0.0.1/32 scram-sha-256\n")
-    subprocess.run([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-t", "30", "start"],
-                   check=True, capture_output=True, env=env, **_as(pg))
+    _run([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-t", "30", "start"],
+         env=env, **_as(pg))
     srv.pid = int((data / "postmaster.pid").read_text().split()[0])
     psql = ["psql", "-h", str(sock), "-p", str(srv.port), "-U", "postgres", "-v", "ON_ERROR_STOP=1", "-q"]
     try:
         for stmt in (f"CREATE ROLE analyst LOGIN PASSWORD '{srv.password}'", "CREATE DATABASE sales OWNER analyst"):
-            subprocess.run([*psql, "-d", "postgres", "-c", stmt], check=True, capture_output=True, env=env, **_as(pg))
+            _run([*psql, "-d", "postgres", "-c", stmt], env=env, **_as(pg))
         sql = "SET ROLE analyst;\n" + PG_DATA
-        subprocess.run([*psql, "-d", "sales"], input=sql.encode(), check=True, capture_output=True, env=env,
-                       **_as(pg))
+        _run([*psql, "-d", "sales"], input=sql.encode(), env=env, **_as(pg))
     except BaseException:
         srv.stop()
         raise
@@ -190,8 +198,8 @@ def start_mariadb(root: Path) -> Server:
     data, sock = root / "data", root / "mysqld.sock"
     os.chown(root, my.pw_uid, my.pw_gid) if os.geteuid() == 0 else None
     srv = Server("mariadb", free_port(), "analyst", "pw-" + secrets.token_hex(12), "sales", root)
-    subprocess.run(["mariadb-install-db", f"--datadir={data}", "--auth-root-authentication-method=socket",
-                    "--skip-test-db", f"--user={my.pw_name}"], check=True, capture_output=True)
+    _run(["mariadb-install-db", f"--datadir={data}", "--auth-root-authentication-method=socket", "--skip-test-db",
+          f"--user={my.pw_name}"])
     log = open(root / "log", "wb")
     proc = subprocess.Popen(
         ["mariadbd", "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={srv.port}",
@@ -204,8 +212,7 @@ def start_mariadb(root: Path) -> Server:
         _wait_port(srv.port, 30, lambda: proc.poll() is None)
         setup = (f"CREATE DATABASE sales; CREATE USER analyst@'127.0.0.1' IDENTIFIED BY '{srv.password}';"
                  "GRANT ALL ON sales.* TO analyst@'127.0.0.1'; USE sales;" + MARIA_DATA)
-        subprocess.run(["mariadb", f"--socket={sock}", "-uroot"], input=setup.encode(), check=True,
-                       capture_output=True)
+        _run(["mariadb", f"--socket={sock}", "-uroot"], input=setup.encode())
     except BaseException:
         srv.stop()
         raise

@@ -19,7 +19,11 @@ PG_ENV, MY_ENV = "DD_TEST_PG_PASSWORD", "DD_TEST_MY_PASSWORD"
 def _server(start) -> Iterator[Server]:
     root = Path(tempfile.mkdtemp(prefix="datadesk-db-"))  # under /tmp: the server's user can reach it
     root.chmod(0o755)
-    srv = start(root / "srv")
+    try:
+        srv = start(root / "srv")  # a server that fails to start is stopped by start() itself
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
     try:
         yield srv
     finally:
