@@ -1,20 +1,19 @@
-"""Python reprs of tables in Arrow kernels only: no Python object per value or per string.
+"""Python reprs of tables read by pyarrow's CSV reader: no Python object per value.
 
 For the common reprs (every string single-quoted, without backslashes or double quotes):
-the text is split on the quote by `split_pattern` (C++), the pieces between strings are
-rewritten by `replace_substring(_regex)` over the whole array of pieces at once, and the
-pieces are joined again by `binary_join`:
-
-- tuples / lists of values become CSV (`), (` -> newline, `, ` -> `,`, the string
-  quote as CSV quote), read by pyarrow's CSV reader; calls become tagged fields
-  (`datetime.date(2024, 1, 2)` -> `\\x01d2024-1-2`, `Decimal('1.50')` -> `'\\x01D1.50'`)
-  that `resolve` types vectorised;
-- dicts become JSON with the tags of `shapes_repr` (read by pyarrow's JSON reader).
+the text is split once on the quote; the parts between the strings (numbers, None/True/
+False, calls, brackets) are joined and rewritten with C-speed `str.replace` (the strings
+are never touched), `), (` becomes a line break and `, ` a comma; each string gets a mark
+inside its quotes (so `'00123'` stays text); calls become tagged CSV fields
+(`datetime.date(2024, 1, 2)` -> `\x01d2024-1-2`, `Decimal('1.50')` -> `\x01D'1.50'`) that
+`resolve` types vectorised. Rows of dicts become `key,value,...` rows whose key columns
+must be constant (`dict_batches`). `dict_json` is the JSON form of other dict reprs.
 
 Anything else returns None and the caller takes the msgspec / `ast` paths, which are exact
 for every repr this module refuses (a string with a quote in it, a call it does not know,
-a one-element tuple ...). A real string can never look like a tag: a control character in
-a repr string is written as an escape (a backslash), which sends the text elsewhere.
+a one-element tuple, a name ...). A real string can never look like a tag or a mark: a
+control character in a repr string is written as an escape (a backslash), which sends the
+text elsewhere.
 """
 
 from __future__ import annotations
@@ -30,64 +29,11 @@ import pyarrow.csv as pacsv
 from datadesk.offload.columns import TabularParseError, unique_names
 from datadesk.offload.shapes_types import json_strings
 
-_Q = pa.scalar("'", pa.large_string())
-_DATETIME = r"datetime\.datetime\((\d+), (\d+), (\d+), (\d+), (\d+)(?:, (\d+))?(?:, (\d+))?"
-_CALL_RULES = (
-    (_DATETIME + r", tzinfo=datetime\.timezone\.utc\)", "\x01z\\1 \\2 \\3 \\4 \\5 \\6 \\7"),
-    (_DATETIME + r"\)", "\x01t\\1 \\2 \\3 \\4 \\5 \\6 \\7"),
-    (r"datetime\.date\((\d+), (\d+), (\d+)\)", "\x01d\\1-\\2-\\3"),
-    (r"datetime\.time\((\d+), (\d+)(?:, (\d+))?(?:, (\d+))?\)", "\x01h\\1 \\2 \\3 \\4"),
-)
-_STRING_CALLS = (("Decimal(", "\x01D"), ("UUID(", "\x01u"))
-
-
-def _pieces(text: str) -> tuple[pa.Array, pa.Array] | None:
-    """(the pieces between strings, the strings' contents), or None when not a plain repr."""
-    if '"' in text or "\\" in text or "\x01" in text or ",)" in text:
-        return None
-    pieces = pc.split_pattern(pa.array([text], pa.large_string()), "'").values
-    n = len(pieces)
-    if n % 2 == 0:
-        return None
-    return pieces.take(pa.array(np.arange(0, n, 2))), pieces.take(pa.array(np.arange(1, n, 2)))
-
-
-def _join(others: pa.Array, strings: pa.Array, quote: str) -> pa.Buffer:
-    m = len(others)
-    combined = pa.concat_arrays([others, strings])
-    order = np.empty(2 * m - 1, dtype=np.int64)
-    order[0::2] = np.arange(m)
-    order[1::2] = m + np.arange(m - 1)
-    pieces = combined.take(pa.array(order))
-    return _join_pieces(pieces, quote)
-
-
-def _string_calls(others: pa.Array, strings: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """`Decimal('1.5')` / `UUID('...')`: the call leaves the pieces, its string gets a tag."""
-    for call, tag in _STRING_CALLS:
-        ends = pc.ends_with(others, call)
-        if not pc.any(ends).as_py():
-            continue
-        before = ends.slice(0, len(others) - 1)
-        strings = pc.if_else(before, pc.binary_join_element_wise(pa.scalar(tag, pa.large_string()), strings,
-                                                                 pa.scalar("", pa.large_string())), strings)
-        others = pc.if_else(ends, pc.utf8_slice_codeunits(others, 0, -len(call)), others)
-        after = pa.concat_arrays([pa.array([False]), before])
-        if not pc.all(pc.or_(pc.invert(after), pc.starts_with(others, ")"))).as_py():
-            raise _Refused()
-        others = pc.if_else(after, pc.utf8_slice_codeunits(others, 1), others)
-    return others, strings
-
-
-class _Refused(Exception):
-    pass
-
-
 _SEP = "\x00"
 _STR = "\x02"  # marks a string's content in the CSV (a quoted '123' stays the text "123")
+_ALLOWED = b"0123456789,.-+eE \n\x00\x01Duzthd"  # outside the strings, after the rewrites
 _DT = re.compile(r"datetime\.datetime\((\d+), (\d+), (\d+), (\d+), (\d+)(?:, (\d+))?(?:, (\d+))?"
                  r"(, tzinfo=datetime\.timezone\.utc)?\)")
-_ALLOWED = b"0123456789,.-+eE \n\x00\x01Duzthd"  # outside the strings, after the rewrites
 _DATE = re.compile(r"datetime\.date\((\d+), (\d+), (\d+)\)")
 _TIME = re.compile(r"datetime\.time\((\d+), (\d+)(?:, (\d+))?(?:, (\d+))?\)")
 
