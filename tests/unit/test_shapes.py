@@ -46,6 +46,8 @@ def test_every_shape_exact_rows_sums_and_types(shape: str, tmp_path: Path) -> No
     want = expected(N)
     table, stream = written(SHAPES[shape](N), tmp_path)
     assert table.num_rows == want["rows"]
+    if shape not in POSITIONAL:  # the source's column order
+        assert [n for n in table.column_names if n in NAMES] == NAMES, table.column_names
     col = lambda name: column(table, shape, name)  # noqa: E731
     assert pa.types.is_integer(col("id").type) and pc.sum(col("id")).as_py() == want["sum_id"]
     assert pa.types.is_floating(col("amount").type) and pc.sum(col("amount")).as_py() == want["sum_amount"]

@@ -50,6 +50,7 @@ class JsonRows:
     types: list[Any] | None = None  # SQL type names the source gave per column
     envelope: dict[str, Any] = field(default_factory=dict)  # the other keys, decoded (small ones)
     path: str = ""  # the key(s) holding the rows: "data", "result.items"
+    ndjson: bytes | None = None  # NDJSON: the text itself, read by pyarrow as it is
 
 
 def _head(raw: Any) -> bytes:
@@ -86,11 +87,11 @@ def locate(text: Any, header_rows: bool = True) -> JsonRows:
 
 def _ndjson(body: str | bytes) -> JsonRows:
     data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-    rows = [msgspec.Raw(line) for line in data.splitlines() if line.strip()]
-    for i, raw in enumerate(rows[:3]):
-        if _head(raw) != b"{":
+    head = [ln for ln in data[:1 << 16].splitlines() if ln.strip()][:3]
+    for i, line in enumerate(head):
+        if line.lstrip()[:1] != b"{":
             raise TabularParseError(f"newline-delimited JSON: line {i + 1} is not an object")
-    return JsonRows("records", rows, "newline-delimited JSON (NDJSON)")
+    return JsonRows("records", [], "newline-delimited JSON (NDJSON)", ndjson=data)
 
 
 def _from_array(items: list[Any], what: str, path: str = "", envelope: dict | None = None,
@@ -228,6 +229,9 @@ def batches(found: JsonRows, batch_rows: int = CHUNK_ROWS, default_name: str = "
         names = unique_names(found.names or [])
         yield pa.RecordBatch.from_arrays([python_column(c) for c in found.rows], names=names)
         return
+    if found.ndjson is not None:
+        yield from _ndjson_batches(found, batch_rows)
+        return
     if not found.rows:
         if found.names:
             yield pa.RecordBatch.from_arrays([pa.nulls(0) for _ in found.names], names=unique_names(found.names))
@@ -247,6 +251,24 @@ def batches(found: JsonRows, batch_rows: int = CHUNK_ROWS, default_name: str = "
         yield from out
 
 
+def _ndjson_batches(found: JsonRows, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    data = found.ndjson or b""
+    cut = -1
+    for _ in range(200):  # the first 200 lines teach which fields pyarrow would make timestamps
+        cut = data.find(b"\n", cut + 1)
+        if cut < 0:
+            break
+    forced = _arrow_json(data[:cut] if cut > 0 else data, set(), learn=True)
+    table = _arrow_json(data, forced)
+    if table is not None:
+        first = data[:data.find(b"\n")] if b"\n" in data else data
+        yield from _source_order(table, first.strip(), forced).to_batches(max_chunksize=batch_rows)
+        return
+    found.rows = [msgspec.Raw(line) for line in data.splitlines() if line.strip()]  # the exact path
+    found.ndjson = None
+    yield from batches(found, batch_rows)
+
+
 def _apply_types(out: list[pa.RecordBatch], types: list[Any]) -> list[pa.RecordBatch]:
     fixed = []
     for b in out:
@@ -262,13 +284,17 @@ def _records_chunk(chunk: list[Any], forced: set[str]) -> list[pa.RecordBatch]:
     if table is None:
         with _no_gc():
             return [records_to_batch(_decode(b"[" + b",".join(bytes(r) for r in chunk) + b"]"))]
-    if forced:  # pyarrow puts the fields of an explicit schema first: back to the source's order
-        first = list(_decode(chunk[0], _OBJ))
-        order = [n for n in first if n in table.column_names]
-        order += [n for n in table.column_names if n not in set(order)]
-        if order != table.column_names:
-            table = table.select(order)
-    return table.to_batches()
+    return _source_order(table, chunk[0], forced).to_batches()
+
+
+def _source_order(table: pa.Table, first_row: Any, forced: set[str]) -> pa.Table:
+    """pyarrow puts the fields of an explicit schema first: back to the source's order."""
+    if not forced:
+        return table
+    first = list(_decode(first_row, _OBJ))
+    order = [n for n in first if n in table.column_names]
+    order += [n for n in table.column_names if n not in set(order)]
+    return table.select(order) if order != table.column_names else table
 
 
 def _arrow_json(data: bytes, forced: set[str], learn: bool = False, multiline: bool = False) -> Any:
