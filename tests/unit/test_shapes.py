@@ -117,6 +117,9 @@ def test_repr_is_never_evaluated_and_refusals_name_the_value() -> None:
 
     with pytest.raises(TabularParseError, match="unsupported value"):
         list(repr_batches("[{'a': __import__('os').system('true')}]"))
+    for text in ("[(1, foo), (2, bar)]", "[{'a': foo}, {'a': bar}]"):
+        with pytest.raises(TabularParseError, match="unsupported value"):
+            list(repr_batches(text))
 
 
 def test_mixed_zoned_and_naive_or_bad_dates_stay_text() -> None:

@@ -31,7 +31,8 @@ from datadesk.offload.shapes_types import json_strings
 
 _SEP = "\x00"
 _STR = "\x02"  # marks a string's content in the CSV (a quoted '123' stays the text "123")
-_ALLOWED = b"0123456789,.-+eE \n\x00\x01Duzthd"  # outside the strings, after the rewrites
+_ALLOWED = b"0123456789,.-+eE \n\x00\x01Duzthd" + b"NonTruFalsif"  # outside the strings, rewritten
+_NOT_LETTERS = bytes(b for b in range(256) if not chr(b).isalpha() or b > 127 or chr(b) in "eE")
 _DT = re.compile(r"datetime\.datetime\((\d+), (\d+), (\d+), (\d+), (\d+)(?:, (\d+))?(?:, (\d+))?"
                  r"(, tzinfo=datetime\.timezone\.utc)?\)")
 _DATE = re.compile(r"datetime\.date\((\d+), (\d+), (\d+)\)")
@@ -68,10 +69,13 @@ def _csv_text(text: str, dicts: bool = False) -> str | None:
     others = others.replace(row_break, "\n").replace(", ", ",")
     if dicts:
         others = others.replace(": ", ",")
-    rest = others
-    for word in ("None", "True", "False", "nan", "inf"):
-        rest = rest.replace(word, "")
-    if rest.encode("utf-8", "replace").translate(None, _ALLOWED):
+    # one pass: only numbers, separators, tags and the letters of None/True/False/nan/inf are
+    # left outside the strings (a name or an object's repr sends the text to the exact paths)
+    raw = others.encode("utf-8", "replace")
+    letters = len(raw.translate(None, _NOT_LETTERS))
+    words = sum(len(w.replace(b"e", b"")) * raw.count(w) for w in (b"None", b"True", b"False", b"nan", b"inf")) \
+        + raw.count(b"\x01")  # (e and E are not counted: exponents)
+    if raw.translate(None, _ALLOWED) or letters != words:
         return None  # a call, a nested tuple, a name this path does not rewrite: the exact paths
     parts[0::2] = others.split(_SEP)
     if len(parts) > 1:  # every string starts with _STR inside its quotes: pyarrow never types it
