@@ -196,7 +196,8 @@ def _from_object(obj: dict[str, Any], prefix: str) -> JsonRows:
 
 
 def _columnar(obj: dict[str, Any], prefix: str) -> JsonRows:
-    cols = {k: _decode(v) for k, v in obj.items()}
+    with _no_gc():
+        cols = {k: _decode(v) for k, v in obj.items()}
     lengths = {len(v) for v in cols.values()}
     if len(lengths) != 1:
         raise TabularParseError("JSON object of lists: the lists differ in length "
@@ -227,7 +228,9 @@ def batches(found: JsonRows, batch_rows: int = CHUNK_ROWS, default_name: str = "
     same length (else short rows are padded with nulls)."""
     if found.kind == "columnar":
         names = unique_names(found.names or [])
-        yield pa.RecordBatch.from_arrays([python_column(c) for c in found.rows], names=names)
+        with _no_gc():
+            arrays = [python_column(c) for c in found.rows]
+        yield pa.RecordBatch.from_arrays(arrays, names=names)
         return
     if found.ndjson is not None:
         yield from _ndjson_batches(found, batch_rows)
