@@ -100,3 +100,15 @@ def test_metadata_is_capped(rt: Runtime) -> None:
     out, table, _ = run(rt, ToolResult(text))
     kept = json.dumps(out.artifact.source_meta)
     assert table.num_rows == 3000 and len(kept) <= 2_300 and "more keys not kept" in kept
+
+
+def test_source_truncation_is_said_when_nothing_can_be_saved(rt: Runtime) -> None:
+    tdir = rt.layout.thread_dir("demo", "alice", "t2")
+    tdir.mkdir(parents=True, exist_ok=True)
+    c = ToolContext(thread=Thread.at(tdir), workspace="demo", user="alice", permissions=frozenset(), call_id="c2")
+    spec = ToolSpec(name="crm__export", description="", parameters={}, read_only=True)
+    text = TRUNCATED["json_columns_rows"](1024, truncated=True)
+    out = asyncio.run(rt.offload.process(spec, ToolResult(text), c.thread, c.origin("tool", spec.name, "{}"),
+                                         OffloadCapability(False, "no sandbox"), c.epoch))
+    assert out.artifact is None and out.result.meta.truncated
+    assert "PARTIAL (by the source)" in out.result.content and "Results limited to 1,024 rows" in out.result.content

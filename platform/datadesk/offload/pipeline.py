@@ -263,6 +263,7 @@ class OffloadPipeline:
             return ToolResult(content=preview.render_empty(schema, "query"), meta=_with(result, rows=0))
         content = preview.render_truncated_table(schema or pa.schema([]), rows, total, reason,
                                                  self.settings.threshold_chars)
+        content += shapes.truncation_note(table, total)  # issue 17: the source's own cut, said
         return ToolResult(content=content, meta=_with(result, rows=total, truncated=True))
 
     def _text(self, result: ToolResult, thread: Thread, origin: ArtifactOrigin, cap: OffloadCapability,

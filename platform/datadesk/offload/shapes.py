@@ -319,3 +319,15 @@ def annotate(art: Artifact, table: TabularStream) -> Artifact:
             art.partial_by = "source"
             art.partial_reason = f"cut by the source ({said})"
     return art
+
+
+def truncation_note(table: TabularStream, rows: int) -> str:
+    """For a result shown truncated (no artifact): the line saying the source cut it, or ""."""
+    facts = getattr(table, "facts", None)
+    if not isinstance(facts, SourceFacts):
+        return ""
+    verdict = judge(facts, rows)
+    if not verdict.partial:
+        return ""
+    return (f"\nPARTIAL (by the source): the source itself cut this result ({'; '.join(verdict.words)}). "
+            f"{verdict.how[:1].upper()}{verdict.how[1:]}.")
