@@ -112,3 +112,17 @@ def test_source_truncation_is_said_when_nothing_can_be_saved(rt: Runtime) -> Non
                                          OffloadCapability(False, "no sandbox"), c.epoch))
     assert out.artifact is None and out.result.meta.truncated
     assert "PARTIAL (by the source)" in out.result.content and "Results limited to 1,024 rows" in out.result.content
+
+
+def test_cap_documented_in_the_description() -> None:
+    from datadesk.tools.mcp_shapes import described_cap, source_hints
+
+    assert described_cap("Run a query. Returns at most 1,000 rows.") == 1000
+    assert described_cap("Lists tables") is None
+    hints = source_hints({"type": "object", "properties": {}}, None, None, "Search; up to 50 results")
+    assert hints is not None and hints.caps == {"(its description)": 50}
+    from datadesk.offload.shapes import judge, parse_text
+
+    stream = parse_text(json.dumps([{"a": i} for i in range(50)]), hints)
+    verdict = judge(stream.facts, 50)
+    assert verdict.partial and "description" in verdict.words[0] and "narrower query" in verdict.how

@@ -234,10 +234,14 @@ def judge(facts: SourceFacts, rows: int, arguments: str | None = None, tool: str
         args = _arguments(arguments)
         for name, default in hints.caps.items():
             limit = args.get(name, default)
-            if isinstance(limit, int) and not isinstance(limit, bool) and limit == rows and rows:
-                cap_arg = (name, limit)
-                words.append(f"{rows:,} rows = the tool's `{name}` ({'given' if name in args else 'default'}: "
-                             f"{limit:,})")
+            if not (isinstance(limit, int) and not isinstance(limit, bool) and limit == rows and rows):
+                continue
+            if name.startswith("("):  # documented in the tool's description, not an argument
+                words.append(f"{rows:,} rows = the most its description says it returns")
+                continue
+            cap_arg = (name, limit)
+            words.append(f"{rows:,} rows = the tool's `{name}` ({'given' if name in args else 'default'}: "
+                         f"{limit:,})")
     words = _cap_words(words)
     if not words:
         return Verdict(False, [], "")

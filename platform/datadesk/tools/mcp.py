@@ -507,7 +507,8 @@ class MCPManager:
                 data = None
         # structuredContent (with the outputSchema's formats) is preferred over the text by the
         # offload pipeline's shape detection; the input schema tells its paging and row caps.
-        hints = None if is_error else source_hints(info.spec.parameters, info.output_schema, structured)
+        hints = None if is_error else source_hints(info.spec.parameters, info.output_schema, structured,
+                                                   info.spec.description)
         return ToolResult(content=content, is_error=is_error, data=data, meta=meta, source=hints)
 
     def _image(self, srv: _Server, item: Any, ctx: ToolContext, images: list[str]) -> str:

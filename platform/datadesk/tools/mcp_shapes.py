@@ -11,6 +11,7 @@ the offload pipeline's shape detection (`offload/shapes.py`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from datadesk.domain.sources import SourceHints
@@ -67,9 +68,23 @@ def column_formats(schema: Any, depth: int = 0) -> dict[str, str] | None:
     return None
 
 
-def source_hints(input_schema: Any, output_schema: Any, structured: Any) -> SourceHints | None:
+_DESCRIBED_CAP = re.compile(r"(?:at most|up to|a maximum of|maximum of|max(?:imum)?|limited to|capped at)\s+"
+                            r"(\d[\d,]*)\s+(?:rows|results|records|items|entries)", re.I)
+
+
+def described_cap(description: str | None) -> int | None:
+    """A row cap the tool's description documents ("returns at most 1,000 rows")."""
+    m = _DESCRIBED_CAP.search(description or "")
+    return int(m.group(1).replace(",", "")) if m else None
+
+
+def source_hints(input_schema: Any, output_schema: Any, structured: Any,
+                 description: str | None = None) -> SourceHints | None:
     """The hints for one result of a tool (None when there is nothing to say)."""
     paging, caps = input_hints(input_schema)
+    cap = described_cap(description)
+    if cap:
+        caps.setdefault("(its description)", cap)
     formats = column_formats(output_schema)
     if structured is None and not paging and not caps and not formats:
         return None
