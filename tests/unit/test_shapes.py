@@ -106,6 +106,7 @@ def test_cap_from_the_tool_schema_marks_partial() -> None:
     "just some prose, nothing tabular", "[1, 2, 3]", '{"status": "ok"}', "", "| not | a table",
     "[(1, os.system('x'))]",
     "Dear team,\n" + "\n".join(f"Item {i}, as discussed yesterday. We agreed, finally." for i in range(30)),
+    "# A page\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n" + "\n".join(f"Paragraph {i} of the article." for i in range(40)),
 ])
 def test_not_a_table(text: str) -> None:
     assert parse_text(text) is None

@@ -70,12 +70,24 @@ def find_table(lines: list[str]) -> TextTable | None:
             kind, shape = "json", "JSON"
         if kind is not None:
             end = _block_end(lines, k, kind)
+            if _prose_lines(lines[end:]) > _MAX_PROSE_LINES:
+                return None  # a document with a table in it, not a table: it stays text
             return TextTable(kind, k, end, lines[:k], lines[end:], shape)
         delimited = _delimited_at(lines, k)
         if delimited is not None and (k == 0 or _header_like(lines[k], delimited[0])):
             kind, end = delimited
             return TextTable(kind, k, end, lines[:k], lines[end:], f"{kind.upper()} text")
     return None
+
+
+def _prose_lines(lines: list[str]) -> int:
+    count = 0
+    for line in lines:
+        if line.strip():
+            count += 1
+            if count > _MAX_PROSE_LINES:
+                break
+    return count
 
 
 def _block_end(lines: list[str], k: int, kind: str) -> int:
