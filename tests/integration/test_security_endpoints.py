@@ -187,3 +187,60 @@ url = "snowflake://acct/db?user=bob&password=query-part3&role=r"
     assert sources["wrongkey"]["config"]["token"] == "********" and "token" in sources["wrongkey"]["reason"]
     assert sources["query"]["config"]["url"] == "snowflake://acct/db?user=bob&password=********&role=r"
     assert sources["wrongkey"]["config"]["password"] == "${env:QA_SOURCE_PW}"  # a reference, no secret
+
+
+def test_zip_exports_are_bounded_per_user_and_the_temp_file_goes(env) -> None:
+    """Each zip is a temp file of up to MAX_BUNDLE_BYTES (2 GiB); concurrent ones were unbounded.
+    The first download is held mid-body (a client reading slowly) while the others ask."""
+    import glob
+    import tempfile
+    import threading
+
+    import anyio
+
+    h, client, _, tid, _ = env
+    url = f"/api/threads/{tid}/export?format=zip"
+    pattern = f"{tempfile.gettempdir()}/datadesk-export-*.zip"
+    before = set(glob.glob(pattern))
+    gate, sent = threading.Event(), []
+
+    requests = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive():
+        if requests:
+            return requests.pop()
+        while not any(m["type"] == "http.response.body" and not m.get("more_body") for m in sent):
+            await anyio.sleep(0.01)  # connected until the response is complete
+        return {"type": "http.disconnect"}
+
+    async def send(msg):
+        sent.append(msg)
+        if msg["type"] == "http.response.body" and msg.get("more_body"):
+            while not gate.is_set():  # a client that reads slowly
+                await anyio.sleep(0.01)
+
+    token = h.tokens["alice"].encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+             "scheme": "http", "path": url.split("?")[0], "raw_path": url.split("?")[0].encode(),
+             "query_string": b"format=zip", "root_path": "", "server": ("testserver", 80),
+             "client": ("127.0.0.1", 5), "headers": [(b"authorization", b"Bearer " + token)]}
+    with client.portal() as portal:
+        first = portal.start_task_soon(client.app, scope, receive, send)
+        try:
+            deadline = __import__("time").time() + 20
+            while not any(m["type"] == "http.response.body" for m in sent):
+                assert __import__("time").time() < deadline and not first.done()
+                gate.wait(0.02)
+            assert sent[0]["status"] == 200
+            second = client.get(url, headers=h.auth("alice"))
+            assert second.status_code == 429 and "at most 1 per user" in second.json()["error"], second.status_code
+            assert "retry-after" in second.headers and "content-security-policy" in second.headers
+            assert client.get(f"/api/threads/{tid}/export?format=md", headers=h.auth("alice")).status_code == 200
+        finally:
+            gate.set()
+            first.result(20)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert body[:2] == b"PK"
+    again = client.get(url, headers=h.auth("alice"))
+    assert again.status_code == 200 and again.content[:2] == b"PK"
+    assert set(glob.glob(pattern)) == before

@@ -18,10 +18,11 @@ import json
 import os
 import tempfile
 import time
-from typing import Annotated, Any, AsyncIterator
+import weakref
+from typing import Annotated, Any, AsyncIterator, Callable
 
 from litestar import Controller, Response, get
-from litestar.exceptions import ClientException
+from litestar.exceptions import ClientException, HTTPException
 from litestar.params import FromPath, QueryParameter
 from litestar.response import Stream
 
@@ -162,15 +163,45 @@ def thread_html(doc: ThreadDocument) -> str:
     return "".join(out)
 
 
-def _file_chunks(path: str) -> AsyncIterator[bytes]:
+MAX_ZIPS_PER_USER = 1  # zip exports one user may have in the making or downloading at once
+MAX_ZIPS = 4  # all users together: each may take up to MAX_BUNDLE_BYTES of temp disk
+_ZIPS: dict[str, int] = {}
+
+
+def _zip_slot(uid: str) -> Callable[[], None]:
+    """A zip-export slot for `uid` (429 naming the limits when none is free); returns its release."""
+    if _ZIPS.get(uid, 0) >= MAX_ZIPS_PER_USER or sum(_ZIPS.values()) >= MAX_ZIPS:
+        raise HTTPException(status_code=429, headers={"Retry-After": "5"}, detail=(
+            f"a zip export is being made or downloaded already (at most {MAX_ZIPS_PER_USER} per user, "
+            f"{MAX_ZIPS} in all): wait for it to finish, or export md, html or ipynb (no data files)"))
+    _ZIPS[uid] = _ZIPS.get(uid, 0) + 1
+    held = [True]
+
+    def release() -> None:
+        if held.pop() if held else False:
+            _ZIPS[uid] -= 1
+            if not _ZIPS[uid]:
+                del _ZIPS[uid]
+    return release
+
+
+def _file_chunks(path: str, release: Callable[[], None] = lambda: None) -> AsyncIterator[bytes]:
+    """The file, then removed and its slot released (also when the stream is dropped unread)."""
+    def cleanup() -> None:
+        release()
+        if os.path.exists(path):
+            os.unlink(path)
+
     async def gen() -> AsyncIterator[bytes]:
         try:
             with open(path, "rb") as fh:
                 while chunk := await asyncio.to_thread(fh.read, 1 << 20):
                     yield chunk
         finally:
-            os.unlink(path)
-    return gen()
+            cleanup()
+    it = gen()
+    weakref.finalize(it, cleanup)
+    return it
 
 
 class ExportController(Controller):
@@ -190,14 +221,16 @@ class ExportController(Controller):
         name = safe_name(doc.title)
         headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
         if format == "zip":
+            release = _zip_slot(user.id)
             fd, path = tempfile.mkstemp(prefix="datadesk-export-", suffix=".zip")
             os.close(fd)
             try:
                 await asyncio.to_thread(write_bundle, doc, path)
             except BaseException:
                 os.unlink(path)
+                release()
                 raise
-            return Stream(_file_chunks(path), media_type="application/zip", headers={
+            return Stream(_file_chunks(path, release), media_type="application/zip", headers={
                 **headers, "Content-Disposition": f'attachment; filename="{name}.zip"',
                 "Content-Security-Policy": "sandbox"})
         if format == "html":
