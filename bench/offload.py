@@ -21,7 +21,8 @@ result would have cost (the sql tool's compact inline JSON, counted on a
 A breakdown (DuckDB read alone, sink alone, sha256, preview, and DuckDB's own
 `COPY ... (FORMAT parquet)` of the same query) says where the time goes.
 The baseline runs interleaved with the DuckDB case (one round each), so drift in
-the machine's load hits both alike.
+the machine's load hits both alike; the share of the CPUs other processes used
+meanwhile is printed (read and write overlap only where a second CPU is free).
 
 Every shape of issue 17 (`bench/shapes_data.py`: JSON, Python reprs, CSV/TSV,
 Markdown, boxes, prose; `--shape-rows`, default the result's rows) goes through
@@ -61,9 +62,8 @@ from pathlib import Path
 from typing import Any
 
 from offload_cancel import print_cancel
-from offload_report import (GOAL_MCP_RATIO, GOAL_RATIO, GOAL_RATIO_ROWS, GOAL_TOKENS, _fmt_int, print_cases,
-                            print_goals, print_rest)
-from offload_shapes import REPR_GOAL_ROWS_S, print_shapes, shape_names, shape_summary
+from offload_report import cpu_snapshot, goals_of, others_share, print_cases, print_goals, print_rest
+from offload_shapes import print_shapes, shape_names, shape_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 WS = "bench"
@@ -527,16 +527,6 @@ def _cases(rows: int, base: dict[str, Any], duck: dict[str, Any], mcp: dict[str,
     return cases
 
 
-def _goals(rows: int, cases: list[dict], shapes: dict[str, Any]) -> dict[str, Any]:
-    d, m = cases
-    applies = rows >= GOAL_RATIO_ROWS
-    return {"ratio_vs_write_table_zstd_max": GOAL_RATIO, "mcp_ratio_max": GOAL_MCP_RATIO,
-            "repr_rows_per_s_min": REPR_GOAL_ROWS_S, "tokens_max": GOAL_TOKENS, "ratio_goal_applies": applies,
-            "ratio_ok": d["ratio_vs_write_table_zstd"] <= GOAL_RATIO,
-            "mcp_ok": m["ratio_vs_write_table_zstd"] <= GOAL_MCP_RATIO, "repr_ok": shapes["repr_ok"],
-            "tokens_ok": all(c["tokens"] <= GOAL_TOKENS for c in cases)}
-
-
 def main() -> int:
     if "--child" in sys.argv:
         argv = sys.argv[1:]
@@ -562,20 +552,22 @@ def main() -> int:
             out.write_text(json.dumps({"rows": rows, "cpus": os.cpu_count(), **cancel}, indent=2))
             print(f"wrote {out}")
             return 0
-        rounds, duck_runs = [], []
+        rounds, duck_runs, cpu0 = [], [], cpu_snapshot()
         for _ in range(repeat):  # interleaved: drift in the machine's load hits both alike
             rounds.append(run_case("write_table", home, repeat=3))
             duck_runs.append(run_case("duckdb", home))
+        others = others_share(cpu0, cpu_snapshot())
         base, duck = _baseline(rounds), _median_run(duck_runs)
         mcp = _median_run([run_case("mcp", home) for _ in range(mcp_repeat)])
         brk = run_case("breakdown", home)
         tok = run_case("tokens", home, rows=rows)
         shapes = [run_case("shape", home, shape=name, rows=shape_rows) for name in names]
 
-    load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]}
+    load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()],
+            "others_cpu_share_in_duckdb_rounds": others}
     cases = _cases(rows, base, duck, mcp, tok)
     summary = shape_summary(shapes)
-    goals = _goals(rows, cases, summary)
+    goals = goals_of(rows, cases, summary)
     print_cases(rows, repeat, mcp_repeat, prep, base, cases, load)
     print_shapes(shapes)
     print_goals(goals, cases, summary)

@@ -17,13 +17,33 @@ def _fmt_int(n: float | int) -> str:
     return f"{round(n):,}"
 
 
+def cpu_snapshot() -> tuple[float, float, float]:
+    """(machine busy CPU s, this process's children's CPU s, wall s) now."""
+    import resource
+    import time
+
+    with open("/proc/stat") as fh:
+        v = [int(x) for x in fh.readline().split()[1:]]
+    busy = (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return busy, ru.ru_utime + ru.ru_stime, time.monotonic()
+
+
+def others_share(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
+    """Share of the machine's CPUs that other processes used between two snapshots: read and
+    write overlap only where a second CPU is free."""
+    wall = (b[2] - a[2]) * (os.cpu_count() or 1)
+    return round(max(0.0, (b[0] - a[0]) - (b[1] - a[1])) / wall, 2) if wall > 0 else 0.0
+
+
 def print_cases(rows: int, repeat: int, mcp_repeat: int, prep: dict, base: dict, cases: list[dict],
                 load: dict[str, list[float]]) -> None:
     zstd_s, default_s = base["zstd"]["s"], base["default"]["s"]
     print(f"\nOffload of a {rows:,}-row x {len(prep['types'])}-column result "
           f"({base['arrow_mb']} MB in Arrow); median of {repeat} fresh process(es) ({mcp_repeat} for MCP); "
           f"{os.cpu_count()} CPUs, DuckDB threads {prep['duckdb_threads']}; load average (1/5/15 min) "
-          f"{load['before']} before, {load['after']} after")
+          f"{load['before']} before, {load['after']} after; other processes used "
+          f"{load['others_cpu_share_in_duckdb_rounds']:.0%} of the CPUs during the DuckDB rounds")
     print(f"baseline pq.write_table of the same Arrow table (median of {len(base['zstd']['rounds_s'])} rounds "
           f"between the DuckDB runs): {base['sink_compression']} {zstd_s:.3f} s ({base['zstd']['file_mb']} MB), "
           f"default settings {default_s:.3f} s ({base['default']['file_mb']} MB), "
@@ -72,3 +92,13 @@ def print_rest(brk: dict[str, Any], tok: dict[str, Any], table: str) -> None:
     for label, t in ((f"this result ({table})", tok["wide"]), ("demo readings", tok["readings"]),
                      ("MCP JSON text as is", tok["mcp_text"])):
         print(f"{label:<28}{t['total_rows']:>10,}{t['tokens_per_row']:>12}{_fmt_int(t['estimated_tokens']):>14}")
+
+
+def goals_of(rows: int, cases: list[dict], shapes: dict[str, Any]) -> dict[str, Any]:
+    d, m = cases
+    applies = rows >= GOAL_RATIO_ROWS
+    return {"ratio_vs_write_table_zstd_max": GOAL_RATIO, "mcp_ratio_max": GOAL_MCP_RATIO,
+            "repr_rows_per_s_min": REPR_GOAL_ROWS_S, "tokens_max": GOAL_TOKENS, "ratio_goal_applies": applies,
+            "ratio_ok": d["ratio_vs_write_table_zstd"] <= GOAL_RATIO,
+            "mcp_ok": m["ratio_vs_write_table_zstd"] <= GOAL_MCP_RATIO, "repr_ok": shapes["repr_ok"],
+            "tokens_ok": all(c["tokens"] <= GOAL_TOKENS for c in cases)}
