@@ -244,3 +244,21 @@ def test_zip_exports_are_bounded_per_user_and_the_temp_file_goes(env) -> None:
     again = client.get(url, headers=h.auth("alice"))
     assert again.status_code == 200 and again.content[:2] == b"PK"
     assert set(glob.glob(pattern)) == before
+
+
+def test_the_workspace_view_masks_a_secret_given_as_an_mcp_command_argument(home, harness_factory) -> None:
+    """`command = ["srv", "--token", "<literal>"]`: the value after a secret-named flag was shown."""
+    from datadesk.store.layout import Layout
+    from datadesk.store.users import UserStore
+
+    cfg = Layout(home).workspace_config("demo")
+    cfg.write_text(cfg.read_text() + '\n[mcp.crm]\ncommand = ["crm-server", "--api-key", "argv-secret-9", '
+                   '"--port", "8080"]\nenabled = false\n')
+    h = harness_factory(ScriptedModel(then="ok"))
+    _, h.tokens["adm"] = UserStore(h.rt.layout).add("adm", ["demo"], ["admin"])
+    with TestClient(h.app(), raise_server_exceptions=False) as client:
+        r = client.get("/api/workspace?workspace=demo", headers=h.auth("adm"))
+    assert r.status_code == 200, r.text
+    assert "argv-secret-9" not in r.text
+    crm = next(s for s in r.json()["mcp"] if s["name"] == "crm")
+    assert crm["config"]["command"] == ["crm-server", "--api-key", "***", "--port", "8080"]

@@ -109,13 +109,17 @@ def _mask_url(url: str) -> str:
     return redact(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)))
 
 
+_SECRET_FLAG = re.compile(r"--?[\w.-]*(token|secret|passw|pwd|api[-_]?key|auth|credential)[\w.-]*", re.I)
+
+
 def masked_config(cfg: MCPServerConfig) -> dict[str, Any]:
     """The config for a status page: never a secret value (env/header values masked)."""
     out: dict[str, Any] = msgspec.to_builtins(cfg)
     out["env"] = {k: mask(v) for k, v in cfg.env.items()}
     out["headers"] = {k: mask(v) for k, v in cfg.headers.items()}
     if cfg.command is not None:
-        out["command"] = [redact(a) for a in cfg.command]
+        out["command"] = [mask(a) if i and _SECRET_FLAG.fullmatch(cfg.command[i - 1]) else redact(a)
+                          for i, a in enumerate(cfg.command)]  # `--token <value>`: the value masked
     if cfg.url is not None:
         out["url"] = _mask_url(cfg.url)
     return out
