@@ -262,3 +262,13 @@ def test_the_workspace_view_masks_a_secret_given_as_an_mcp_command_argument(home
     assert "argv-secret-9" not in r.text
     crm = next(s for s in r.json()["mcp"] if s["name"] == "crm")
     assert crm["config"]["command"] == ["crm-server", "--api-key", "***", "--port", "8080"]
+
+
+def test_an_oversized_body_is_a_413_naming_the_endpoints_limit(env) -> None:
+    h, client, _, tid, _ = env
+    big = b'{"text": "' + b"x" * 2_000_000 + b'"}'
+    for path, limit in ((f"/api/threads/{tid}/task-state", "1,048,576"), (f"/api/threads/{tid}/messages", None)):
+        r = client.post(path, content=big if limit else big * 3,
+                        headers={**h.auth("alice"), "content-type": "application/json"})
+        assert r.status_code == 413 and "content-security-policy" in r.headers
+        assert f"limit of {limit or '4,194,304'} bytes" in r.json()["error"], r.text

@@ -115,6 +115,11 @@ def _route_error(request: Request, exc: HTTPException) -> tuple[int, str] | None
         return 404, f"no such route: {path!r} (the API is described at /schema)"
     if exc.status_code == 405 and exc.detail == "Method Not Allowed":
         return 405, f"method {request.method} is not allowed on {path!r}"
+    if exc.status_code == 413 and exc.detail == "Request Entity Too Large":
+        handler = request.scope.get("route_handler")
+        limit = handler.resolve_request_max_body_size() if handler is not None else None
+        return 413, (f"the request body is larger than this endpoint's limit of {limit:,} bytes"
+                     if limit else "the request body is too large for this endpoint")
     return None
 
 
