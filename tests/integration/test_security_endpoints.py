@@ -272,3 +272,30 @@ def test_an_oversized_body_is_a_413_naming_the_endpoints_limit(env) -> None:
                         headers={**h.auth("alice"), "content-type": "application/json"})
         assert r.status_code == 413 and "content-security-policy" in r.headers
         assert f"limit of {limit or '4,194,304'} bytes" in r.json()["error"], r.text
+
+
+def test_another_users_thread_artifact_export_search_and_task_state_stay_hidden(env) -> None:
+    """bob (no permissions, not in 'sales') on every new route with alice's ids: 404 naming only the
+    id, and his search never shows her words."""
+    h, client, model, tid, aid = env
+    alice, bob = h.auth("alice"), h.auth("bob")
+    r = client.post(f"/api/threads/{tid}/task-state", json={"text": "exclude quokka holidays"}, headers=alice)
+    item = r.json()["item"]["id"]
+    sales = client.post("/api/threads", json={"title": "quokka plan", "workspace": "sales"}, headers=alice).json()["id"]
+    probes = [("GET", f"/api/artifacts/{aid}/rows?limit=5"), ("GET", f"/api/artifacts/{aid}/rows.csv"),
+              ("GET", f"/api/threads/{tid}?before=5"), ("GET", f"/api/threads/{tid}/task-state"),
+              ("DELETE", f"/api/threads/{tid}/task-state/{item}"), ("GET", f"/api/threads/{sales}"),
+              *[("GET", f"/api/threads/{t}/export?format={f}") for t in (tid, sales) for f in ("md", "html", "ipynb", "zip")]]
+    for method, path in probes:
+        r = client.request(method, path, headers=bob)
+        assert r.status_code == 404, (path, r.status_code)
+        assert "quokka" not in r.text and "building_id" not in r.text and "content-security-policy" in r.headers
+    r = client.post(f"/api/threads/{tid}/task-state", json={"text": "mine now"}, headers=bob)
+    assert r.status_code == 404
+    assert client.get("/api/search?q=quokka", headers=bob).json()["results"] == []
+    r = client.get("/api/search?q=quokka&workspace=sales", headers=bob)
+    assert r.status_code == 404 and "sales" in r.json()["error"]
+    mine = client.get("/api/search?q=quokka", headers=alice).json()["results"]
+    assert {x["thread"] for x in mine} == {sales}  # the task state is not a record; the title is
+    state = client.get(f"/api/threads/{tid}/task-state", headers=alice).json()["task_state"]["items"]
+    assert [i["text"] for i in state if i["status"] == "active"][-1] == "exclude quokka holidays"
