@@ -44,7 +44,7 @@ def _dt(m: re.Match) -> str:
     return f"\x01{'z' if g[7] else 't'}{g[0]} {g[1]} {g[2]} {g[3]} {g[4]} {g[5] or 0} {g[6] or 0}"
 
 
-def _csv_text(text: str, dicts: bool = False) -> str | None:
+def _csv_text(text: str, dicts: bool = False) -> bytes | None:
     """The CSV for a plain repr of tuples (strings untouched), or None: not for this path.
 
     `dicts`: a list of dicts; each row becomes `key,value,key,value...` (see `dict_batches`)."""
@@ -81,7 +81,7 @@ def _csv_text(text: str, dicts: bool = False) -> str | None:
     if len(parts) > 1:  # every string starts with _STR inside its quotes: pyarrow never types it
         strings = _SEP.join(parts[1::2])
         parts[1::2] = (_STR + strings.replace(_SEP, _SEP + _STR)).split(_SEP)
-    return "'".join(parts)
+    return "'".join(parts).encode("utf-8")  # (the joined str is freed at once: one copy alive)
 
 
 def tuple_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch] | None:
@@ -110,12 +110,12 @@ def dict_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch
     return _typed_batches(values, batch_rows)
 
 
-def _read_csv(csv_text: str | None) -> pa.Table | None:
+def _read_csv(csv_text: bytes | None) -> pa.Table | None:
     if csv_text is None:
         return None
     try:
         table = pacsv.read_csv(
-            pa.BufferReader(csv_text.encode("utf-8")),
+            pa.BufferReader(csv_text),
             read_options=pacsv.ReadOptions(autogenerate_column_names=True, block_size=4 << 20),
             parse_options=pacsv.ParseOptions(delimiter=",", quote_char="'", double_quote=False, escape_char=False,
                                              newlines_in_values=False),
