@@ -299,3 +299,28 @@ def test_another_users_thread_artifact_export_search_and_task_state_stay_hidden(
     assert {x["thread"] for x in mine} == {sales}  # the task state is not a record; the title is
     state = client.get(f"/api/threads/{tid}/task-state", headers=alice).json()["task_state"]["items"]
     assert [i["text"] for i in state if i["status"] == "active"][-1] == "exclude quokka holidays"
+
+
+@pytest.mark.parametrize("query, named", [
+    ("export?format=md&format=zip", "'format' is given more than once"),
+    ("export?fromat=zip", "unknown query parameter 'fromat': this endpoint takes download, format"),
+    ("export?download=yes", "query parameter 'download': Expected `bool`"),
+    ("?limit=10&limit=20", "'limit' is given more than once"),
+    ("?before=0", "query parameter 'before': Expected `int` >= 1"),
+    ("?befor=5", "unknown query parameter 'befor'"),
+    ("task-state?x=1", "unknown query parameter 'x'"),
+])
+def test_query_parameters_are_declared_once_and_a_bad_one_is_named(env, query, named) -> None:
+    h, client, _, tid, _ = env
+    sep = "/" if not query.startswith("?") else ""
+    r = client.get(f"/api/threads/{tid}{sep}{query}", headers=h.auth("alice"))
+    assert r.status_code == 400 and named in r.json()["error"], r.text[:300]
+
+
+def test_search_refuses_a_repeated_or_unknown_parameter(env) -> None:
+    h, client, _, _, _ = env
+    r = client.get("/api/search?q=readings&q=other", headers=h.auth("alice"))
+    assert r.status_code == 400 and "'q' is given more than once" in r.json()["error"]
+    r = client.get("/api/search?query=readings", headers=h.auth("alice"))
+    assert r.status_code == 400 and "takes limit, q, workspace" in r.json()["error"]
+    assert client.get("/api/search?q=readings&limit=5", headers=h.auth("alice")).status_code == 200

@@ -72,6 +72,22 @@ def _json_type(request: Request) -> Any:
     return ann if isinstance(ann, type) and issubclass(ann, msgspec.Struct) else None
 
 
+def _check_query(request: Request) -> None:
+    """API query parameters the handler declares, each once: an unknown or repeated one is a 400
+    naming it (`format=md&format=zip` took the last, `?lmit=5` was ignored). Handlers that read the
+    query themselves (they take `request`) check it there."""
+    params = request.route_handler.parsed_fn_signature.parameters
+    if not request.scope.get("path", "").startswith("/api/") or "request" in params:
+        return
+    for key in request.query_params:
+        if key not in params or key in request.path_params:
+            known = sorted(k for k in params if k not in request.path_params and k not in ("user", "rt", "data"))
+            raise ClientException(f"unknown query parameter {key[:40]!r}: this endpoint takes "
+                                  f"{', '.join(known) or 'none'}")
+        if len(request.query_params.getall(key)) > 1:
+            raise ClientException(f"query parameter {key!r} is given more than once: give it once")
+
+
 async def guard_request(request: Request) -> None:
     """Before any body is read: authenticate (a 401 never waits for the body), require a JSON
     content type where the handler takes JSON (415), and decode the body strictly (`"false"` or
@@ -79,6 +95,7 @@ async def guard_request(request: Request) -> None:
     if "user" in request.route_handler.parsed_fn_signature.parameters:
         user = authenticate(request, request.app.state.runtime)
         request.scope.setdefault("state", {})["datadesk_user"] = user
+    _check_query(request)
     struct = _json_type(request)
     if struct is None or request.method in ("GET", "HEAD", "DELETE"):
         return

@@ -115,6 +115,11 @@ def _route_error(request: Request, exc: HTTPException) -> tuple[int, str] | None
         return 404, f"no such route: {path!r} (the API is described at /schema)"
     if exc.status_code == 405 and exc.detail == "Method Not Allowed":
         return 405, f"method {request.method} is not allowed on {path!r}"
+    if exc.status_code == 400 and str(exc.detail).startswith("Validation failed for") and isinstance(exc.extra, list):
+        named = [f"{getattr(e.get('source'), 'value', e.get('source')) or 'request'} parameter {str(e['key'])[:40]!r}: {e.get('message')}"
+                 for e in exc.extra if isinstance(e, dict) and e.get("key")]
+        if named:  # Litestar's message names only the URL: say which parameter and why
+            return 400, "invalid " + "; ".join(named)
     if exc.status_code == 413 and exc.detail == "Request Entity Too Large":
         handler = request.scope.get("route_handler")
         limit = handler.resolve_request_max_body_size() if handler is not None else None
