@@ -324,3 +324,18 @@ def test_search_refuses_a_repeated_or_unknown_parameter(env) -> None:
     r = client.get("/api/search?query=readings", headers=h.auth("alice"))
     assert r.status_code == 400 and "takes limit, q, workspace" in r.json()["error"]
     assert client.get("/api/search?q=readings&limit=5", headers=h.auth("alice")).status_code == 200
+
+
+def test_a_notebook_cell_of_an_inline_result_with_nulls_and_booleans_runs(env) -> None:
+    """The inline rows were written as JSON into Python code: `null`, `true` -> NameError."""
+    h, client, model, _, _ = env
+    auth = h.auth("alice")
+    tid = client.post("/api/threads", json={"title": "inline"}, headers=auth).json()["id"]
+    model.steps.extend([tool_step("sql_query", {"sql": "SELECT NULL AS a, true AS b, 'x\"''y' AS c"}), "done"])
+    parse_sse(client.post(f"/api/threads/{tid}/messages", json={"content": "go"}, headers=auth).text)
+    cells = client.get(f"/api/threads/{tid}/export?format=ipynb", headers=auth).json()["cells"]
+    source = next(c["source"] for c in cells if c["cell_type"] == "code" and ", inline={" in c["source"])
+    ns = {"sql_result": lambda sql, artifact=None, inline=None: inline}
+    exec(compile(source, "cell", "exec"), ns)  # noqa: S102 - the notebook's own cell, as Jupyter runs it
+    var = re.search(r"^(q\d+) = sql_result", source, re.M).group(1)
+    assert ns[var]["rows"] == [[None, True, "x\"'y"]], source

@@ -97,7 +97,7 @@ def _sql_cell(doc: ThreadDocument, e: Entry, n: int, cells: _Cells) -> None:
         inline = parse_tool_result(e.result.content) if e.result is not None else None
         note = f"# {e.name}: {e.status}"
         keep = {"columns": inline["columns"], "rows": inline["rows"]} if inline else None
-        call = f"{var} = sql_result({_literal(sql)}" + (f", inline={json.dumps(keep)})" if keep else ")")
+        call = f"{var} = sql_result({_literal(sql)}" + (f", inline={keep!r})" if keep else ")")  # Python, not JSON: None, True
     cells.code(f"{note}\n{call}\n{var}")
 
 
