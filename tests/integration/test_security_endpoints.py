@@ -339,3 +339,24 @@ def test_a_notebook_cell_of_an_inline_result_with_nulls_and_booleans_runs(env) -
     exec(compile(source, "cell", "exec"), ns)  # noqa: S102 - the notebook's own cell, as Jupyter runs it
     var = re.search(r"^(q\d+) = sql_result", source, re.M).group(1)
     assert ns[var]["rows"] == [[None, True, "x\"'y"]], source
+
+
+def test_a_page_of_huge_records_is_cut_to_a_size_and_the_rest_loads_earlier(env) -> None:
+    """limit=1000 of 20 KB answers was one 24 MB response (1000 x 300 KB: 300 MB); the text of one
+    page is bounded, has_more says there is more and before= fetches it."""
+    from datadesk.api.threads import PAGE_CHARS
+
+    h, client, _, _, _ = env
+    tid = _big_thread(h, client, 250, 40_000)  # 500 records, ~10 MB of text
+    auth = h.auth("alice")
+    first = client.get(f"/api/threads/{tid}?limit=1000", headers=auth).json()
+    got = first["records"]
+    assert first["has_more"] and 0 < len(got) < 500
+    assert sum(len(r["content"] or "") for r in got) <= PAGE_CHARS
+    seen = list(got)
+    while True:
+        page = client.get(f"/api/threads/{tid}?limit=1000&before={seen[0]['seq']}", headers=auth).json()
+        seen = page["records"] + seen
+        if not page["has_more"]:
+            break
+    assert [r["seq"] for r in seen] == list(range(1, 501))

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a pasted table may be large: it becomes an artifact
 MAX_TITLE_CHARS = 200
 HTML_EVERY_S = 0.25  # while an answer streams, its rendered Markdown is refreshed this often
+PAGE_CHARS = 8 * 1024 * 1024  # text in one GET of a thread (newest first): a page of huge records is cut
 RENDER_BUDGET_CHARS = 512 * 1024  # text rendered as Markdown per GET of a thread (newest first); older: plain
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -98,9 +99,12 @@ class ThreadController(Controller):
             "only records with a smaller seq (load earlier: the seq of the oldest record shown)"))] = None,
     ) -> ThreadDetail:
         handle = find_thread(rt, user, tid)
-        records = handle.log.tail(limit + 1) if before is None else _before(handle, before, limit + 1)
-        has_more = len(records) > limit
-        records = records[-limit:]
+        records = await asyncio.to_thread(  # a read from the end of a long log: not on the event loop
+            lambda: handle.log.tail(limit + 1) if before is None else _before(handle, before, limit + 1))
+        has_more_before = len(records) > limit
+        page = records[-limit:]
+        records = _newest_within(page, PAGE_CHARS)  # at least one record; the older ones: load earlier
+        has_more = has_more_before or len(records) < len(page)
         ids = [a.id for a in rt.artifacts.list(handle)]
         views = await asyncio.to_thread(record_views, records, ids)  # rendering is CPU
         return ThreadDetail(thread=thread_out(rt, handle.meta), records=views, has_more=has_more)
@@ -190,6 +194,17 @@ class ThreadController(Controller):
         if attached is None:
             return Response(content=b"", status_code=204)
         return ServerSentEvent(_stream(attached, None, _artifact_ids(rt, handle)), headers=SSE_HEADERS)
+
+
+def _newest_within(records: list[Any], chars: int) -> list[Any]:
+    """The newest of `records` whose text fits in `chars` (always the newest one)."""
+    total, start = 0, len(records)
+    while start > 0:
+        total += len(records[start - 1].content or "")
+        if total > chars and start < len(records):
+            break
+        start -= 1
+    return records[start:]
 
 
 def _before(handle: Any, seq: int, n: int) -> list[Any]:
