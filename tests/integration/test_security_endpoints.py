@@ -309,6 +309,7 @@ def test_another_users_thread_artifact_export_search_and_task_state_stay_hidden(
     ("?before=0", "query parameter 'before': Expected `int` >= 1"),
     ("?befor=5", "unknown query parameter 'befor'"),
     ("task-state?x=1", "unknown query parameter 'x'"),
+    ("?user=bob", "unknown query parameter 'user': this endpoint takes before, limit"),
 ])
 def test_query_parameters_are_declared_once_and_a_bad_one_is_named(env, query, named) -> None:
     h, client, _, tid, _ = env

@@ -72,6 +72,9 @@ def _json_type(request: Request) -> Any:
     return ann if isinstance(ann, type) and issubclass(ann, msgspec.Struct) else None
 
 
+_NOT_QUERY = ("user", "rt", "data", "request")  # dependencies and the body, never query parameters
+
+
 def _check_query(request: Request) -> None:
     """API query parameters the handler declares, each once: an unknown or repeated one is a 400
     naming it (`format=md&format=zip` took the last, `?lmit=5` was ignored). Handlers that read the
@@ -79,9 +82,9 @@ def _check_query(request: Request) -> None:
     params = request.route_handler.parsed_fn_signature.parameters
     if not request.scope.get("path", "").startswith("/api/") or "request" in params:
         return
+    known = sorted(k for k in params if k not in request.path_params and k not in _NOT_QUERY)
     for key in request.query_params:
-        if key not in params or key in request.path_params:
-            known = sorted(k for k in params if k not in request.path_params and k not in ("user", "rt", "data"))
+        if key not in known:
             raise ClientException(f"unknown query parameter {key[:40]!r}: this endpoint takes "
                                   f"{', '.join(known) or 'none'}")
         if len(request.query_params.getall(key)) > 1:
