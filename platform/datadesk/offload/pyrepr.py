@@ -100,7 +100,7 @@ def repr_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch
     from datadesk.offload.shapes_repr import ReprUnsupported, resolve_tags, to_json
     from datadesk.offload.shapes_reprfast import dict_batches, dict_json, tuple_batches
 
-    fast = tuple_batches(text, batch_rows) or dict_batches(text, batch_rows)  # pyarrow's CSV reader
+    fast = tuple_batches(text, batch_rows, repr_batches) or dict_batches(text, batch_rows, repr_batches)  # chunked
     if fast is not None:
         yield from fast
         return

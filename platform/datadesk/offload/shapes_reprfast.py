@@ -7,7 +7,14 @@ are never touched), `), (` becomes a line break and `, ` a comma; each string ge
 inside its quotes (so `'00123'` stays text); calls become tagged CSV fields
 (`datetime.date(2024, 1, 2)` -> `\x01d2024-1-2`, `Decimal('1.50')` -> `\x01D'1.50'`) that
 `resolve` types vectorised. Rows of dicts become `key,value,...` rows whose key columns
-must be constant (`dict_batches`). `dict_json` is the JSON form of other dict reprs.
+must be constant (`dict_batches`); after the first chunk each known `'key': ` is replaced by
+its number before the split, so keys cost no string objects. `dict_json` is the JSON form of
+other dict reprs.
+
+Chunk by chunk (issue 17: memory bounded by the chunk, not the result): `CHUNK_BYTES` of
+text at a time, cut between two rows (outside any string: an even number of quotes), each
+chunk converted and read on its own; a column keeps the type it had first where the cast is
+lossless (decimals widen to 18, then 38 digits, once), else the sink unifies as for JSON.
 
 Anything else returns None and the caller takes the msgspec / `ast` paths, which are exact
 for every repr this module refuses (a string with a quote in it, a call it does not know,
@@ -19,7 +26,7 @@ text elsewhere.
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -44,15 +51,20 @@ def _dt(m: re.Match) -> str:
     return f"\x01{'z' if g[7] else 't'}{g[0]} {g[1]} {g[2]} {g[3]} {g[4]} {g[5] or 0} {g[6] or 0}"
 
 
-def _csv_text(text: str, dicts: bool = False) -> bytes | None:
+def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None) -> bytes | None:
     """The CSV for a plain repr of tuples (strings untouched), or None: not for this path.
 
-    `dicts`: a list of dicts; each row becomes `key,value,key,value...` (see `dict_batches`)."""
+    `dicts`: a list of dicts; each row becomes `key,value,key,value...` (see `dict_batches`).
+    `keys`: the keys every row should have, in order: each `'key': ` becomes its number
+    (`1,value,2,value...`), so the keys are never split out as strings (the caller checks the
+    numbers). Exact: with no quote inside a string, `'key': ` can only be that key."""
     stripped = text.strip()
     start, end, row_break = ("[{", "}]", "}, {") if dicts else ("[(", ")]", "), (")
     if not (stripped.startswith(start) and stripped.endswith(end)) or ",)" in stripped \
             or '"' in stripped or "\\" in stripped or _SEP in stripped or "\x01" in stripped or _STR in stripped:
         return None  # (a one-element tuple is written "(1,)": the exact path reads it)
+    for i, key in enumerate(keys or ()):
+        stripped = stripped.replace(("{'" if i == 0 else ", '") + key + "': ", ("{" if i == 0 else ", ") + f"{i + 1}: ")
     parts = stripped[2:-2].split("'")
     if len(parts) % 2 == 0:
         return None
@@ -84,30 +96,159 @@ def _csv_text(text: str, dicts: bool = False) -> bytes | None:
     return "'".join(parts).encode("utf-8")  # (the joined str is freed at once: one copy alive)
 
 
-def tuple_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch] | None:
-    """Typed batches of `[(...), (...)]` (columns col_1 ...), or None: not for this path."""
-    table = _read_csv(_csv_text(text))
-    if table is None:
-        return None
-    names = unique_names([f"col_{i + 1}" for i in range(table.num_columns)])
-    return _typed_batches(table.rename_columns(names), batch_rows)
+CHUNK_BYTES = 4 << 20  # the text converted and parsed at a time: memory holds one chunk, not the result
 
 
-def dict_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch] | None:
+Fallback = Callable[[str, int], Iterator[pa.RecordBatch]]
+
+
+def tuple_batches(text: str, batch_rows: int = 65_536,
+                  fallback: Fallback | None = None) -> Iterator[pa.RecordBatch] | None:
+    """Typed batches of `[(...), (...)]` (columns col_1 ...), or None: not for this path.
+
+    Read chunk by chunk (`CHUNK_BYTES` of text at a time, cut between two rows); a later
+    chunk this path refuses, and the rest after it, go to `fallback(repr_text, batch_rows)`
+    (the exact paths)."""
+    return _chunked(text, batch_rows, False, fallback)
+
+
+def dict_batches(text: str, batch_rows: int = 65_536,
+                 fallback: Fallback | None = None) -> Iterator[pa.RecordBatch] | None:
     """Typed batches of `[{'k': v, ...}, ...]` whose rows all have the same keys in the same
     order (a query's rows), or None: not for this path (the JSON path reads the others)."""
-    table = _read_csv(_csv_text(text, dicts=True))
-    if table is None or table.num_columns % 2:
+    return _chunked(text, batch_rows, True, fallback)
+
+
+def _bounds(text: str, dicts: bool) -> tuple[int, int] | None:
+    """Where the rows are: text[lo:hi] from the first row's opening bracket to the last's closing."""
+    lo, hi = 0, len(text)
+    while lo < hi and text[lo].isspace():
+        lo += 1
+    while hi > lo and text[hi - 1].isspace():
+        hi -= 1
+    start, end = ("[{", "}]") if dicts else ("[(", ")]")
+    if not (text.startswith(start, lo) and text.endswith(end, lo, hi)) or hi - lo < 4:
         return None
-    names = []
+    return lo + 1, hi - 1
+
+
+def _cut(text: str, a: int, hi: int, row_break: str, chunk_bytes: int) -> int:
+    """The end of a chunk starting at row start `a`: just after a row's closing bracket, found
+    after `chunk_bytes` of text, outside any string (an even number of quotes since `a`).
+
+    Only exact for text without double quotes and backslashes, which `_csv_text` then checks:
+    a chunk it accepts has no nesting, so its cut lies between two rows."""
+    j = a + chunk_bytes
+    while j < hi:
+        j = text.find(row_break, j, hi)
+        if j < 0:
+            break
+        if text.count("'", a, j) % 2 == 0:
+            return j + 1
+        j += 1
+    return hi
+
+
+def _chunk_table(piece: str, dicts: bool,
+                 keys: list[str] | None = None) -> tuple[pa.Table, list[str], list[str] | None] | None:
+    """One chunk of rows (`(...), (...)`) read by pyarrow: the table of values and its names
+    (for dicts: the keys; with `keys` given, each row must have exactly those, in that order)."""
+    table = _read_csv(_csv_text("[" + piece + "]", dicts, keys))
+    if table is None:
+        return None
+    if not dicts:
+        return table, unique_names([f"col_{i + 1}" for i in range(table.num_columns)]), None
+    if table.num_columns % 2:
+        return None
+    if keys is not None:
+        if table.num_columns != 2 * len(keys):
+            return None
+        for i in range(len(keys)):
+            numbers = table.column(2 * i)
+            if not pa.types.is_integer(numbers.type) or numbers.null_count \
+                    or pc.min_max(numbers).as_py() != {"min": i + 1, "max": i + 1}:
+                return None  # a row with other keys, or in another order
+        return table.select(list(range(1, table.num_columns, 2))), unique_names(keys), keys
+    names, raw = [], []
     for i in range(0, table.num_columns, 2):
-        keys = table.column(i)
-        if keys.null_count or pc.count_distinct(keys).as_py() != 1:
+        col = table.column(i)
+        if col.null_count or pc.count_distinct(col).as_py() != 1:
             return None  # rows with other keys, or in another order
-        key = keys[0].as_py()
+        key = col[0].as_py()
         names.append(key[1:] if isinstance(key, str) and key.startswith(_STR) else str(key))
-    values = table.select(list(range(1, table.num_columns, 2))).rename_columns(unique_names(names))
-    return _typed_batches(values, batch_rows)
+        raw.append(isinstance(key, str) and key.startswith(_STR) and "'" not in key)
+    return table.select(list(range(1, table.num_columns, 2))), unique_names(names), names if all(raw) else None
+
+
+def _chunked(text: str, batch_rows: int, dicts: bool, fallback: Fallback | None) -> Iterator[pa.RecordBatch] | None:
+    bounds = _bounds(text, dicts)
+    if bounds is None:
+        return None
+    lo, hi = bounds
+    size = CHUNK_BYTES
+    row_break = "}, {" if dicts else "), ("
+    end = _cut(text, lo, hi, row_break, size)
+    first = _chunk_table(text[lo:end], dicts)
+    if first is None:
+        return None  # the first chunk is not for this path: the caller reads the whole text otherwise
+    return _chunks(text, first, end, hi, batch_rows, dicts, size, fallback)
+
+
+def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: int, hi: int, batch_rows: int,
+            dicts: bool, size: int, fallback: Fallback | None) -> Iterator[pa.RecordBatch]:
+    """The batches of every chunk, each typed like the stream's first batches where that is
+    lossless (a decimal's precision, an all-None column); a chunk this path refuses (nesting,
+    a quote inside a string, other keys ...) and everything after it is read by the exact
+    paths (`fallback`)."""
+    row_break = "}, {" if dicts else "), ("
+    table, names, keys = first
+    types: dict[str, pa.DataType] = {}
+    while True:
+        for batch in _typed_batches(table.rename_columns(names), batch_rows):
+            yield _stream_typed(batch, types)
+        if a >= hi:
+            return
+        a += 2  # the ", " between two rows
+        end = _cut(text, a, hi, row_break, size)
+        got = _chunk_table(text[a:end], dicts, keys)
+        if got is None:
+            if fallback is None:
+                raise TabularParseError("a Python-repr table changes form part way (rows this reader cannot take)")
+            for batch in fallback("[" + text[a:hi] + "]", batch_rows):
+                yield _stream_typed(batch, types)
+            return
+        if not dicts and len(got[1]) != len(names):
+            raise TabularParseError(f"ragged Python-repr table: a row has {len(got[1])} values, not {len(names)}")
+        table, names = got[0], got[1]
+        a = end
+
+
+def _stream_typed(batch: pa.RecordBatch, types: dict[str, pa.DataType]) -> pa.RecordBatch:
+    """The batch with each column in the type it had first in the stream when the cast is
+    lossless (decimal(5, 2) -> decimal(6, 2), null -> T); else as it is (the sink unifies)."""
+    arrays, changed = [], False
+    for name, col in zip(batch.schema.names, batch.columns):
+        want = types.setdefault(name, col.type)
+        if pa.types.is_null(want) and not pa.types.is_null(col.type):
+            types[name] = want = col.type
+        if col.type != want and not _fits(col, want) and pa.types.is_decimal(col.type) \
+                and pa.types.is_decimal(want):  # grown: to 18 digits (then 38), not one more each chunk
+            digits = max(col.type.precision - col.type.scale, want.precision - want.scale)
+            scale = max(col.type.scale, want.scale)
+            types[name] = want = pa.decimal128(min(38, max(18 if want.precision < 18 else 38, digits + scale)), scale)
+        if col.type != want and _fits(col, want):
+            col, changed = col.cast(want), True
+        arrays.append(col)
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names) if changed else batch
+
+
+def _fits(col: pa.Array, want: pa.DataType) -> bool:
+    t = col.type
+    if pa.types.is_null(t):
+        return True
+    if pa.types.is_decimal(t) and pa.types.is_decimal(want):
+        return t.scale <= want.scale and t.precision - t.scale <= want.precision - want.scale
+    return False
 
 
 def _read_csv(csv_text: bytes | None) -> pa.Table | None:

@@ -1,0 +1,73 @@
+"""Python reprs are converted and parsed chunk by chunk (issue 17: memory bounded by the chunk,
+not the result): tiny chunks here, so every text below is cut in many places.
+
+Each case is checked against the exact `ast` path on the same text: rows, order, values, types."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from bench.shapes_data import SHAPES
+from datadesk.offload import shapes_reprfast
+from datadesk.offload.columns import TabularParseError
+from datadesk.offload.pyrepr import exact_batches, repr_batches
+
+
+@pytest.fixture(autouse=True)
+def tiny_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shapes_reprfast, "CHUNK_BYTES", 300)
+
+
+def _both(text: str) -> tuple[pa.Table, pa.Table, int]:
+    batches = list(repr_batches(text, batch_rows=7))
+    assert len({b.schema for b in batches}) <= 2  # a decimal widened once at most (as the sink unifies)
+    schema = pa.unify_schemas([b.schema for b in batches], promote_options="permissive")
+    fast = pa.Table.from_batches([b.cast(schema) for b in batches])
+    return fast, pa.Table.from_batches(list(exact_batches(text))), len(batches)
+
+
+@pytest.mark.parametrize("shape", ["repr_tuples", "repr_dicts"])
+def test_chunks_give_the_exact_rows_and_types(shape: str) -> None:
+    text = SHAPES[shape](500)
+    fast, exact, n = _both(text)
+    assert n > 50  # really cut in many chunks
+    assert fast.num_rows == 500 and fast.to_pylist() == exact.to_pylist()
+    assert pa.types.is_decimal(fast.schema.types[2]) and str(fast.schema.types[5]) == "timestamp[us, tz=UTC]"
+
+
+def test_row_breaks_inside_strings_are_not_cuts() -> None:
+    rows = [f"({i}, 'a), (b {'x' * (i % 40)}', '}}, {{', Decimal('{i}.5'))" for i in range(200)]
+    fast, exact, _ = _both("[" + ", ".join(rows) + "]\n")
+    assert fast.num_rows == 200 and fast.to_pylist() == exact.to_pylist()
+    assert fast["col_2"][3].as_py() == "a), (b xxx" and fast["col_4"][199].as_py() == Decimal("199.5")
+
+
+def test_decimal_precision_grows_and_nulls_come_first() -> None:
+    rows = [f"({i}, None, Decimal('{i % 10}.25'))" for i in range(100)]
+    rows += [f"({i}, 'late {i}', Decimal('{i * 1000}.25'))" for i in range(100, 200)]
+    text = "[" + ", ".join(rows) + "]"
+    batches = list(repr_batches(text, batch_rows=7))
+    decimals = list(dict.fromkeys(str(b.schema.types[2]) for b in batches))
+    assert len(decimals) == 2 and decimals[1] == "decimal128(18, 2)", decimals  # widened once, not per chunk
+    table = pa.Table.from_batches([b.cast(batches[-1].schema) for b in batches])
+    assert table.num_rows == 200 and table["col_2"].null_count == 100
+    assert sum(table["col_3"].to_pylist()) == sum(Decimal(f"{i % 10}.25") for i in range(100)) + \
+        sum(Decimal(f"{i * 1000}.25") for i in range(100, 200))
+
+
+def test_a_later_chunk_the_fast_path_refuses_is_read_exactly() -> None:
+    rows = [f"({i}, 'n{i}')" for i in range(100)] + ["(100, 'it\\'s')"] + [f"({i}, 'n{i}')" for i in range(101, 150)]
+    fast, exact, _ = _both("[" + ", ".join(rows) + "]")
+    assert fast.num_rows == 150 and fast.to_pylist() == exact.to_pylist() and fast["col_2"][100].as_py() == "it's"
+    dicts = [f"{{'a': {i}, 'b': 'x'}}" for i in range(100)] + [f"{{'a': {i}, 'c': 'y'}}" for i in range(100, 140)]
+    batches = list(repr_batches("[" + ", ".join(dicts) + "]", batch_rows=7))
+    assert sum(b.num_rows for b in batches) == 140 and "c" in batches[-1].schema.names
+
+
+def test_ragged_rows_across_chunks_are_an_error() -> None:
+    rows = [f"({i}, 'n{i}')" for i in range(100)] + [f"({i}, 'n{i}', 3)" for i in range(100, 150)]
+    with pytest.raises(TabularParseError, match="ragged"):
+        list(repr_batches("[" + ", ".join(rows) + "]"))
