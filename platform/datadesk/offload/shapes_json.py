@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from datadesk.offload.columns import TabularParseError, records_to_batch, unique_names, _has_empty_struct, _nesting
+from datadesk.offload import shapes_fast
 from datadesk.offload.shapes_types import python_column, sql_cast, typed_table_strings
 
 CHUNK_ROWS = 131_072  # rows per chunk handed to pyarrow (one chunk in memory at a time)
@@ -51,6 +52,7 @@ class JsonRows:
     envelope: dict[str, Any] = field(default_factory=dict)  # the other keys, decoded (small ones)
     path: str = ""  # the key(s) holding the rows: "data", "result.items"
     ndjson: bytes | None = None  # NDJSON: the text itself, read by pyarrow as it is
+    table: pa.Table | None = None  # an array of objects read whole by pyarrow (`shapes_fast`)
 
 
 def _head(raw: Any) -> bytes:
@@ -75,6 +77,9 @@ def locate(text: Any, header_rows: bool = True) -> JsonRows:
         body = memoryview(text)
         first = bytes(body[:256]).lstrip()[:1]
     if first in ("[", b"["):
+        table = shapes_fast.read_records(body, _exact)  # an array of objects, read whole by pyarrow
+        if table is not None:
+            return JsonRows("records", [], "JSON array of objects", table=table)
         return _from_array(_decode(body, _RAWS), "JSON array", header_rows=header_rows)
     if first not in ("{", b"{"):
         raise TabularParseError("not JSON: the text does not start with '[' or '{'")
@@ -234,6 +239,9 @@ def batches(found: JsonRows, batch_rows: int = CHUNK_ROWS, default_name: str = "
         return
     if found.ndjson is not None:
         yield from _ndjson_batches(found, batch_rows)
+        return
+    if found.table is not None:
+        yield from found.table.to_batches(max_chunksize=batch_rows)
         return
     if not found.rows:
         if found.names:

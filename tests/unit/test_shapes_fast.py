@@ -1,0 +1,73 @@
+"""The one-pass pyarrow read of a JSON array of objects (`offload/shapes_fast.py`): every
+separator form, values that look like separators, and whatever it cannot read exactly
+going to the row-by-row path with no value changed."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from datadesk.offload import shapes_json
+
+
+def _table(text: str) -> tuple[pa.Table, bool]:
+    found = shapes_json.locate(text)
+    return pa.Table.from_batches(list(shapes_json.batches(found))), found.table is not None
+
+
+ROWS = [{"id": i, "x": i * 0.5, "name": f"n{i}", "day": "2024-01-02", "ts": "2024-01-01T00:00:00Z",
+         "ok": i % 2 == 0} for i in range(50)]
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps(ROWS, separators=(",", ":")),
+    json.dumps(ROWS),
+    "[\n" + ",\n".join("\t" + json.dumps(r) for r in ROWS) + "\n]",
+    "[\r\n" + ",\r\n".join(json.dumps(r) for r in ROWS) + "\r\n]\r\n",
+])
+def test_every_separator_form_is_read_in_one_pass(text: str) -> None:
+    table, fast = _table(text)
+    assert fast and table.num_rows == 50 and table.column_names == ["id", "x", "name", "day", "ts", "ok"]
+    assert [str(t) for t in table.schema.types] == ["int64", "double", "string", "date32[day]",
+                                                    "timestamp[us, tz=UTC]", "bool"]
+    assert sum(table.column("id").to_pylist()) == sum(range(50)) and table.column("name")[7].as_py() == "n7"
+
+
+def test_separators_inside_values_are_never_split() -> None:
+    rows = [{"a": "x},{y", "b": [{"c": 1}, {"c": 2}]}, {"a": "}, {", "b": []}, {"a": "ünï}, {", "b": None}]
+    table, _ = _table(json.dumps(rows))
+    assert table.num_rows == 3
+    assert table.column("a").to_pylist() == ["x},{y", "}, {", "ünï}, {"]
+    assert table.column("b").to_pylist()[0] == [{"c": 1}, {"c": 2}]
+
+
+def test_types_hold_over_the_whole_text_beyond_the_sample() -> None:
+    n = 30_000  # over a MB: the sample is the first MB only
+    rows = [{"id": i, "v": i, "pad": "p" * 30} for i in range(n)]
+    rows[-1]["v"] = 2.5  # an integer column that turns float after the sample
+    rows[-1]["late"] = "2024-03-04T05:06:07.123456+00:00"  # a field the sample never saw
+    rows[-2]["big"] = 2 ** 60 + 1  # past 2^53: must not go through a double
+    text = "[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]"
+    table, _ = _table(text)
+    assert table.num_rows == n and sum(table.column("id").to_pylist()) == n * (n - 1) // 2
+    assert table.column("v").to_pylist()[-1] == 2.5 and table.column("v").to_pylist()[3] == 3
+    assert table.column("big").to_pylist()[-2] == 2 ** 60 + 1
+    late = table.column("late").to_pylist()[-1]
+    assert str(late) in ("2024-03-04 05:06:07.123456+00:00", "2024-03-04T05:06:07.123456+00:00")
+
+
+def test_non_ascii_and_bytes_input() -> None:
+    rows = [{"name": f"Zoë {i} 東京", "n": i} for i in range(100)]
+    text = json.dumps(rows, ensure_ascii=False)
+    for source in (text, text.encode("utf-8")):
+        table, fast = _table(source)
+        assert fast and table.column("name").to_pylist()[99] == "Zoë 99 東京"
+
+
+def test_not_json_after_the_array_is_refused_as_before() -> None:
+    from datadesk.offload.columns import TabularParseError
+
+    with pytest.raises(TabularParseError, match="invalid JSON"):
+        shapes_json.locate('[{"a": 1}, {"a": 2}] and then some prose')
