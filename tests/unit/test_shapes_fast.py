@@ -71,3 +71,46 @@ def test_not_json_after_the_array_is_refused_as_before() -> None:
 
     with pytest.raises(TabularParseError, match="invalid JSON"):
         shapes_json.locate('[{"a": 1}, {"a": 2}] and then some prose')
+
+
+# ------------------------------------------------------------ arrays of arrays (shapes_fastrows)
+
+def _fast_rows(text: str) -> bool:
+    return shapes_json._fast_arrays(shapes_json.locate(text), "column_") is not None
+
+
+ARRAYS = [[i, i * 0.5, f"n,{i}", "2024-01-02", i % 2 == 0, None if i % 5 else "null"] for i in range(40)]
+
+
+@pytest.mark.parametrize("text,names", [
+    (json.dumps(ARRAYS, separators=(",", ":")), [f"column_{i}" for i in range(1, 7)]),
+    (json.dumps([list("abcdef")] + ARRAYS, separators=(",", ":")), list("abcdef")),
+    ('{"columns": ["a","b","c","d","e","f"], "rows": ' + json.dumps(ARRAYS, separators=(",", ":")) + "}",
+     list("abcdef")),
+])
+def test_flat_arrays_are_read_by_the_csv_reader(text: str, names: list[str]) -> None:
+    assert _fast_rows(text)
+    table, _ = _table(text)
+    assert table.column_names == names and table.num_rows == 40
+    assert [str(t) for t in table.schema.types] == ["int64", "double", "string", "date32[day]", "bool", "string"]
+    assert table.column(2).to_pylist()[3] == "n,3" and table.column(5).to_pylist()[:2] == ["null", None]
+    assert sum(table.column(0).to_pylist()) == sum(range(40))
+
+
+@pytest.mark.parametrize("rows", [
+    [[1, 'a "quoted" \\ \u00e9'], [2, "b"]],  # JSON escapes
+    [[1, "x],[y"], [2, "z"]],  # a separator inside a string
+    [[1, [2, 3]], [4, [5]]],  # nested arrays
+    [[1, {"a": 2}], [3, {"b": 4}]],  # objects
+    [[1, "a"], [2, 3]],  # a number where the sample had text
+    [[1, "a"], [2.5, "b"]] * 150,  # a float after the sample's integers
+])
+def test_what_csv_cannot_read_exactly_keeps_every_value(rows: list) -> None:
+    for text in (json.dumps(rows), json.dumps(rows, separators=(",", ":"))):
+        table, _ = _table(text)
+        assert table.num_rows == len(rows)
+        got = table.to_pylist()
+        assert [list(r.values())[0] for r in got] == [r[0] for r in rows]
+        second = [list(r.values())[1] for r in got]
+        if all(isinstance(r[1], str) for r in rows):
+            assert second == [r[1] for r in rows]

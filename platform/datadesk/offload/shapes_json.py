@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from datadesk.offload.columns import TabularParseError, records_to_batch, unique_names, _has_empty_struct, _nesting
-from datadesk.offload import shapes_fast
+from datadesk.offload import shapes_fast, shapes_fastrows
 from datadesk.offload.shapes_types import python_column, sql_cast, typed_table_strings
 
 CHUNK_ROWS = 131_072  # rows per chunk handed to pyarrow (one chunk in memory at a time)
@@ -53,6 +53,8 @@ class JsonRows:
     path: str = ""  # the key(s) holding the rows: "data", "result.items"
     ndjson: bytes | None = None  # NDJSON: the text itself, read by pyarrow as it is
     table: pa.Table | None = None  # an array of objects read whole by pyarrow (`shapes_fast`)
+    raw: Any = None  # the JSON text of the array of rows (for `shapes_fastrows`)
+    skipped: int = 0  # rows of `raw` left out (a header row)
 
 
 def _head(raw: Any) -> bytes:
@@ -80,7 +82,9 @@ def locate(text: Any, header_rows: bool = True) -> JsonRows:
         table = shapes_fast.read_records(body, _exact)  # an array of objects, read whole by pyarrow
         if table is not None:
             return JsonRows("records", [], "JSON array of objects", table=table)
-        return _from_array(_decode(body, _RAWS), "JSON array", header_rows=header_rows)
+        found = _from_array(_decode(body, _RAWS), "JSON array", header_rows=header_rows)
+        found.raw = body
+        return found
     if first not in ("{", b"{"):
         raise TabularParseError("not JSON: the text does not start with '[' or '{'")
     try:
@@ -115,7 +119,7 @@ def _from_array(items: list[Any], what: str, path: str = "", envelope: dict | No
         header = _header_row(items) if header_rows else None
         if header is not None:
             return JsonRows("arrays", items[1:], f"{what} of arrays with a header row", names=header,
-                            envelope=env, path=path)
+                            envelope=env, path=path, skipped=1)
         return JsonRows("arrays", items, f"{what} of arrays (no header row)", envelope=env, path=path)
     kind = {b'"': "strings", b"n": "nulls", b"t": "booleans", b"f": "booleans"}.get(head, "numbers")
     raise TabularParseError(f"{what} holds {kind}, not objects or arrays: not tabular JSON")
@@ -193,6 +197,7 @@ def _from_object(obj: dict[str, Any], prefix: str) -> JsonRows:
         names = None  # objects carry their own names; the list is kept as metadata
         used.discard(col_key)
     found = _from_array(rows, "JSON envelope with an array", f"{prefix}{rows_key}", _envelope(obj, used), names, types)
+    found.raw = obj[rows_key]
     if names is not None and rows_key.lower() in ("rows", "data", "values"):
         found.shape = f"JSON object with {{columns, {rows_key}}}"
     else:
@@ -247,6 +252,11 @@ def batches(found: JsonRows, batch_rows: int = CHUNK_ROWS, default_name: str = "
         if found.names:
             yield pa.RecordBatch.from_arrays([pa.nulls(0) for _ in found.names], names=unique_names(found.names))
         return
+    fast = _fast_arrays(found, default_name) if found.kind == "arrays" else None
+    if fast is not None:
+        out = fast.to_batches(max_chunksize=batch_rows)
+        yield from (_apply_types(out, found.types) if found.types is not None else out)
+        return
     forced: set[str] = set()
     if found.kind == "records":  # which fields pyarrow would type as timestamps: learn it on a sample
         sample = _arrow_json(_ENC.encode_lines(found.rows[:200]), set(), learn=True)
@@ -260,6 +270,24 @@ def batches(found: JsonRows, batch_rows: int = CHUNK_ROWS, default_name: str = "
         if found.types is not None:
             out = _apply_types(out, found.types)
         yield from out
+
+
+def _fast_arrays(found: JsonRows, default_name: str) -> pa.Table | None:
+    """Rows of flat arrays read by pyarrow's CSV reader (`shapes_fastrows`), or None."""
+    if found.raw is None or not found.rows:
+        return None
+    with _no_gc():
+        sample = _decode(b"[" + b",".join(bytes(r) for r in found.rows[:200]) + b"]")
+    if not all(isinstance(r, list) for r in sample):
+        return None
+    width = len(found.names) if found.names is not None else len(sample[0])
+    if width == 0 or any(len(r) != width for r in sample):
+        return None  # ragged rows: the exact path pads them (or refuses them when strict)
+    kinds = shapes_fastrows.column_kinds(sample, width)
+    if kinds is None:
+        return None
+    names = unique_names(found.names if found.names is not None else [f"{default_name}{i + 1}" for i in range(width)])
+    return shapes_fastrows.read_rows(found.raw, len(found.rows) + found.skipped, bool(found.skipped), kinds, names)
 
 
 def _ndjson_batches(found: JsonRows, batch_rows: int) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,94 @@
+"""A JSON array of flat arrays (`[[1,"a",true],[2,"b",false]]`, the rows of `{columns, rows}`)
+read by pyarrow's multithreaded CSV reader: no Python object per row.
+
+Between the outer brackets the rows are `[...]` joined by `],[`; rewritten as newlines,
+each row is a CSV line whose strings are quoted the way CSV quotes them. This is only
+exact under conditions checked on the whole text, else None (the caller decodes the rows):
+- no backslash (a JSON escape means something else in CSV);
+- exactly one `[` per row plus the outer one, and one `],[` between each two rows (so no
+  nested arrays, no brackets inside strings: every `],[` is a row boundary);
+- the column types of a sample of decoded rows are plain (text, integer, number,
+  boolean) and enforced on every row, so a later value of another kind fails the read;
+- no text value starts with a quote, a space, `{` or `[` (a space before a quoted string,
+  or an object, which CSV would have read as characters).
+Text columns that are ISO dates / timestamps are then typed as JSON strings are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from datadesk.offload.shapes_types import json_strings
+
+_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
+_BLOCK = 1 << 20
+_BAD_START = r'^[" \[{]'
+
+
+def column_kinds(sample: Sequence[Any], width: int) -> list[pa.DataType] | None:
+    """The Arrow type of each column of the decoded sample rows (None: not plain enough)."""
+    kinds: list[pa.DataType] = []
+    for i in range(width):
+        seen = {type(r[i]) for r in sample if i < len(r) and r[i] is not None}
+        if seen == {str}:
+            kinds.append(pa.string())
+        elif seen == {int}:
+            kinds.append(pa.int64())
+        elif seen and seen <= {int, float}:
+            kinds.append(pa.float64())
+        elif seen == {bool}:
+            kinds.append(pa.bool_())
+        else:
+            return None  # all null in the sample, mixed or nested: decoded row by row
+    return kinds
+
+
+def read_rows(body: Any, items: int, skip_first: bool, kinds: list[pa.DataType],
+              names: list[str]) -> pa.Table | None:
+    """The `items` rows of the array `body` (str, bytes or msgspec.Raw), the first one left
+    out when `skip_first` (a header row), as a table with `names` and `kinds`; None when not
+    exact this way."""
+    if isinstance(body, str):
+        body = body.encode("utf-8") if not body.isascii() else body
+    elif not isinstance(body, bytes):
+        body = bytes(body)
+    text = isinstance(body, str)
+    sep, nl, slash, bra = (("],[", "\n", "\\", "[") if text else (b"],[", b"\n", b"\\", b"["))
+    if items < 1 or body.find(slash) >= 0 or body.count(bra) != items + 1 or body.count(sep) != items - 1:
+        return None
+    start = body.find(bra, body.find(bra) + 1) + 1  # the first row's own bracket
+    end = body.rfind(sep[:1], 0, body.rfind(sep[:1]))  # the last row's closing bracket
+    if start <= 0 or end < start:
+        return None
+    if skip_first:
+        first = body.find(sep, start)
+        if first < 0:
+            return None
+        start = first + len(sep)
+    data = body[start:end].replace(sep, nl)
+    if text:
+        data = data.encode("utf-8")
+    convert = pacsv.ConvertOptions(column_types=dict(zip(names, kinds)), null_values=["null"],
+                                   true_values=["true"], false_values=["false"], strings_can_be_null=True,
+                                   quoted_strings_can_be_null=False)
+    try:
+        table = pacsv.read_csv(pa.BufferReader(data), read_options=pacsv.ReadOptions(
+            column_names=names, block_size=_BLOCK, use_threads=True), convert_options=convert,
+            parse_options=pacsv.ParseOptions(double_quote=False, escape_char=False, newlines_in_values=False))
+    except _ERRORS:
+        return None
+    if table.num_rows != items - (1 if skip_first else 0):
+        return None
+    arrays = []
+    for col, kind in zip(table.columns, kinds):
+        if pa.types.is_string(kind):
+            col = col.combine_chunks()
+            if len(col) and pc.any(pc.match_substring_regex(col, _BAD_START)).as_py():
+                return None
+            col = json_strings(col)
+        arrays.append(col)
+    return pa.Table.from_arrays(arrays, names=names)
