@@ -81,3 +81,13 @@ def test_dict_of_lists_in_pieces_with_commas_and_brackets_in_strings() -> None:
     assert fast["s"][1].as_py() == "x, (1" and fast["n"].null_count == 150
     with pytest.raises(TabularParseError, match="differ in length"):
         list(repr_batches("{'a': [1, 2], 'b': [1]}"))
+
+
+def test_dates_datetimes_and_times_of_every_length_and_none() -> None:
+    rows = [f"({i}, datetime.datetime(2024, 1, {i % 28 + 1}, 10, {i % 60}{', 5' if i % 3 else ''}"
+            f"{', 120' if i % 5 == 0 and i % 3 else ''}), {'None' if i % 7 == 0 else 'datetime.date(2024, 2, 3)'}, "
+            f"datetime.time(10, {i % 60}{', 7, 9' if i % 2 else ''}))" for i in range(120)]
+    fast, exact, _ = _both("[" + ", ".join(rows) + "]")
+    assert fast.num_rows == 120 and fast.to_pylist() == exact.to_pylist()
+    assert [str(t) for t in fast.schema.types[1:]] == ["timestamp[us]", "date32[day]", "time64[us]"]
+    assert fast["col_3"].null_count == 18

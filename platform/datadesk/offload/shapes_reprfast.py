@@ -39,7 +39,7 @@ from datadesk.offload.sinkutil import cast_for_union, unify_types
 
 _SEP = "\x00"
 _STR = "\x02"  # marks a string's content in the CSV (a quoted '123' stays the text "123")
-_ALLOWED = b"0123456789,.-+eE \n\x00\x01Duzthd" + b"NonTruFalsif"  # outside the strings, rewritten
+_ALLOWED = b"0123456789,.-+eE \n\x00\x01DuzthdTYH'" + b"NonTruFalsif"  # outside the strings, rewritten
 _NOT_LETTERS = bytes(b for b in range(256) if not chr(b).isalpha() or b > 127 or chr(b) in "eE")
 _DT = re.compile(r"datetime\.datetime\((\d+), (\d+), (\d+), (\d+), (\d+)(?:, (\d+))?(?:, (\d+))?"
                  r"(, tzinfo=datetime\.timezone\.utc)?\)")
@@ -50,6 +50,34 @@ _TIME = re.compile(r"datetime\.time\((\d+), (\d+)(?:, (\d+))?(?:, (\d+))?\)")
 def _dt(m: re.Match) -> str:
     g = m.groups()
     return f"\x01{'z' if g[7] else 't'}{g[0]} {g[1]} {g[2]} {g[3]} {g[4]} {g[5] or 0} {g[6] or 0}"
+
+
+def _call_fields(others: str) -> str:
+    """Dates, datetimes and times as tagged fields whose parts are spaces (`\x01d2024-1-2`)."""
+    if "datetime.datetime(" in others:
+        others = _DT.sub(_dt, others)
+    if "datetime.date(" in others:
+        others = _DATE.sub(lambda m: f"\x01d{m[1]}-{m[2]}-{m[3]}", others)
+    if "datetime.time(" in others:
+        others = _TIME.sub(lambda m: f"\x01h{m[1]} {m[2]} {m[3] or 0} {m[4] or 0}", others)
+    return others
+
+
+def _quoted_calls(others: str) -> str | None:
+    """Rows already split into lines: every bracket left is a call's, so each date, datetime
+    or time call becomes one quoted CSV field at C speed, `'\x01T2024, 1, 2, 10, 30,z'`
+    (`\x01Y` dates, `\x01H` times; `,z`: UTC), no regex and no Python per value; None when
+    the brackets do not pair up with those calls (the exact paths read it)."""
+    if "tzinfo=datetime.timezone.utc)" in others and "datetime.time(" not in others:
+        others = others.replace(", tzinfo=datetime.timezone.utc)", ",z)")
+    opened = 0
+    for call, tag in (("datetime.datetime(", "'\x01T"), ("datetime.date(", "'\x01Y"), ("datetime.time(", "'\x01H")):
+        if call in others:
+            opened += others.count(call)
+            others = others.replace(call, tag)
+    if others.count(")") != opened or "(" in others:
+        return None
+    return others.replace(")", "'")
 
 
 def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None, column: bool = False) -> bytes | None:
@@ -74,16 +102,13 @@ def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None, col
     for call, tag in (("Decimal(", "\x01D"), ("UUID(", "\x01u")):
         if call in others:  # the tag sits before the quoted digits: `\x01D'1.50'`, one CSV field
             others = others.replace(call + _SEP + ")", tag + _SEP)
-    if "datetime.datetime(" in others:
-        others = _DT.sub(_dt, others)
-    if "datetime.date(" in others:
-        others = _DATE.sub(lambda m: f"\x01d{m[1]}-{m[2]}-{m[3]}", others)
-    if "datetime.time(" in others:
-        others = _TIME.sub(lambda m: f"\x01h{m[1]} {m[2]} {m[3] or 0} {m[4] or 0}", others)
     if column:
-        others = others.replace(", ", "\n")
+        others = _call_fields(others).replace(", ", "\n")
     else:
-        others = others.replace(row_break, "\n").replace(", ", ",")
+        others = others.replace(row_break, "\n")
+        if "datetime." in others and (others := _quoted_calls(others)) is None:
+            return None
+        others = others.replace(", ", ",")
     if dicts:
         others = others.replace(": ", ",")
     # one pass: only numbers, separators, tags and the letters of None/True/False/nan/inf are
@@ -91,7 +116,7 @@ def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None, col
     raw = others.encode("utf-8", "replace")
     letters = len(raw.translate(None, _NOT_LETTERS))
     words = sum(len(w.replace(b"e", b"")) * raw.count(w) for w in (b"None", b"True", b"False", b"nan", b"inf")) \
-        + raw.count(b"\x01")  # (e and E are not counted: exponents)
+        + raw.count(b"\x01") + raw.count(b",z'")  # (e and E are not counted: exponents)
     if raw.translate(None, _ALLOWED) or letters != words:
         return None  # a call, a nested tuple, a name this path does not rewrite: the exact paths
     parts[0::2] = others.split(_SEP)
@@ -363,6 +388,8 @@ def resolve(col: pa.Array) -> pa.Array:
         text = pc.if_else(marked, pc.utf8_slice_codeunits(col, 1), col).cast(pa.string())
         return json_strings(text)  # ISO dates / timestamps typed, like JSON strings; the rest text
     body = pc.utf8_slice_codeunits(col, 2)
+    if tag in ("\x01T", "\x01Y", "\x01H"):
+        return _comma_call(col, body, tag)
     if tag in ("\x01D", "\x01u"):  # \x01D'\x021.50': the quotes and the string mark came with it
         body = pc.utf8_slice_codeunits(body, 2, -1)
         return _decimal(body) if tag == "\x01D" else body.cast(pa.string())
@@ -382,6 +409,38 @@ def resolve(col: pa.Array) -> pa.Array:
         pc.binary_join_element_wise(pad(h, 2), pad(mi, 2), pad(s, 2), ":"), " ")
     ts = pc.binary_join_element_wise(text, pad(us, 6), ".").cast(pa.timestamp("us"))
     return pc.assume_timezone(ts, "UTC") if tag == "\x01z" else ts
+
+
+def _comma_call(col: pa.Array, body: pa.Array, tag: str) -> pa.Array:
+    """`_quoted_calls`' fields (`2024,1,2,10,30,z`: the call's arguments) typed."""
+    zoned = pc.sum(pc.ends_with(body, ",z").cast(pa.int64())).as_py() or 0
+    if zoned not in (0, len(col) - col.null_count):
+        raise TabularParseError("a Python-repr column mixes naive and UTC datetimes")
+    if zoned:
+        body = pc.utf8_slice_codeunits(body, 0, -2)
+    if col.null_count:
+        body = body.fill_null("1970,1,1")
+    parts = pc.split_pattern(body, ",")
+    width = {"\x01T": 7, "\x01Y": 3, "\x01H": 4}[tag]
+    fields = [pc.list_slice(parts, k, k + 1, return_fixed_size_list=True).flatten().fill_null("0")
+              for k in range(width)]
+    pad = lambda a, w: pc.utf8_lpad(a, w, "0")  # noqa: E731
+    try:
+        if tag == "\x01Y":
+            out = pc.binary_join_element_wise(pad(fields[0], 4), pad(fields[1], 2), pad(fields[2], 2), "-")
+            out = out.cast(pa.date32())
+        elif tag == "\x01H":
+            out = _time(*fields)
+        else:
+            y, mo, d, h, mi, s, us = fields
+            text = pc.binary_join_element_wise(
+                pc.binary_join_element_wise(pad(y, 4), pad(mo, 2), pad(d, 2), "-"),
+                pc.binary_join_element_wise(pad(h, 2), pad(mi, 2), pad(s, 2), ":"), " ")
+            out = pc.binary_join_element_wise(text, pad(us, 6), ".").cast(pa.timestamp("us"))
+            out = pc.assume_timezone(out, "UTC") if zoned else out
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise TabularParseError(f"a bad date or time in a Python-repr table ({exc})") from None
+    return pc.if_else(pc.is_null(col), pa.scalar(None, out.type), out) if col.null_count else out
 
 
 def _time(h: pa.Array, mi: pa.Array, s: pa.Array, us: pa.Array) -> pa.Array:
