@@ -114,3 +114,13 @@ def test_what_csv_cannot_read_exactly_keeps_every_value(rows: list) -> None:
         second = [list(r.values())[1] for r in got]
         if all(isinstance(r[1], str) for r in rows):
             assert second == [r[1] for r in rows]
+
+
+def test_an_envelope_of_objects_keeps_its_metadata_and_the_source_types() -> None:
+    rows = [{"id": i, "price": f"{i}.50"} for i in range(30)]
+    text = json.dumps({"columns": ["id", "price"], "columnTypes": ["BIGINT", "DECIMAL(10,2)"], "data": rows,
+                       "next_cursor": "c2"})
+    found = shapes_json.locate(text)
+    assert found.table is not None and found.envelope["next_cursor"] == "c2" and found.path == "data"
+    table = pa.Table.from_batches(list(shapes_json.batches(found)))
+    assert str(table.schema.field("price").type) == "decimal128(10, 2)" and table.num_rows == 30

@@ -192,6 +192,14 @@ def _from_object(obj: dict[str, Any], prefix: str) -> JsonRows:
         if isinstance(given, list) and (names is None or len(given) == len(names)):
             types = given
             used.add(type_key)
+    table = shapes_fast.read_records(obj[rows_key], _exact)  # objects, read whole by pyarrow
+    if table is not None:
+        if names is not None:
+            used.discard(col_key)  # objects carry their own names; the list is kept as metadata
+        found = JsonRows("records", [], "JSON envelope with an array of objects", types=types,
+                         envelope=_envelope(obj, used), path=f"{prefix}{rows_key}", table=table)
+        found.shape = f'{found.shape} under "{prefix}{rows_key}"'
+        return found
     rows = _decode(obj[rows_key], _RAWS)
     if names is not None and rows and _head(rows[0]) == b"{":
         names = None  # objects carry their own names; the list is kept as metadata
@@ -246,7 +254,8 @@ def batches(found: JsonRows, batch_rows: int = CHUNK_ROWS, default_name: str = "
         yield from _ndjson_batches(found, batch_rows)
         return
     if found.table is not None:
-        yield from found.table.to_batches(max_chunksize=batch_rows)
+        out = found.table.to_batches(max_chunksize=batch_rows)
+        yield from (_apply_types(out, found.types) if found.types is not None else out)
         return
     if not found.rows:
         if found.names:
