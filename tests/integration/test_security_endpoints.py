@@ -54,7 +54,8 @@ def test_a_grid_filter_nested_too_deep_is_a_400_naming_the_filter(env, endpoint)
     h, client, _, _, aid = env
     r = client.get(f"/api/artifacts/{aid}/{endpoint}?{_filter('[' * 2500 + ']' * 2500)}", headers=h.auth("alice"))
     assert r.status_code == 400, r.text
-    assert r.json()["extra"]["param"] == "filter" and "JSON" in r.json()["error"]
+    # too deep for the decoder (where its stack ends) or decoded and refused as no filter object
+    assert r.json()["extra"]["param"] == "filter" and r.json()["error"].startswith("filter")
 
 
 def test_a_csv_of_a_view_whose_filter_value_does_not_fit_is_a_400_not_an_empty_download(env) -> None:
