@@ -91,3 +91,17 @@ def test_dates_datetimes_and_times_of_every_length_and_none() -> None:
     assert fast.num_rows == 120 and fast.to_pylist() == exact.to_pylist()
     assert [str(t) for t in fast.schema.types[1:]] == ["timestamp[us]", "date32[day]", "time64[us]"]
     assert fast["col_3"].null_count == 18
+
+
+@pytest.mark.parametrize("outer,inner", [("[]", "[]"), ("()", "()"), ("()", "[]")])
+def test_lists_of_lists_and_tuples_of_tuples_in_chunks(outer: str, inner: str) -> None:
+    rows = [f"{inner[0]}{i}, 'n{i}', Decimal('{i}.25'), datetime.date(2024, 1, {i % 28 + 1}){inner[1]}"
+            for i in range(200)]
+    batches = list(repr_batches(outer[0] + ", ".join(rows) + outer[1], batch_rows=7))
+    assert len(batches) > 20
+    schema = pa.unify_schemas([b.schema for b in batches], promote_options="permissive")
+    table = pa.Table.from_batches([b.cast(schema) for b in batches])
+    assert table.column_names == ["col_1", "col_2", "col_3", "col_4"] and table.num_rows == 200
+    assert table["col_1"].to_pylist() == list(range(200)) and table["col_2"][199].as_py() == "n199"
+    assert sum(table["col_3"].to_pylist()) == sum(Decimal(f"{i}.25") for i in range(200))
+    assert str(table.schema.field("col_4").type) == "date32[day]"

@@ -80,16 +80,20 @@ def _quoted_calls(others: str) -> str | None:
     return others.replace(")", "'")
 
 
-def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None, column: bool = False) -> bytes | None:
+_ROWS = {"(": ("[(", ")]", "), ("), "[": ("[[", "]]", "], ["), "{": ("[{", "}]", "}, {")}  # a row's brackets
+
+
+def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None, column: bool = False,
+              row: str = "(") -> bytes | None:
     """The CSV for a plain repr of tuples (strings untouched), or None: not for this path.
 
     `dicts`: a list of dicts; each row becomes `key,value,key,value...` (see `dict_batches`).
     `keys`: the keys every row should have, in order: each `'key': ` becomes its number
     (`1,value,2,value...`), so the keys are never split out as strings (the caller checks the
     numbers). Exact: with no quote inside a string, `'key': ` can only be that key.
-    `column`: `[(v, v, ...)]` is one column's values, one per line."""
+    `column`: `[(v, v, ...)]` is one column's values, one per line. `row`: `(` tuples, `[` lists."""
     stripped = text.strip()
-    start, end, row_break = ("[{", "}]", "}, {") if dicts else ("[(", ")]", "), (")
+    start, end, row_break = _ROWS["{" if dicts else row]
     if not (stripped.startswith(start) and stripped.endswith(end)) or ",)" in stripped \
             or '"' in stripped or "\\" in stripped or _SEP in stripped or "\x01" in stripped or _STR in stripped:
         return None  # (a one-element tuple is written "(1,)": the exact path reads it)
@@ -134,12 +138,13 @@ Fallback = Callable[[str, int], Iterator[pa.RecordBatch]]
 
 def tuple_batches(text: str, batch_rows: int = 65_536,
                   fallback: Fallback | None = None) -> Iterator[pa.RecordBatch] | None:
-    """Typed batches of `[(...), (...)]` (columns col_1 ...), or None: not for this path.
+    """Typed batches of `[(...), (...)]`, `[[...], [...]]` or `((...), (...))` (columns col_1 ...),
+    or None: not for this path.
 
     Read chunk by chunk (`CHUNK_BYTES` of text at a time, cut between two rows); a later
     chunk this path refuses, and the rest after it, go to `fallback(repr_text, batch_rows)`
     (the exact paths)."""
-    return _chunked(text, batch_rows, False, fallback)
+    return _chunked(text, batch_rows, "(", fallback) or _chunked(text, batch_rows, "[", fallback)
 
 
 def dict_batches(text: str, batch_rows: int = 65_536,
@@ -149,7 +154,7 @@ def dict_batches(text: str, batch_rows: int = 65_536,
     this path (the JSON path reads the others)."""
     if text[:2] == "{'":
         return _dict_lists(text, batch_rows)
-    return _chunked(text, batch_rows, True, fallback)
+    return _chunked(text, batch_rows, "{", fallback)
 
 
 def _dict_lists(text: str, batch_rows: int) -> Iterator[pa.RecordBatch] | None:
@@ -208,14 +213,16 @@ def _column(text: str, a: int, hi: int) -> pa.ChunkedArray | None:
         return None
 
 
-def _bounds(text: str, dicts: bool) -> tuple[int, int] | None:
+def _bounds(text: str, row: str) -> tuple[int, int] | None:
     """Where the rows are: text[lo:hi] from the first row's opening bracket to the last's closing."""
     lo, hi = 0, len(text)
     while lo < hi and text[lo].isspace():
         lo += 1
     while hi > lo and text[hi - 1].isspace():
         hi -= 1
-    start, end = ("[{", "}]") if dicts else ("[(", ")]")
+    start, end, _ = _ROWS[row]
+    if text[lo:lo + 1] == "(" and row != "{":  # a tuple of rows
+        start, end = "(" + start[1], end[0] + ")"
     if not (text.startswith(start, lo) and text.endswith(end, lo, hi)) or hi - lo < 4:
         return None
     return lo + 1, hi - 1
@@ -238,11 +245,11 @@ def _cut(text: str, a: int, hi: int, row_break: str, chunk_bytes: int) -> int:
     return hi
 
 
-def _chunk_table(piece: str, dicts: bool,
-                 keys: list[str] | None = None) -> tuple[pa.Table, list[str], list[str] | None] | None:
+def _chunk_table(piece: str, dicts: bool, keys: list[str] | None = None,
+                 row: str = "(") -> tuple[pa.Table, list[str], list[str] | None] | None:
     """One chunk of rows (`(...), (...)`) read by pyarrow: the table of values and its names
     (for dicts: the keys; with `keys` given, each row must have exactly those, in that order)."""
-    table = _read_csv(_csv_text("[" + piece + "]", dicts, keys))
+    table = _read_csv(_csv_text("[" + piece + "]", dicts, keys, row=row))
     if table is None:
         return None
     if not dicts:
@@ -269,27 +276,27 @@ def _chunk_table(piece: str, dicts: bool,
     return table.select(list(range(1, table.num_columns, 2))), unique_names(names), names if all(raw) else None
 
 
-def _chunked(text: str, batch_rows: int, dicts: bool, fallback: Fallback | None) -> Iterator[pa.RecordBatch] | None:
-    bounds = _bounds(text, dicts)
+def _chunked(text: str, batch_rows: int, row: str, fallback: Fallback | None) -> Iterator[pa.RecordBatch] | None:
+    dicts = row == "{"
+    bounds = _bounds(text, row)
     if bounds is None:
         return None
     lo, hi = bounds
     size = CHUNK_BYTES
-    row_break = "}, {" if dicts else "), ("
-    end = _cut(text, lo, hi, row_break, size)
-    first = _chunk_table(text[lo:end], dicts)
+    end = _cut(text, lo, hi, _ROWS[row][2], size)
+    first = _chunk_table(text[lo:end], dicts, row=row)
     if first is None:
         return None  # the first chunk is not for this path: the caller reads the whole text otherwise
-    return _chunks(text, first, end, hi, batch_rows, dicts, size, fallback)
+    return _chunks(text, first, end, hi, batch_rows, row, size, fallback)
 
 
 def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: int, hi: int, batch_rows: int,
-            dicts: bool, size: int, fallback: Fallback | None) -> Iterator[pa.RecordBatch]:
+            row: str, size: int, fallback: Fallback | None) -> Iterator[pa.RecordBatch]:
     """The batches of every chunk, each typed like the stream's first batches where that is
     lossless (a decimal's precision, an all-None column); a chunk this path refuses (nesting,
     a quote inside a string, other keys ...) and everything after it is read by the exact
     paths (`fallback`)."""
-    row_break = "}, {" if dicts else "), ("
+    dicts, row_break = row == "{", _ROWS[row][2]
     table, names, keys = first
     types: dict[str, pa.DataType] = {}
     while True:
@@ -299,7 +306,7 @@ def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: i
             return
         a += 2  # the ", " between two rows
         end = _cut(text, a, hi, row_break, size)
-        got = _chunk_table(text[a:end], dicts, keys)
+        got = _chunk_table(text[a:end], dicts, keys, row)
         if got is None:
             if fallback is None:
                 raise TabularParseError("a Python-repr table changes form part way (rows this reader cannot take)")
