@@ -105,3 +105,10 @@ def test_lists_of_lists_and_tuples_of_tuples_in_chunks(outer: str, inner: str) -
     assert table["col_1"].to_pylist() == list(range(200)) and table["col_2"][199].as_py() == "n199"
     assert sum(table["col_3"].to_pylist()) == sum(Decimal(f"{i}.25") for i in range(200))
     assert str(table.schema.field("col_4").type) == "date32[day]"
+
+
+def test_keys_in_another_order_in_a_later_chunk_keep_their_values() -> None:
+    dicts = [f"{{'a': {i}, 'b': 'x{i}'}}" for i in range(100)] + [f"{{'b': 'y{i}', 'a': {i}}}" for i in range(100, 140)]
+    batches = list(repr_batches("[" + ", ".join(dicts) + "]", batch_rows=7))
+    rows = [r for b in batches for r in b.to_pylist()]
+    assert [r["a"] for r in rows] == list(range(140)) and rows[120]["b"] == "y120" and rows[5]["b"] == "x5"

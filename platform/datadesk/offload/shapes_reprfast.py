@@ -97,8 +97,9 @@ def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None, col
     if not (stripped.startswith(start) and stripped.endswith(end)) or ",)" in stripped \
             or '"' in stripped or "\\" in stripped or _SEP in stripped or "\x01" in stripped or _STR in stripped:
         return None  # (a one-element tuple is written "(1,)": the exact path reads it)
-    for i, key in enumerate(keys or ()):
-        stripped = stripped.replace(("{'" if i == 0 else ", '") + key + "': ", ("{" if i == 0 else ", ") + f"{i + 1}: ")
+    for i, key in enumerate(keys or ()):  # the number zero-padded to the key's length: an in-place replace
+        old, lead = ("{'" if i == 0 else ", '") + key + "': ", "{" if i == 0 else ", "
+        stripped = stripped.replace(old, lead + str(i + 1).zfill(len(old) - len(lead) - 2) + ": ")
     parts = stripped[2:-2].split("'")
     if len(parts) % 2 == 0:
         return None
