@@ -54,7 +54,7 @@ def read_records(body: Any, exact: Callable[[pa.Table], bool]) -> pa.Table | Non
     if text:
         sep, new = sep.decode(), new.decode()  # type: ignore[assignment]
     cut = body.rfind(sep, start, min(end, start + _SAMPLE)) if end - start > _SAMPLE else -1
-    sample = _read(_Blocks(body, start, cut + 1 if cut > 0 else end, sep, new), None)
+    sample = _read(TextBlocks(body, start, cut + 1 if cut > 0 else end, sep, new), None)
     if sample is None or sample.num_rows == 0:
         return None
     forced = {f.name for f in sample.schema if pa.types.is_timestamp(f.type)}
@@ -63,7 +63,7 @@ def read_records(body: Any, exact: Callable[[pa.Table], bool]) -> pa.Table | Non
         for _ in range(2):
             fields = [pa.field(f.name, pa.string()) if f.name in forced else f for f in schema]
             fields += [pa.field(n, pa.string()) for n in sorted(forced - {f.name for f in schema})]
-            table = _read(_Blocks(body, start, end, sep, new), pa.schema(fields))
+            table = _read(TextBlocks(body, start, end, sep, new), pa.schema(fields))
             if table is None:
                 break
             stamped = {f.name for f in table.schema if pa.types.is_timestamp(f.type)}
@@ -84,7 +84,7 @@ def _piece(part: Any) -> bytes:
     return part.encode("utf-8") if isinstance(part, str) else bytes(part)
 
 
-class _Blocks(io.RawIOBase):
+class TextBlocks(io.RawIOBase):
     """`body[start:end]` as a readable stream of UTF-8 bytes, each separator rewritten as it is
     read: pyarrow parses one block while the next is prepared (no copy of the whole text)."""
 
@@ -115,7 +115,7 @@ def _enforced(t: pa.DataType) -> bool:
     return not (pa.types.is_null(t) or pa.types.is_nested(t))
 
 
-def _read(blocks: _Blocks, schema: pa.Schema | None, block: int = _BLOCK) -> pa.Table | None:
+def _read(blocks: TextBlocks, schema: pa.Schema | None, block: int = _BLOCK) -> pa.Table | None:
     opts = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer",
                                newlines_in_values=False)
     try:

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from datadesk.offload.shapes_fast import TextBlocks
 from datadesk.offload.shapes_types import json_strings
 
 _ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
@@ -69,14 +70,12 @@ def read_rows(body: Any, items: int, skip_first: bool, kinds: list[pa.DataType],
         if first < 0:
             return None
         start = first + len(sep)
-    data = body[start:end].replace(sep, nl)
-    if text:
-        data = data.encode("utf-8")
+    data = pa.PythonFile(TextBlocks(body, start, end, sep, nl), mode="r")  # rewritten as pyarrow reads
     convert = pacsv.ConvertOptions(column_types=dict(zip(names, kinds)), null_values=["null"],
                                    true_values=["true"], false_values=["false"], strings_can_be_null=True,
                                    quoted_strings_can_be_null=False)
     try:
-        table = pacsv.read_csv(pa.BufferReader(data), read_options=pacsv.ReadOptions(
+        table = pacsv.read_csv(data, read_options=pacsv.ReadOptions(
             column_names=names, block_size=_BLOCK, use_threads=True), convert_options=convert,
             parse_options=pacsv.ParseOptions(double_quote=False, escape_char=False, newlines_in_values=False))
     except _ERRORS:

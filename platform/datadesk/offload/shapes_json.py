@@ -4,7 +4,10 @@
 objects for them: an array of objects or of arrays (with or without a header
 row), `{columns, rows}` (columns as names or `{name, type}`), an envelope
 `{data|rows|results|items|records|...: [...], <metadata>}` (one level deep too),
-a dict of column lists, NDJSON. msgspec splits the rows into raw JSON slices;
+a dict of column lists, NDJSON. An array of objects (top level or in an envelope)
+is read whole by pyarrow's multithreaded JSON reader with no Python object per row
+(`shapes_fast`), flat arrays of values by its CSV reader (`shapes_fastrows`), each
+only where that is exact. Otherwise msgspec splits the rows into raw JSON slices;
 objects are re-joined as NDJSON and parsed by pyarrow's multithreaded JSON
 reader, chunk by chunk (memory holds one chunk); arrays of values are decoded
 by msgspec and turned into columns. Strings that are dates or timestamps are
