@@ -112,3 +112,26 @@ def test_keys_in_another_order_in_a_later_chunk_keep_their_values() -> None:
     batches = list(repr_batches("[" + ", ".join(dicts) + "]", batch_rows=7))
     rows = [r for b in batches for r in b.to_pylist()]
     assert [r["a"] for r in rows] == list(range(140)) and rows[120]["b"] == "y120" and rows[5]["b"] == "x5"
+
+
+@pytest.fixture
+def tiny_json_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datadesk.offload import shapes_repr
+
+    monkeypatch.setattr(shapes_repr, "CHUNK_CHARS", 200)
+
+
+def test_quotes_and_backslashes_go_to_json_in_pieces(tiny_json_chunks: None) -> None:
+    from datadesk.offload import shapes_repr
+
+    names = ["O'Brien), (x", 'say "hi"), (', "back\\slash ]", "plain"]
+    rows = [repr((i, names[i % 4], Decimal(f"{i}.5"), [i, i + 1] if i % 2 else None)) for i in range(150)]
+    text = "[" + ", ".join(rows) + "]"
+    assert shapes_repr.json_chunks(text, 7, exact_batches) is not None
+    fast, exact, n = _both(text)
+    assert n > 20 and fast.num_rows == 150 and fast.to_pylist() == exact.to_pylist()
+    assert fast["col_2"][0].as_py() == "O'Brien), (x" and fast["col_2"][1].as_py() == 'say "hi"), ('
+    dicts = "[" + ", ".join(repr({"a": i, "b": names[i % 4]} if i < 100 else {"a": i, "c": 1})
+                            for i in range(140)) + "]"
+    batches = list(repr_batches(dicts, batch_rows=7))
+    assert sum(b.num_rows for b in batches) == 140 and batches[0].column("b")[0].as_py() == "O'Brien), (x"

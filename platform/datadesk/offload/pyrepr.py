@@ -97,10 +97,12 @@ def repr_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch
     """Typed batches of a Python-repr table: the C-speed conversion to JSON (`shapes_repr`)
     when it can be exact, else the `ast` path below, which names what it refuses."""
     from datadesk.offload import shapes_json
-    from datadesk.offload.shapes_repr import ReprUnsupported, resolve_tags, to_json
+    from datadesk.offload.shapes_repr import ReprUnsupported, json_chunks, resolve_tags, to_json
     from datadesk.offload.shapes_reprfast import dict_batches, dict_json, tuple_batches
 
     fast = tuple_batches(text, batch_rows, repr_batches) or dict_batches(text, batch_rows, repr_batches)  # chunked
+    if fast is None:  # quotes or backslashes in strings, nesting ...: to JSON, piece by piece
+        fast = json_chunks(text, batch_rows, exact_batches)
     if fast is not None:
         yield from fast
         return

@@ -23,11 +23,13 @@ import re
 from decimal import Decimal, InvalidOperation
 import datetime as dt
 import uuid
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datadesk.offload import shapes_json
+from datadesk.offload.columns import TabularParseError
 from datadesk.offload.shapes_types import python_column
 
 DATE, DATETIME, TIME, UTC = -987654321001, -987654321002, -987654321003, -987654321010
@@ -83,6 +85,95 @@ def to_json(text: str) -> tuple[str, bool]:
     if strings is not None:
         parts[1::2] = strings
     return quote.join(parts), tagged
+
+
+CHUNK_CHARS = 4 << 20  # text converted at a time by `json_chunks`
+_ROW_BREAKS = {"(": "), (", "[": "], [", "{": "}, {"}
+
+
+def json_chunks(text: str, batch_rows: int, rest: Callable[[str, int], Iterator[pa.RecordBatch]],
+                ) -> Iterator[pa.RecordBatch] | None:
+    """A list or tuple of rows (tuples, lists or dicts) converted by `to_json` and read by the
+    JSON path `CHUNK_CHARS` of text at a time (memory holds one piece, not the result); None
+    when the text is not such a list or its first piece cannot be converted. A later piece
+    that cannot be, and everything after it, goes to `rest(repr_text, batch_rows)`."""
+    lo, hi = 0, len(text)
+    while lo < hi and text[lo].isspace():
+        lo += 1
+    while hi > lo and text[hi - 1].isspace():
+        hi -= 1
+    if hi - lo < 4 or text[lo] + text[hi - 1] not in ("[]", "()") or text[lo + 1] not in _ROW_BREAKS:
+        return None
+    row_break = _ROW_BREAKS[text[lo + 1]]
+
+    def read(a: int, end: int) -> list[pa.RecordBatch]:
+        found = shapes_json.locate(to_json("[" + text[a:end] + "]")[0], header_rows=False)
+        return [resolve_tags(b) for b in shapes_json.batches(found, batch_rows, default_name="col_", strict=True)]
+
+    a, end = lo + 1, _piece_end(text, lo + 1, hi - 1, row_break)
+    try:
+        first = read(a, end)
+    except (ReprUnsupported, TabularParseError):
+        return None
+
+    def chunks(batches: list[pa.RecordBatch], a: int, end: int) -> Iterator[pa.RecordBatch]:
+        types: dict[str, pa.DataType] = {}
+        while True:
+            yield from (stream_typed(b, types) for b in batches)
+            if end >= hi - 1:
+                return
+            a = end + 2
+            end = _piece_end(text, a, hi - 1, row_break)
+            try:
+                batches = read(a, end)
+            except (ReprUnsupported, TabularParseError):
+                yield from (stream_typed(b, types) for b in rest("[" + text[a:hi - 1] + "]", batch_rows))
+                return
+    return chunks(first, a, end)
+
+
+def stream_typed(batch: pa.RecordBatch, types: dict[str, pa.DataType]) -> pa.RecordBatch:
+    """The batch with each column in the type it had first in the stream when the cast is
+    lossless (decimal(5, 2) -> decimal(6, 2), null -> T); else as it is (the sink unifies)."""
+    arrays, changed = [], False
+    for name, col in zip(batch.schema.names, batch.columns):
+        want = types.setdefault(name, col.type)
+        if pa.types.is_null(want) and not pa.types.is_null(col.type):
+            types[name] = want = col.type
+        if col.type != want and not _fits(col, want) and pa.types.is_decimal(col.type) \
+                and pa.types.is_decimal(want):  # grown: to 18 digits (then 38), not one more each chunk
+            digits = max(col.type.precision - col.type.scale, want.precision - want.scale)
+            scale = max(col.type.scale, want.scale)
+            types[name] = want = pa.decimal128(min(38, max(18 if want.precision < 18 else 38, digits + scale)), scale)
+        if col.type != want and _fits(col, want):
+            col, changed = col.cast(want), True
+        arrays.append(col)
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names) if changed else batch
+
+
+def _fits(col: pa.Array, want: pa.DataType) -> bool:
+    t = col.type
+    if pa.types.is_null(t):
+        return True
+    if pa.types.is_decimal(t) and pa.types.is_decimal(want):
+        return t.scale <= want.scale and t.precision - t.scale <= want.precision - want.scale
+    return False
+
+
+def _piece_end(text: str, a: int, hi: int, row_break: str) -> int:
+    """Just after a row's closing bracket, after `CHUNK_CHARS`: a cut where every quote outside
+    the strings is paired and every bracket closed (so between two top-level rows)."""
+    j = a + CHUNK_CHARS
+    while j < hi:
+        j = text.find(row_break, j, hi)
+        if j < 0:
+            break
+        others = "".join(_STRING.split(text[a:j + 1])[0::2])
+        if "'" not in others and '"' not in others and all(
+                others.count(o) == others.count(c) for o, c in ("()", "[]", "{}")):
+            return j + 1
+        j += 1
+    return hi
 
 
 def _json_string(literal: str) -> str:

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from datadesk.offload.columns import TabularParseError, unique_names
+from datadesk.offload.shapes_repr import stream_typed
 from datadesk.offload.shapes_types import json_strings
 from datadesk.offload.sinkutil import cast_for_union, unify_types
 
@@ -302,7 +303,7 @@ def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: i
     types: dict[str, pa.DataType] = {}
     while True:
         for batch in _typed_batches(table.rename_columns(names), batch_rows):
-            yield _stream_typed(batch, types)
+            yield stream_typed(batch, types)
         if a >= hi:
             return
         a += 2  # the ", " between two rows
@@ -312,40 +313,12 @@ def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: i
             if fallback is None:
                 raise TabularParseError("a Python-repr table changes form part way (rows this reader cannot take)")
             for batch in fallback("[" + text[a:hi] + "]", batch_rows):
-                yield _stream_typed(batch, types)
+                yield stream_typed(batch, types)
             return
         if not dicts and len(got[1]) != len(names):
             raise TabularParseError(f"ragged Python-repr table: a row has {len(got[1])} values, not {len(names)}")
         table, names = got[0], got[1]
         a = end
-
-
-def _stream_typed(batch: pa.RecordBatch, types: dict[str, pa.DataType]) -> pa.RecordBatch:
-    """The batch with each column in the type it had first in the stream when the cast is
-    lossless (decimal(5, 2) -> decimal(6, 2), null -> T); else as it is (the sink unifies)."""
-    arrays, changed = [], False
-    for name, col in zip(batch.schema.names, batch.columns):
-        want = types.setdefault(name, col.type)
-        if pa.types.is_null(want) and not pa.types.is_null(col.type):
-            types[name] = want = col.type
-        if col.type != want and not _fits(col, want) and pa.types.is_decimal(col.type) \
-                and pa.types.is_decimal(want):  # grown: to 18 digits (then 38), not one more each chunk
-            digits = max(col.type.precision - col.type.scale, want.precision - want.scale)
-            scale = max(col.type.scale, want.scale)
-            types[name] = want = pa.decimal128(min(38, max(18 if want.precision < 18 else 38, digits + scale)), scale)
-        if col.type != want and _fits(col, want):
-            col, changed = col.cast(want), True
-        arrays.append(col)
-    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names) if changed else batch
-
-
-def _fits(col: pa.Array, want: pa.DataType) -> bool:
-    t = col.type
-    if pa.types.is_null(t):
-        return True
-    if pa.types.is_decimal(t) and pa.types.is_decimal(want):
-        return t.scale <= want.scale and t.precision - t.scale <= want.precision - want.scale
-    return False
 
 
 def _read_csv(csv_text: bytes | None) -> pa.Table | None:
