@@ -142,7 +142,7 @@ def _tool_preview(sse: str) -> str:
         if "event: tool.finished" in block:
             data = "\n".join(line[5:].lstrip(" ") for line in block.splitlines() if line.startswith("data:"))
             return str(json.loads(data).get("preview", ""))[:160]
-    return "(no tool result)"
+    return "no tool ran: " + sse.strip()[:140]  # e.g. the turn was refused (429: limits of turns)
 
 
 def _upload_bomb(build: Callable[[Path], Path], name: str) -> Callable[[httpx.Client, str, dict[str, str]], str]:
