@@ -34,15 +34,51 @@ def driver_path(src: ParsedSource) -> str:
     return str(find())
 
 
-class ADBCSession:
+class CursorSession:
+    """What every ADBC DB-API session shares: the running cursor (so another thread can cancel
+    it), the cancel, and closing the connection. `_con` is set by the subclass."""
+
+    _con: Any
+
+    def __init__(self) -> None:
+        self.broken = False
+        self._lock = threading.Lock()
+        self._cur: Any = None
+
+    def _running(self, cur: Any) -> None:
+        with self._lock:
+            self._cur = cur
+
+    def _take_cursor(self) -> Any:
+        with self._lock:
+            cur, self._cur = self._cur, None
+        return cur
+
+    def interrupt(self) -> None:
+        with self._lock:
+            cur = self._cur
+        if cur is not None:
+            try:
+                cur.adbc_cancel()
+            except Exception:
+                self.broken = True  # no cancel: the connection is dropped when the stream closes
+
+    def close(self) -> None:
+        cur = self._take_cursor()
+        try:
+            if cur is not None:
+                cur.close()
+        finally:
+            self._con.close()
+
+
+class ADBCSession(CursorSession):
     """One connection through the ADBC driver manager."""
 
     def __init__(self, src: ParsedSource) -> None:
         import adbc_driver_manager.dbapi as dbapi
 
-        self.broken = False
-        self._lock = threading.Lock()
-        self._cur: Any = None
+        super().__init__()
         kwargs = {k: resolve_env(v, f"sources.{src.name}.options.{k}") for k, v in src.config.options.items()}
         if src.config.url:
             kwargs.setdefault("uri", src.config.url)
@@ -59,36 +95,16 @@ class ADBCSession:
 
     def execute(self, sql: str, batch_size: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
         cur = self._con.cursor()
-        with self._lock:
-            self._cur = cur
+        self._running(cur)
         cur.execute(sql)
         reader = cur.fetch_record_batch()
         return reader.schema, iter(reader), [str(f.type) for f in reader.schema]
 
-    def interrupt(self) -> None:
-        with self._lock:
-            cur = self._cur
-        if cur is not None:
-            try:
-                cur.adbc_cancel()
-            except Exception:
-                self.broken = True  # no cancel: the connection is dropped when the stream closes
-
     def end(self) -> None:
-        with self._lock:
-            cur, self._cur = self._cur, None
+        cur = self._take_cursor()
         if cur is not None:
             cur.close()
         self._con.rollback()
-
-    def close(self) -> None:
-        with self._lock:
-            cur, self._cur = self._cur, None
-        try:
-            if cur is not None:
-                cur.close()
-        finally:
-            self._con.close()
 
     def objects(self, schemas: list[str]) -> list[tuple]:
         """The catalogue from the driver's get_objects, as rows like the other catalogues."""

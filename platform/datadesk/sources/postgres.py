@@ -10,12 +10,12 @@ cancel the statement with libpq's cancel request (`adbc_cancel`).
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Iterator
+from typing import Iterator
 from urllib.parse import quote, urlencode, parse_qsl
 
 import pyarrow as pa
 
+from datadesk.sources.adbc import CursorSession
 from datadesk.sources.config import ParsedSource, resolve_env
 from datadesk.sources.session import SourceDown
 
@@ -45,16 +45,14 @@ def connection_uri(src: ParsedSource, timeout_s: float) -> str:
     return f"postgresql://{auth}@{host}{port}/{quote(src.database, safe='')}?{urlencode(params, quote_via=quote)}"
 
 
-class PostgresSession:
+class PostgresSession(CursorSession):
     """One libpq connection; each `execute` is one READ ONLY transaction."""
 
     def __init__(self, src: ParsedSource, timeout_s: float) -> None:
         import adbc_driver_postgresql.dbapi as pg
 
-        self.broken = False
+        super().__init__()
         self._timeout_ms = int(timeout_s * 1000)
-        self._lock = threading.Lock()
-        self._cur: Any = None
         try:
             self._con = pg.connect(connection_uri(src, timeout_s), autocommit=True)
         except pg.Error as exc:
@@ -63,8 +61,7 @@ class PostgresSession:
 
     def execute(self, sql: str, batch_size: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
         cur = self._con.cursor()
-        with self._lock:
-            self._cur = cur
+        self._running(cur)
         cur.execute("BEGIN READ ONLY")
         cur.execute(f"SET LOCAL statement_timeout = {self._timeout_ms}")
         cur.execute(sql)
@@ -72,31 +69,12 @@ class PostgresSession:
         types = [(f.metadata or {}).get(b"POSTGRESQL:type", str(f.type).encode()).decode() for f in reader.schema]
         return reader.schema, iter(reader), types
 
-    def interrupt(self) -> None:
-        with self._lock:
-            cur = self._cur
-        if cur is not None:
-            try:
-                cur.adbc_cancel()
-            except Exception:
-                self.broken = True
-
     def end(self) -> None:
-        with self._lock:
-            cur, self._cur = self._cur, None
+        cur = self._take_cursor()
         if cur is not None:
             cur.close()
         with self._con.cursor() as c:
             c.execute("ROLLBACK")
-
-    def close(self) -> None:
-        with self._lock:
-            cur, self._cur = self._cur, None
-        try:
-            if cur is not None:
-                cur.close()
-        finally:
-            self._con.close()
 
 
 def clean_message(text: str) -> str:
