@@ -174,3 +174,32 @@ def test_slot_release_is_idempotent_and_thread_safe() -> None:
     assert slots.running() == 1
     s2.release()
     assert slots.running() == 0 and slots.try_acquire("bob") is not None
+
+
+def test_a_memory_stop_names_the_ceiling_for_source_streams_too() -> None:
+    """The reason of an app-enforced cancel reaches every reader of the control (warehouse and
+    source streams), not only the DuckDB path."""
+    import pyarrow as pa
+
+    from datadesk.sources.session import SourceStream
+    from datadesk.store.warehouse import QueryControl, SQLCancelled, SQLLimit
+
+    class Session:  # the one piece of the Session protocol a stream touches here
+        broken = False
+
+        def interrupt(self) -> None:
+            pass
+
+    def run(reason: str | None):
+        control = QueryControl()
+        control.cancel(reason)
+        batch = pa.record_batch({"x": [1, 2]})
+        stream = SourceStream(Session(), batch.schema, iter([batch]), ["int"], control,
+                              lambda exc, c: c.cancelled_error(), lambda s: None)
+        with pytest.raises((SQLLimit, SQLCancelled)) as err:
+            list(stream)
+        return err.value
+
+    stopped = run("the query was stopped: the server reached its memory ceiling (limits.app_memory_mb)")
+    assert isinstance(stopped, SQLLimit) and "limits.app_memory_mb" in str(stopped)
+    assert isinstance(run(None), SQLCancelled)

@@ -22,7 +22,7 @@ from datadesk.sources.catalog import CatalogCache, nearest_tables, tables_from_r
 from datadesk.sources.check import check_read, referenced_tables
 from datadesk.sources.config import WAREHOUSE, ParsedSource, SourceConfigError, mask_text, parse_source
 from datadesk.sources.session import Session, SessionPool, SourceDown, SourceStream
-from datadesk.store.warehouse import QueryControl, SQLCancelled, SQLError, SQLRefused, SQLTimeout, TableInfo
+from datadesk.store.warehouse import QueryControl, SQLError, SQLRefused, SQLTimeout, TableInfo
 
 _MISSING = re.compile(r"does not exist|doesn't exist|no such table|unknown table|not found", re.I)
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class Source:
                 release(session)
                 raise
             error = self.translate(exc, control)
-            session.broken = session.broken or isinstance(error, (SourceDown, SQLCancelled, SQLTimeout))
+            session.broken = session.broken or control.cancelled or isinstance(error, (SourceDown, SQLTimeout))
             release(session)
             raise self._with_hint(error, tree, user) from None
         self.last_ok, self.last_error = time.time(), None
@@ -131,7 +131,7 @@ class Source:
         if isinstance(exc, SQLError):
             return exc
         if control.cancelled:
-            return SQLCancelled("the query was cancelled")
+            return control.cancelled_error()
         driver = self._driver()
         if control.fired:
             return SQLTimeout(f"query exceeded {control.timeout_s or self.timeout_s:g} s on source {self.name!r}; "

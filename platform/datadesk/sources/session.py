@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Protocol
 import pyarrow as pa
 
 from datadesk.sources.normalize import Normalizer
-from datadesk.store.warehouse import QueryControl, SQLCancelled, SQLError
+from datadesk.store.warehouse import QueryControl, SQLError
 
 
 class SourceBusy(SQLError):
@@ -66,7 +66,7 @@ class SourceStream:
         try:
             for batch in self._batches:
                 if self._control.cancelled:
-                    raise SQLCancelled("the query was cancelled")
+                    raise self._control.cancelled_error()
                 yield self._normalize(batch)
             if self._control.cancelled or self._control.fired:
                 raise self._translate(RuntimeError("interrupted"), self._control)

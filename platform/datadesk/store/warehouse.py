@@ -278,6 +278,11 @@ class QueryControl:
             if self._con is not None:
                 self._con.interrupt()
 
+    def cancelled_error(self) -> SQLError:
+        """The error of a cancelled statement: the limit the app enforced (`reason`), else the
+        user's Stop or a tool timeout."""
+        return SQLLimit(self.reason) if self.reason else SQLCancelled("the query was cancelled")
+
     def finish(self) -> None:
         with self._lock:
             self._done = True
@@ -287,7 +292,7 @@ class QueryControl:
     def error(self, exc: BaseException) -> SQLError:
         """What an engine error means: cancelled, timed out, or the engine's own message."""
         if self.cancelled:
-            return SQLLimit(self.reason) if self.reason else SQLCancelled("the query was cancelled")
+            return self.cancelled_error()
         if self.fired:
             return SQLTimeout(_timeout_message(self.timeout_s or 0))
         limited = limit_message(exc, self.limits) if self.limits is not None else None
