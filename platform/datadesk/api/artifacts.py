@@ -225,6 +225,20 @@ def _release(slot: Any) -> None:
         slot.release()
 
 
+async def _grid_page(rt: Runtime, user: User, path: Path, columns: list[Column], view: GridView,
+                     offset: int, limit: int) -> dict[str, Any]:
+    """One grid query under a query slot: 400 naming a bad parameter, 422 at a time or memory bound."""
+    slot = await _grid_slot(rt, user)
+    try:
+        return await asyncio.to_thread(grid_reader(rt).page, path, columns, view, offset, limit)
+    except GridError as exc:
+        raise ClientException(str(exc), extra={"param": exc.param}) from None
+    except GridLimit as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
+    finally:
+        _release(slot)
+
+
 async def _grid_request(rt: Runtime, user: User, aid: str, request: Request,
                         paging: bool) -> tuple[Thread, Artifact, Path, list[Column], Any, int, int]:
     """The table behind `aid` and the view the query parameters ask for (400 naming a bad one)."""
@@ -292,15 +306,7 @@ class ArtifactController(Controller):
         (`column:asc|desc`, up to 3) and `filter` (a JSON list of {column, op, value}; ops
         contains, =, <, >, is null, not null). Counts are of the rows matching the filters."""
         handle, art, path, columns, view, offset, limit = await _grid_request(rt, user, aid, request, True)
-        slot = await _grid_slot(rt, user)
-        try:
-            page = await asyncio.to_thread(grid_reader(rt).page, path, columns, view, offset, limit)
-        except GridError as exc:
-            raise ClientException(str(exc), extra={"param": exc.param}) from None
-        except GridLimit as exc:
-            raise HTTPException(status_code=422, detail=str(exc)) from None
-        finally:
-            _release(slot)
+        page = await _grid_page(rt, user, path, columns, view, offset, limit)
         rt.artifacts.touch(handle, [aid])
         return {"artifact": aid, "total_rows": art.rows, "name": _slug(download_stem(handle.meta.title, art), True),
                 **page}
@@ -309,15 +315,9 @@ class ArtifactController(Controller):
     async def rows_csv(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep) -> Stream:
         """Every row of the grid's current view (same `sort` and `filter` as /rows) as CSV."""
         handle, art, path, columns, view, _, _ = await _grid_request(rt, user, aid, request, False)
-        slot = await _grid_slot(rt, user)  # busy now: a 503 before the download starts
-        try:  # a filter value its column cannot hold is a 400 now, not an empty 200 stream later
-            await asyncio.to_thread(grid_reader(rt).page, path, columns, GridView((), view.filters), 0, 1)
-        except GridError as exc:
-            raise ClientException(str(exc), extra={"param": exc.param}) from None
-        except GridLimit as exc:
-            raise HTTPException(status_code=422, detail=str(exc)) from None
-        finally:
-            _release(slot)
+        # busy now: a 503 before the download starts; a filter value its column cannot hold is a
+        # 400 now, not an empty 200 stream later
+        await _grid_page(rt, user, path, columns, GridView((), view.filters), 0, 1)
         rt.artifacts.touch(handle, [aid])
         stem = download_stem(handle.meta.title, art) + ("_view" if view.sort or view.filters else "")
         return Stream(_csv_view(rt, user, path, columns, view), media_type="text/csv; charset=utf-8",

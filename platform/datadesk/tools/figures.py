@@ -63,9 +63,9 @@ def _same(a: tuple[float, list[int]], b: tuple[float, list[int]]) -> bool:
     return sum(abs(x - y) for x, y in zip(a[1], b[1])) / ink < MAX_INK_DIFF
 
 
-def not_saved(images: Sequence[bytes], saved: Sequence[bytes], code: str = "") -> list[bytes]:
+def not_saved(images: Sequence[bytes], saved: Sequence[bytes]) -> list[bytes]:
     """The displayed `images` that are not the picture of one of the `saved` PNG files (each
-    file accounts for one displayed image); `code` is the code that ran."""
+    file accounts for one displayed image)."""
     if not images or not saved:
         return list(images)
     files = [s for s in (_signature(d) for d in saved) if s is not None]

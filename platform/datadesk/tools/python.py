@@ -161,7 +161,7 @@ class PythonTool:
         lines: list[str] = [*problems, *ex.notices]
         # save-then-show: a displayed figure that is a PNG the code saved is shown once, as the file
         saved = [f.data for f in ex.outputs if f.relpath.lower().endswith(".png")]
-        ex.result.images[:] = await asyncio.to_thread(not_saved, ex.result.images, saved, code) if saved else ex.result.images
+        ex.result.images[:] = await asyncio.to_thread(not_saved, ex.result.images, saved) if saved else ex.result.images
         lines += self._body(ex.result, ctx, produced)
         lines += self._outputs(ex, ctx, produced)  # none when the kernel died
         images = [a.id for a in produced if a.format == "png" and a.kind == "deliverable"]

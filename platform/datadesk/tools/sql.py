@@ -199,13 +199,11 @@ def register_sql_tool(
         try:
             result = await interruptible(control, _first_rows, wh, sql, threshold_chars, stream_timeout_s,
                                          control, late=_close_late)
-        except SQLError as exc:  # includes SQLRefused, SQLTimeout and SQLLimit
+        except BaseException as exc:
             if slot is not None:
                 slot.release()
-            raise ToolError(str(exc)) from None
-        except BaseException:
-            if slot is not None:
-                slot.release()
+            if isinstance(exc, SQLError):  # includes SQLRefused, SQLTimeout and SQLLimit
+                raise ToolError(str(exc)) from None
             raise
         return result if slot is None else hold_until_closed(result, slot)
 
