@@ -14,7 +14,9 @@ from datadesk.offload import shapes_json
 
 def _table(text: str) -> tuple[pa.Table, bool]:
     found = shapes_json.locate(text)
-    return pa.Table.from_batches(list(shapes_json.batches(found))), found.table is not None
+    fast = found.stream is not None
+    return pa.concat_tables([pa.Table.from_batches([b]) for b in shapes_json.batches(found)],
+                            promote_options="permissive"), fast
 
 
 ROWS = [{"id": i, "x": i * 0.5, "name": f"n{i}", "day": "2024-01-02", "ts": "2024-01-01T00:00:00Z",
@@ -73,6 +75,48 @@ def test_not_json_after_the_array_is_refused_as_before() -> None:
         shapes_json.locate('[{"a": 1}, {"a": 2}] and then some prose')
 
 
+
+def test_a_missing_comma_between_objects_is_not_a_table() -> None:
+    from datadesk.offload.columns import TabularParseError
+
+    for text in ('[{"a":1}{"a":2}]', '[{"a":1},{"a":2}{"a":3}]', '[\n{"a": 1},\n{"a": 2}\n{"a": 3}\n]'):
+        with pytest.raises(TabularParseError, match="invalid JSON"):
+            list(shapes_json.batches(shapes_json.locate(text)))
+
+
+def test_separators_of_several_forms_are_read_exactly() -> None:
+    text = '[{"a":1},{"a":2}, {"a":3},\n{"a":4}]'  # one form is rewritten; pyarrow refuses the others
+    table, _ = _table(text)
+    assert table.column("a").to_pylist() == [1, 2, 3, 4]
+
+
+def test_a_stream_that_stops_mid_way_goes_on_exactly_from_that_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datadesk.offload import shapes_fast
+
+    monkeypatch.setattr(shapes_fast, "PIECE_BYTES", 64 << 10)  # many pieces: the stream breaks at a later one
+    n = 40_000
+    rows = [{"id": i, "name": f"n{i}", "when": "2024-01-02"} for i in range(n)]
+    rows[30_000]["name"] = 7  # a number where every earlier row had text
+    rows[30_001]["extra"] = {"nested": [1, 2]}
+    found = shapes_json.locate(json.dumps(rows))
+    got = list(shapes_json.batches(found))
+    assert found.stream.broke and 0 < found.stream.rows < 30_000
+    table = pa.concat_tables([pa.Table.from_batches([b]) for b in got], promote_options="permissive")
+    assert table.num_rows == n and table.column("id").to_pylist() == list(range(n))
+    assert table.column("name").to_pylist()[29_999] == "n29999" and table.column("name").to_pylist()[30_000] == "7"
+    assert table.column("extra").to_pylist()[30_001] == {"nested": [1, 2]}
+    assert table.column("when").to_pylist()[5] == table.column("when").to_pylist()[n - 1]
+
+
+def test_the_stream_holds_a_few_pieces_not_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datadesk.offload import shapes_fast
+
+    monkeypatch.setattr(shapes_fast, "PIECE_BYTES", 256 << 10)
+    rows = [{"id": i, "pad": "x" * 40} for i in range(60_000)]
+    found = shapes_json.locate(json.dumps(rows))
+    sizes = [b.num_rows for b in shapes_json.batches(found)]
+    assert len(sizes) > 2 and max(sizes) < 60_000 and sum(sizes) == 60_000
+
 # ------------------------------------------------------------ arrays of arrays (shapes_fastrows)
 
 def _fast_rows(text: str) -> bool:
@@ -121,6 +165,6 @@ def test_an_envelope_of_objects_keeps_its_metadata_and_the_source_types() -> Non
     text = json.dumps({"columns": ["id", "price"], "columnTypes": ["BIGINT", "DECIMAL(10,2)"], "data": rows,
                        "next_cursor": "c2"})
     found = shapes_json.locate(text)
-    assert found.table is not None and found.envelope["next_cursor"] == "c2" and found.path == "data"
+    assert found.stream is not None and found.envelope["next_cursor"] == "c2" and found.path == "data"
     table = pa.Table.from_batches(list(shapes_json.batches(found)))
     assert str(table.schema.field("price").type) == "decimal128(10, 2)" and table.num_rows == 30

@@ -114,7 +114,8 @@ def test_byte_ceiling_is_partial_with_exact_rows(tmp_path: Path):
 
 
 def test_ceiling_smaller_than_first_batch(tmp_path: Path):
-    res = _write(tmp_path / "out.parquet", [pa.record_batch({"x": list(range(100_000))})], ceiling=20_000)
+    codes = [(i * 0x9E3779B97F4A7C15) % (1 << 62) for i in range(100_000)]  # hash-like: they do not compress
+    res = _write(tmp_path / "out.parquet", [pa.record_batch({"x": codes})], ceiling=20_000)
     assert res.partial and 0 < res.rows < 100_000
     assert pq.read_table(tmp_path / "out.parquet").num_rows == res.rows
 
@@ -287,3 +288,23 @@ def test_a_check_that_raises_stops_the_write_and_removes_its_temp_files(tmp_path
             closing["on"] = True
             sink.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_narrow_integers_are_delta_encoded_and_read_back_exactly(tmp_path: Path):
+    import duckdb
+
+    n = 50_000
+    ids = list(range(10**12, 10**12 + n))  # big values, narrow range
+    qty = [None if i % 97 == 0 else (i * 37) % 1000 - 500 for i in range(n)]
+    codes = [(i * 0x9E3779B97F4A7C15) % (1 << 63) for i in range(n)]  # hash-like
+    batch = pa.record_batch({"id": pa.array(ids), "qty": pa.array(qty, pa.int32()), "code": pa.array(codes)})
+    res = _write(tmp_path / "out.parquet", [batch])
+    meta = pq.ParquetFile(tmp_path / "out.parquet").metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    assert "DELTA_BINARY_PACKED" in encodings["id"] and "DELTA_BINARY_PACKED" in encodings["qty"]
+    assert "DELTA_BINARY_PACKED" not in encodings["code"]
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert res.rows == n and table.column("id").to_pylist() == ids and table.column("qty").to_pylist() == qty
+    assert table.column("code").to_pylist() == codes
+    got = duckdb.sql(f"SELECT sum(id), sum(qty), count(qty), max(code) FROM '{tmp_path / 'out.parquet'}'").fetchall()[0]
+    assert got == (sum(ids), sum(q for q in qty if q is not None), sum(q is not None for q in qty), max(codes))

@@ -55,7 +55,7 @@ class JsonRows:
     envelope: dict[str, Any] = field(default_factory=dict)  # the other keys, decoded (small ones)
     path: str = ""  # the key(s) holding the rows: "data", "result.items"
     ndjson: bytes | None = None  # NDJSON: the text itself, read by pyarrow as it is
-    table: pa.Table | None = None  # an array of objects read whole by pyarrow (`shapes_fast`)
+    stream: shapes_fast.Records | None = None  # an array of objects streamed by pyarrow (`shapes_fast`)
     raw: Any = None  # the JSON text of the array of rows (for `shapes_fastrows`)
     skipped: int = 0  # rows of `raw` left out (a header row)
 
@@ -82,9 +82,9 @@ def locate(text: Any, header_rows: bool = True) -> JsonRows:
         body = memoryview(text)
         first = bytes(body[:256]).lstrip()[:1]
     if first in ("[", b"["):
-        table = shapes_fast.read_records(body, _exact)  # an array of objects, read whole by pyarrow
-        if table is not None:
-            return JsonRows("records", [], "JSON array of objects", table=table)
+        stream = shapes_fast.open_records(body, _exact)  # an array of objects, streamed by pyarrow
+        if stream is not None:
+            return JsonRows("records", [], "JSON array of objects", stream=stream, raw=body)
         found = _from_array(_decode(body, _RAWS), "JSON array", header_rows=header_rows)
         found.raw = body
         return found
@@ -195,12 +195,13 @@ def _from_object(obj: dict[str, Any], prefix: str) -> JsonRows:
         if isinstance(given, list) and (names is None or len(given) == len(names)):
             types = given
             used.add(type_key)
-    table = shapes_fast.read_records(obj[rows_key], _exact)  # objects, read whole by pyarrow
-    if table is not None:
+    stream = shapes_fast.open_records(obj[rows_key], _exact)  # objects, streamed by pyarrow
+    if stream is not None:
         if names is not None:
             used.discard(col_key)  # objects carry their own names; the list is kept as metadata
         found = JsonRows("records", [], "JSON envelope with an array of objects", types=types,
-                         envelope=_envelope(obj, used), path=f"{prefix}{rows_key}", table=table)
+                         envelope=_envelope(obj, used), path=f"{prefix}{rows_key}", stream=stream,
+                         raw=obj[rows_key])
         found.shape = f'{found.shape} under "{prefix}{rows_key}"'
         return found
     rows = _decode(obj[rows_key], _RAWS)
@@ -256,9 +257,8 @@ def batches(found: JsonRows, batch_rows: int = CHUNK_ROWS, default_name: str = "
     if found.ndjson is not None:
         yield from _ndjson_batches(found, batch_rows)
         return
-    if found.table is not None:
-        out = found.table.to_batches(max_chunksize=batch_rows)
-        yield from (_apply_types(out, found.types) if found.types is not None else out)
+    if found.stream is not None:
+        yield from _streamed(found, batch_rows)
         return
     if not found.rows:
         if found.names:
@@ -282,6 +282,22 @@ def batches(found: JsonRows, batch_rows: int = CHUNK_ROWS, default_name: str = "
         if found.types is not None:
             out = _apply_types(out, found.types)
         yield from out
+
+
+def _streamed(found: JsonRows, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The batches pyarrow reads (`shapes_fast.Records`); where it stopped early, the rest
+    from the exact path (which says where the text is not JSON, when that was the cause)."""
+    stream = found.stream
+    try:
+        for batch in stream.batches():
+            yield _apply_types([batch], found.types)[0] if found.types is not None else batch
+    finally:
+        stream.close()
+    if not stream.broke:
+        return
+    rows = _decode(found.raw, _RAWS)  # raises TabularParseError naming the place when not JSON
+    rest = JsonRows("records", rows[stream.rows:], found.shape, types=found.types)
+    yield from batches(rest, batch_rows)
 
 
 def _fast_arrays(found: JsonRows, default_name: str) -> pa.Table | None:
