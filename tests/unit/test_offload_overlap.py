@@ -333,3 +333,41 @@ def test_the_stream_timeout_mid_write_stops_the_offload_and_leaves_nothing(home:
     assert leftovers(c) == [] and read_ahead_threads() == []
     again = asyncio.run(rt.tools.run("sql_query", json.dumps({"sql": "SELECT 6 * 7 AS answer"}), c))
     assert json.loads(again.content)["rows"] == [[42]]
+
+
+def test_ordered_map_keeps_the_order_and_stops_early() -> None:
+    import threading
+    import time
+
+    from datadesk.offload.overlap import ordered_map
+
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> int:
+        with lock:
+            started.append(i)
+        time.sleep(0.002 * (i % 3))  # later items finish first now and then
+        return i * i
+
+    assert [(i, r) for i, r in ordered_map(work, range(40))] == [(i, i * i) for i in range(40)]
+    started.clear()
+    for i, _ in ordered_map(work, range(1000), workers=2, ahead=3):
+        if i == 5:
+            break
+    assert len(started) <= 5 + 1 + 3 + 2  # no more than the ones handed on, waiting and running
+
+
+def test_ordered_map_raises_the_pieces_error_in_order() -> None:
+    from datadesk.offload.overlap import ordered_map
+
+    def work(i: int) -> int:
+        if i == 3:
+            raise ValueError("piece 3")
+        return i
+
+    got = []
+    with pytest.raises(ValueError, match="piece 3"):
+        for i, r in ordered_map(work, range(10)):
+            got.append(r)
+    assert got == [0, 1, 2]

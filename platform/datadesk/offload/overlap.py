@@ -26,11 +26,13 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 DEPTH = 64  # at most this many batches read ahead ...
 MAX_BYTES = 16 << 20  # ... and at most this much data (the offload passes one Parquet row group's size)
@@ -162,3 +164,28 @@ class ReadAhead(Generic[T]):
             self._bytes += size
             self._cond.notify_all()
             return True
+
+
+WORKERS = 2  # pieces worked on at once by `ordered_map`
+AHEAD = 4  # pieces submitted ahead of the one being handed on
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int = WORKERS, ahead: int = AHEAD,
+                name: str = "offload-piece") -> Iterator[tuple[T, R]]:
+    """(item, fn(item)) for each item, in order, with up to `workers` items worked on at once
+    in threads and at most `ahead` results waiting (memory: that many pieces). For work that
+    releases the GIL for much of its time (pyarrow's parsers and casts). Leaving the loop
+    early cancels the pieces not started and waits for the running ones."""
+    pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix=name)
+    pending: collections.deque[tuple[T, Future]] = collections.deque()
+    try:
+        for item in items:
+            pending.append((item, pool.submit(fn, item)))
+            if len(pending) > ahead:
+                first, future = pending.popleft()
+                yield first, future.result()
+        while pending:
+            first, future = pending.popleft()
+            yield first, future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -22,14 +22,13 @@ pyarrow would read as timestamps are read as text and typed by our own casts
 
 from __future__ import annotations
 
-import collections
 import io
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.json as pajson
 
+from datadesk.offload.overlap import ordered_map
 from datadesk.offload.shapes_types import typed_table_strings
 
 PIECE_BYTES = 2 << 20  # text per piece (about 12,000 rows of 8 columns)
@@ -48,7 +47,6 @@ class Records:
                  order: list[str], forced: set[str], exact: Callable[[pa.Table], bool]) -> None:
         self._body, self._spans, self._first, self._wrapped = body, spans, first, schema
         self._order, self._forced, self._exact = order, forced, exact
-        self._pool: ThreadPoolExecutor | None = None
         self.rows = 0  # objects handed on so far
         self.broke = False  # stopped before the end: the rest is read from `rows` on, exactly
 
@@ -62,39 +60,16 @@ class Records:
             return
         self.rows += first.num_rows
         yield first
-        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="offload-json")
-        pending: collections.deque[Future] = collections.deque()
-        try:
-            for span in self._spans:
-                pending.append(self._pool.submit(self._piece, span))
-                if len(pending) > AHEAD:
-                    if not (yield from self._hand_on(pending.popleft())):
-                        return
-            while pending:
-                if not (yield from self._hand_on(pending.popleft())):
-                    return
-        finally:
-            self.close()
-
-    def _hand_on(self, future: Future) -> Iterator[pa.RecordBatch]:
-        batch = future.result()
-        if batch is None:
-            self.broke = True
-            return False
-        self.rows += batch.num_rows
-        yield batch
-        return True
+        for _, batch in ordered_map(self._piece, self._spans, WORKERS, AHEAD, name="offload-json"):
+            if batch is None:
+                self.broke = True
+                return
+            self.rows += batch.num_rows
+            yield batch
 
     def _piece(self, span: tuple[int, int]) -> pa.RecordBatch | None:
-        if self.broke:
-            return None
         table = _parse(self._body, span, self._wrapped)
         return None if table is None else _typed(table, self._order, self._forced, self._exact)
-
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def open_records(body: Any, exact: Callable[[pa.Table], bool]) -> Records | None:

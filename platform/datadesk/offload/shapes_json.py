@@ -288,11 +288,8 @@ def _streamed(found: JsonRows, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """The batches pyarrow reads (`shapes_fast.Records`); where it stopped early, the rest
     from the exact path (which says where the text is not JSON, when that was the cause)."""
     stream = found.stream
-    try:
-        for batch in stream.batches():
-            yield _apply_types([batch], found.types)[0] if found.types is not None else batch
-    finally:
-        stream.close()
+    for batch in stream.batches():
+        yield _apply_types([batch], found.types)[0] if found.types is not None else batch
     if not stream.broke:
         return
     rows = _decode(found.raw, _RAWS)  # raises TabularParseError naming the place when not JSON

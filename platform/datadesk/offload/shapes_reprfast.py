@@ -34,6 +34,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from datadesk.offload.columns import TabularParseError, unique_names
+from datadesk.offload.overlap import ReadAhead, ordered_map
+from datadesk.offload.shapes_reprcols import columns, list_column
 from datadesk.offload.shapes_repr import stream_typed
 from datadesk.offload.shapes_types import json_strings
 from datadesk.offload.sinkutil import cast_for_union, unify_types
@@ -188,11 +190,32 @@ def _dict_lists(text: str, batch_rows: int) -> Iterator[pa.RecordBatch] | None:
 
 
 def _column(text: str, a: int, hi: int) -> pa.ChunkedArray | None:
-    """The values of one list `text[a:hi]` (`v, v, ...`) as one typed column, or None."""
+    """The values of one list `text[a:hi]` (`v, v, ...`) as one typed column, or None. Pieces
+    of `CHUNK_BYTES`, two at a time: read by `shapes_reprcols.list_column`, else by the CSV
+    rewrite."""
     pieces = []
+    for (a, j), col in ordered_map(lambda span: list_column(text[span[0]:span[1]]), _list_spans(text, a, hi),
+                                   name="offload-repr"):
+        if col is None:
+            table = _read_csv(_csv_text("[(" + text[a:j] + ")]", column=True))
+            if table is None or table.num_columns != 1:
+                return None
+            col = table.column(0).combine_chunks()
+        pieces.append(resolve(col))
+    if not pieces:
+        return pa.chunked_array([], pa.null())
+    want = unify_types([p.type for p in pieces])
+    try:
+        return pa.chunked_array([p if p.type == want else cast_for_union(p, want) for p in pieces], want)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+
+
+def _list_spans(text: str, a: int, hi: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each piece of the list `text[a:hi]`: cut at a ", " outside strings and calls."""
     while a < hi:
         j = a + CHUNK_BYTES
-        while j < hi:  # a cut at a ", " outside strings and calls
+        while j < hi:
             j = text.find(", ", j, hi)
             if j < 0:
                 j = hi
@@ -201,18 +224,8 @@ def _column(text: str, a: int, hi: int) -> pa.ChunkedArray | None:
             else:
                 j += 1
         j = min(j, hi)
-        table = _read_csv(_csv_text("[(" + text[a:j] + ")]", column=True))
-        if table is None or table.num_columns != 1:
-            return None
-        pieces.append(resolve(table.column(0).combine_chunks()))
+        yield a, j
         a = j + 2
-    if not pieces:
-        return pa.chunked_array([], pa.null())
-    want = unify_types([p.type for p in pieces])
-    try:
-        return pa.chunked_array([p if p.type == want else cast_for_union(p, want) for p in pieces], want)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return None
 
 
 def _bounds(text: str, row: str) -> tuple[int, int] | None:
@@ -251,7 +264,13 @@ def _chunk_table(piece: str, dicts: bool, keys: list[str] | None = None,
                  row: str = "(") -> tuple[pa.Table, list[str], list[str] | None] | None:
     """One chunk of rows (`(...), (...)`) read by pyarrow: the table of values and its names
     (for dicts: the keys; with `keys` given, each row must have exactly those, in that order)."""
-    table = _read_csv(_csv_text("[" + piece + "]", dicts, keys, row=row))
+    return _csv_table(_csv_text("[" + piece + "]", dicts, keys, row=row), dicts, keys)
+
+
+def _csv_table(csv: bytes | None, dicts: bool,
+               keys: list[str] | None) -> tuple[pa.Table, list[str], list[str] | None] | None:
+    """`_chunk_table` from the chunk's CSV (`_csv_text`, None: refused)."""
+    table = _read_csv(csv)
     if table is None:
         return None
     if not dicts:
@@ -287,9 +306,25 @@ def _chunked(text: str, batch_rows: int, row: str, fallback: Fallback | None) ->
     size = CHUNK_BYTES
     end = _cut(text, lo, hi, _ROWS[row][2], size)
     first = _chunk_table(text[lo:end], dicts, row=row)
+    if first is None and dicts:  # perhaps values the CSV rewrite does not take: read by columns
+        keys = _first_keys(text, lo, hi)
+        table = columns(text[lo:end], keys) if keys else None
+        first = (table, unique_names(keys), keys) if table is not None else None
     if first is None:
         return None  # the first chunk is not for this path: the caller reads the whole text otherwise
     return _chunks(text, first, end, hi, batch_rows, row, size, fallback)
+
+
+def _first_keys(text: str, lo: int, hi: int) -> list[str] | None:
+    """The keys of the first row of `[{...}, ...]`, in order, read exactly (`ast`)."""
+    from datadesk.offload.pyrepr import exact_batches
+
+    end = _cut(text, lo, hi, "}, {", 0)
+    try:
+        batch = next(exact_batches("[" + text[lo:end] + "]"), None)
+    except TabularParseError:
+        return None
+    return list(batch.schema.names) if batch is not None and batch.num_rows == 1 else None
 
 
 def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: int, hi: int, batch_rows: int,
@@ -297,27 +332,58 @@ def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: i
     """The batches of every chunk, each typed like the stream's first batches where that is
     lossless (a decimal's precision, an all-None column); a chunk this path refuses (nesting,
     a quote inside a string, other keys ...) and everything after it is read by the exact
-    paths (`fallback`)."""
-    dicts, row_break = row == "{", _ROWS[row][2]
+    paths (`fallback`).
+
+    The text of the next chunks is rewritten as CSV in a thread of its own (`_converted`,
+    Python string methods) while this one has pyarrow read and type the chunk before (which
+    releases the GIL): the two stages overlap."""
+    dicts = row == "{"
     table, names, keys = first
     types: dict[str, pa.DataType] = {}
-    while True:
+    with ReadAhead(_converted(text, a, hi, row, keys, size), depth=2, name="offload-repr") as ahead:
         for batch in _typed_batches(table.rename_columns(names), batch_rows):
             yield stream_typed(batch, types)
-        if a >= hi:
+        for start, item in ahead:
+            got = (item, unique_names(keys), keys) if isinstance(item, pa.Table) else _csv_table(item, dicts, keys)
+            if got is None:
+                if fallback is None:
+                    raise TabularParseError("a Python-repr table changes form part way (rows this reader cannot take)")
+                for batch in fallback("[" + text[start:hi] + "]", batch_rows):
+                    yield stream_typed(batch, types)
+                return
+            if not dicts and len(got[1]) != len(names):
+                raise TabularParseError(f"ragged Python-repr table: a row has {len(got[1])} values, not {len(names)}")
+            table, names = got[0], got[1]
+            for batch in _typed_batches(table.rename_columns(names), batch_rows):
+                yield stream_typed(batch, types)
+
+
+def _converted(text: str, a: int, hi: int, row: str, keys: list[str] | None,
+               size: int) -> Iterator[tuple[int, pa.Table | bytes | None]]:
+    """(start, CSV or None) of each chunk after the one ending at `a`; stops after a refused one.
+    Rows of dicts with known keys come as their table where `shapes_reprcols` reads them, two
+    chunks at a time (its pyarrow casts release the GIL)."""
+    dicts = row == "{"
+
+    def read(span: tuple[int, int]) -> pa.Table | None:
+        return columns(text[span[0]:span[1]], keys) if dicts and keys is not None else None
+
+    for (start, end), table in ordered_map(read, _spans(text, a, hi, _ROWS[row][2], size), name="offload-repr"):
+        if table is not None:
+            yield start, table
+            continue
+        csv = _csv_text("[" + text[start:end] + "]", dicts, keys, row=row)
+        yield start, csv
+        if csv is None:
             return
+
+
+def _spans(text: str, a: int, hi: int, row_break: str, size: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each chunk after the one ending at `a`."""
+    while a < hi:
         a += 2  # the ", " between two rows
         end = _cut(text, a, hi, row_break, size)
-        got = _chunk_table(text[a:end], dicts, keys, row)
-        if got is None:
-            if fallback is None:
-                raise TabularParseError("a Python-repr table changes form part way (rows this reader cannot take)")
-            for batch in fallback("[" + text[a:hi] + "]", batch_rows):
-                yield stream_typed(batch, types)
-            return
-        if not dicts and len(got[1]) != len(names):
-            raise TabularParseError(f"ragged Python-repr table: a row has {len(got[1])} values, not {len(names)}")
-        table, names = got[0], got[1]
+        yield a, end
         a = end
 
 
