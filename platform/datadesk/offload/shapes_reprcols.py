@@ -26,6 +26,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datadesk.offload.columns import TabularParseError
+
 _FORBIDDEN = ('"', "\\", "\x00", "\x01", "\x02")
 _FLOAT = r"^-?(\d+(\.\d*)?([eE][-+]?\d+)?|nan|inf)$"
 _CALLS = (("datetime.datetime(", "\x01T"), ("datetime.date(", "\x01Y"), ("datetime.time(", "\x01H"))
@@ -67,6 +69,18 @@ def columns(piece: str, keys: list[str]) -> pa.Table | None:
             return None
         arrays.append(typed)
     return pa.Table.from_arrays(arrays, names=list(keys))
+
+
+def first_keys(row: str) -> list[str] | None:
+    """The keys of one row `{'k': v, ...}` in order: each quoted piece that opens the row or
+    follows `, ` and is followed by `: ` (a nested dict's keys may be taken too: `columns`
+    then finds the rows do not fit, and the caller reads them otherwise)."""
+    if any(c in row for c in _FORBIDDEN):
+        return None
+    parts = row.split("'")
+    keys = [parts[i] for i in range(1, len(parts) - 1, 2)
+            if parts[i + 1].startswith(": ") and parts[i - 1].endswith(("{", ", "))]
+    return keys if keys and len(set(keys)) == len(keys) else None
 
 
 def _layout(parts: list[str], keys: list[str]) -> tuple[int, list[tuple[int, str]], list[_Column]] | None:
@@ -128,11 +142,9 @@ def _typed(values: pa.Array, col: _Column) -> pa.Array | None:
     if col.kind == "UUID":
         return values if pc.all(pc.match_substring_regex(values, r"^[0-9a-f-]{36}$")).as_py() else None
     if col.kind == "Decimal":
-        from datadesk.offload.shapes_reprfast import _decimal
-
         if not pc.all(pc.match_substring_regex(values, r"^-?\d+(\.\d+)?$")).as_py():
             return None
-        return _decimal(values)
+        return decimal_column(values)
     if not (pc.all(pc.starts_with(values, ": ")).as_py() and pc.all(pc.ends_with(values, col.tail)).as_py()):
         return None
     return _scalar(pc.utf8_slice_codeunits(values, 2, -len(col.tail)))
@@ -165,9 +177,6 @@ def _scalar(text: pa.Array) -> pa.Array | None:
 
 def _call(text: pa.Array, valid: pa.Array, call: str, tag: str) -> pa.Array | None:
     """`datetime.date(2024, 1, 2)` ... as the CSV rewrite's tagged fields, typed by it."""
-    from datadesk.offload.columns import TabularParseError
-    from datadesk.offload.shapes_reprfast import _comma_call
-
     if not (pc.all(pc.starts_with(valid, call)).as_py() and pc.all(pc.ends_with(valid, ")")).as_py()):
         return None
     body = pc.utf8_slice_codeunits(text, len(call), -1)
@@ -177,6 +186,55 @@ def _call(text: pa.Array, valid: pa.Array, call: str, tag: str) -> pa.Array | No
     if not pc.all(pc.match_substring_regex(pc.drop_null(body), r"^\d+(,\d+)*(,z)?$")).as_py():
         return None  # another tzinfo, a keyword argument ...: the CSV rewrite decides
     try:
-        return _comma_call(text, body, tag)
+        return comma_call(text, body, tag)
     except TabularParseError:
         return None
+
+
+def comma_call(col: pa.Array, body: pa.Array, tag: str) -> pa.Array:
+    """`_quoted_calls`' fields (`2024,1,2,10,30,z`: the call's arguments) typed."""
+    zoned = pc.sum(pc.ends_with(body, ",z").cast(pa.int64())).as_py() or 0
+    if zoned not in (0, len(col) - col.null_count):
+        raise TabularParseError("a Python-repr column mixes naive and UTC datetimes")
+    if zoned:
+        body = pc.utf8_slice_codeunits(body, 0, -2)
+    if col.null_count:
+        body = body.fill_null("1970,1,1")
+    parts = pc.split_pattern(body, ",")
+    width = {"\x01T": 7, "\x01Y": 3, "\x01H": 4}[tag]
+    fields = [pc.list_slice(parts, k, k + 1, return_fixed_size_list=True).flatten().fill_null("0")
+              for k in range(width)]
+    pad = lambda a, w: pc.utf8_lpad(a, w, "0")  # noqa: E731
+    try:
+        if tag == "\x01Y":
+            out = pc.binary_join_element_wise(pad(fields[0], 4), pad(fields[1], 2), pad(fields[2], 2), "-")
+            out = out.cast(pa.date32())
+        elif tag == "\x01H":
+            out = time_column(*fields)
+        else:
+            y, mo, d, h, mi, s, us = fields
+            text = pc.binary_join_element_wise(
+                pc.binary_join_element_wise(pad(y, 4), pad(mo, 2), pad(d, 2), "-"),
+                pc.binary_join_element_wise(pad(h, 2), pad(mi, 2), pad(s, 2), ":"), " ")
+            out = pc.binary_join_element_wise(text, pad(us, 6), ".").cast(pa.timestamp("us"))
+            out = pc.assume_timezone(out, "UTC") if zoned else out
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise TabularParseError(f"a bad date or time in a Python-repr table ({exc})") from None
+    return pc.if_else(pc.is_null(col), pa.scalar(None, out.type), out) if col.null_count else out
+
+
+def time_column(h: pa.Array, mi: pa.Array, s: pa.Array, us: pa.Array) -> pa.Array:
+    ints = [a.cast(pa.int64()) for a in (h, mi, s, us)]
+    seconds = pc.add(pc.add(pc.multiply(ints[0], 3600), pc.multiply(ints[1], 60)), ints[2])
+    return pc.add(pc.multiply(seconds, 1_000_000), ints[3]).cast(pa.time64("us"))
+
+
+def decimal_column(strings: pa.Array) -> pa.Array:
+    strings = strings.cast(pa.string())
+    dot = pc.find_substring(strings, ".")
+    length = pc.utf8_length(strings)
+    scale = pc.max(pc.if_else(pc.greater_equal(dot, 0), pc.subtract(pc.subtract(length, dot), 1), 0)).as_py() or 0
+    if pc.any(pc.match_substring(strings, "E", ignore_case=True)).as_py():
+        raise TabularParseError("a Decimal in exponent form (1E+2) in a Python-repr table")
+    precision = min(38, max(int(pc.max(length).as_py() or 1), scale + 1))
+    return strings.cast(pa.decimal128(precision, scale))

@@ -35,7 +35,7 @@ import pyarrow.csv as pacsv
 
 from datadesk.offload.columns import TabularParseError, unique_names
 from datadesk.offload.overlap import ReadAhead, ordered_map
-from datadesk.offload.shapes_reprcols import columns, list_column
+from datadesk.offload.shapes_reprcols import columns, comma_call, decimal_column, first_keys, list_column, time_column
 from datadesk.offload.shapes_repr import stream_typed
 from datadesk.offload.shapes_types import json_strings
 from datadesk.offload.sinkutil import cast_for_union, unify_types
@@ -307,24 +307,12 @@ def _chunked(text: str, batch_rows: int, row: str, fallback: Fallback | None) ->
     end = _cut(text, lo, hi, _ROWS[row][2], size)
     first = _chunk_table(text[lo:end], dicts, row=row)
     if first is None and dicts:  # perhaps values the CSV rewrite does not take: read by columns
-        keys = _first_keys(text, lo, hi)
+        keys = first_keys(text[lo:_cut(text, lo, hi, "}, {", 0)])
         table = columns(text[lo:end], keys) if keys else None
         first = (table, unique_names(keys), keys) if table is not None else None
     if first is None:
         return None  # the first chunk is not for this path: the caller reads the whole text otherwise
     return _chunks(text, first, end, hi, batch_rows, row, size, fallback)
-
-
-def _first_keys(text: str, lo: int, hi: int) -> list[str] | None:
-    """The keys of the first row of `[{...}, ...]`, in order, read exactly (`ast`)."""
-    from datadesk.offload.pyrepr import exact_batches
-
-    end = _cut(text, lo, hi, "}, {", 0)
-    try:
-        batch = next(exact_batches("[" + text[lo:end] + "]"), None)
-    except TabularParseError:
-        return None
-    return list(batch.schema.names) if batch is not None and batch.num_rows == 1 else None
 
 
 def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: int, hi: int, batch_rows: int,
@@ -436,10 +424,10 @@ def resolve(col: pa.Array) -> pa.Array:
         return json_strings(text)  # ISO dates / timestamps typed, like JSON strings; the rest text
     body = pc.utf8_slice_codeunits(col, 2)
     if tag in ("\x01T", "\x01Y", "\x01H"):
-        return _comma_call(col, body, tag)
+        return comma_call(col, body, tag)
     if tag in ("\x01D", "\x01u"):  # \x01D'\x021.50': the quotes and the string mark came with it
         body = pc.utf8_slice_codeunits(body, 2, -1)
-        return _decimal(body) if tag == "\x01D" else body.cast(pa.string())
+        return decimal_column(body) if tag == "\x01D" else body.cast(pa.string())
     if tag == "\x01d":
         parts = pc.split_pattern(body, "-")
         y, m, d = (pc.list_element(parts, k) for k in range(3))
@@ -449,62 +437,13 @@ def resolve(col: pa.Array) -> pa.Array:
     fields = [pc.list_element(parts, k) for k in range(7 if tag != "\x01h" else 4)]
     pad = lambda a, w: pc.utf8_lpad(a, w, "0")  # noqa: E731
     if tag == "\x01h":
-        return _time(*fields)
+        return time_column(*fields)
     y, mo, d, h, mi, s, us = fields
     text = pc.binary_join_element_wise(
         pc.binary_join_element_wise(pad(y, 4), pad(mo, 2), pad(d, 2), "-"),
         pc.binary_join_element_wise(pad(h, 2), pad(mi, 2), pad(s, 2), ":"), " ")
     ts = pc.binary_join_element_wise(text, pad(us, 6), ".").cast(pa.timestamp("us"))
     return pc.assume_timezone(ts, "UTC") if tag == "\x01z" else ts
-
-
-def _comma_call(col: pa.Array, body: pa.Array, tag: str) -> pa.Array:
-    """`_quoted_calls`' fields (`2024,1,2,10,30,z`: the call's arguments) typed."""
-    zoned = pc.sum(pc.ends_with(body, ",z").cast(pa.int64())).as_py() or 0
-    if zoned not in (0, len(col) - col.null_count):
-        raise TabularParseError("a Python-repr column mixes naive and UTC datetimes")
-    if zoned:
-        body = pc.utf8_slice_codeunits(body, 0, -2)
-    if col.null_count:
-        body = body.fill_null("1970,1,1")
-    parts = pc.split_pattern(body, ",")
-    width = {"\x01T": 7, "\x01Y": 3, "\x01H": 4}[tag]
-    fields = [pc.list_slice(parts, k, k + 1, return_fixed_size_list=True).flatten().fill_null("0")
-              for k in range(width)]
-    pad = lambda a, w: pc.utf8_lpad(a, w, "0")  # noqa: E731
-    try:
-        if tag == "\x01Y":
-            out = pc.binary_join_element_wise(pad(fields[0], 4), pad(fields[1], 2), pad(fields[2], 2), "-")
-            out = out.cast(pa.date32())
-        elif tag == "\x01H":
-            out = _time(*fields)
-        else:
-            y, mo, d, h, mi, s, us = fields
-            text = pc.binary_join_element_wise(
-                pc.binary_join_element_wise(pad(y, 4), pad(mo, 2), pad(d, 2), "-"),
-                pc.binary_join_element_wise(pad(h, 2), pad(mi, 2), pad(s, 2), ":"), " ")
-            out = pc.binary_join_element_wise(text, pad(us, 6), ".").cast(pa.timestamp("us"))
-            out = pc.assume_timezone(out, "UTC") if zoned else out
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise TabularParseError(f"a bad date or time in a Python-repr table ({exc})") from None
-    return pc.if_else(pc.is_null(col), pa.scalar(None, out.type), out) if col.null_count else out
-
-
-def _time(h: pa.Array, mi: pa.Array, s: pa.Array, us: pa.Array) -> pa.Array:
-    ints = [a.cast(pa.int64()) for a in (h, mi, s, us)]
-    seconds = pc.add(pc.add(pc.multiply(ints[0], 3600), pc.multiply(ints[1], 60)), ints[2])
-    return pc.add(pc.multiply(seconds, 1_000_000), ints[3]).cast(pa.time64("us"))
-
-
-def _decimal(strings: pa.Array) -> pa.Array:
-    strings = strings.cast(pa.string())
-    dot = pc.find_substring(strings, ".")
-    length = pc.utf8_length(strings)
-    scale = pc.max(pc.if_else(pc.greater_equal(dot, 0), pc.subtract(pc.subtract(length, dot), 1), 0)).as_py() or 0
-    if pc.any(pc.match_substring(strings, "E", ignore_case=True)).as_py():
-        raise TabularParseError("a Decimal in exponent form (1E+2) in a Python-repr table")
-    precision = min(38, max(int(pc.max(length).as_py() or 1), scale + 1))
-    return strings.cast(pa.decimal128(precision, scale))
 
 
 def dict_json(text: str) -> pa.Buffer | None:
