@@ -108,6 +108,20 @@ def test_a_stream_that_stops_mid_way_goes_on_exactly_from_that_row(monkeypatch: 
     assert table.column("when").to_pylist()[5] == table.column("when").to_pylist()[n - 1]
 
 
+def test_a_column_whose_type_moves_on_keeps_the_fast_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datadesk.offload import shapes_fast
+
+    monkeypatch.setattr(shapes_fast, "PIECE_BYTES", 64 << 10)
+    monkeypatch.setattr(shapes_fast, "FIRST_BYTES", 64 << 10)
+    rows = [{"id": i, "price": i if i < 20_000 else i + 0.5, "day": "2024-01-02"} for i in range(30_000)]
+    found = shapes_json.locate(json.dumps(rows))
+    got = list(shapes_json.batches(found))
+    assert not found.stream.broke and found.stream.rows == 30_000
+    types = {str(b.schema.field("price").type) for b in got}
+    assert types == {"int64", "double"} and {str(b.schema.field("day").type) for b in got} == {"date32[day]"}
+    prices = [v for b in got for v in b.column("price").to_pylist()]
+    assert prices[19_999] == 19_999 and prices[20_000] == 20_000.5
+
 def test_the_stream_holds_a_few_pieces_not_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
     from datadesk.offload import shapes_fast
 

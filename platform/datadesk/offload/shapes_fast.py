@@ -12,8 +12,10 @@ JSON, so a missing comma (`[{"a":1}{"a":2}]`) fails it. A cut at a "separator" t
 really inside a string leaves the piece with an unterminated string, which fails too.
 When every piece is valid, each cut was a real separator and the pieces' objects are
 exactly the array's. The column types are learnt from the first piece and enforced on
-every other (`explicit_schema`; fields it did not have are inferred). Whatever pyarrow
-cannot read exactly (a refused piece, a type change, integers past 2^53) stops the stream
+every other (`explicit_schema`; fields it did not have are inferred); a piece those types
+do not fit is read again with only its timestamp strings enforced (integers that turn into
+floats: the sink unifies the two). Whatever pyarrow cannot read exactly (a refused piece,
+a number where text was, a new timestamp field, integers past 2^53) stops the stream
 before that piece: `Records.broke` is set and the caller reads the rest, from
 `Records.rows` on, with the exact row-by-row path; the sink unifies the types. Strings
 pyarrow would read as timestamps are read as text and typed by our own casts
@@ -32,6 +34,7 @@ from datadesk.offload.overlap import ordered_map
 from datadesk.offload.shapes_types import typed_table_strings
 
 PIECE_BYTES = 2 << 20  # text per piece (about 12,000 rows of 8 columns)
+FIRST_BYTES = 512 << 10  # the first piece, read before the others start (it teaches the types)
 WORKERS = 2  # pieces parsed at once (pyarrow releases the GIL while it parses)
 AHEAD = 4  # pieces parsed ahead of the one being handed on
 _HEAD = 1 << 16
@@ -46,6 +49,8 @@ class Records:
     def __init__(self, body: Any, spans: Iterator[tuple[int, int]], first: pa.RecordBatch, schema: pa.Schema,
                  order: list[str], forced: set[str], exact: Callable[[pa.Table], bool]) -> None:
         self._body, self._spans, self._first, self._wrapped = body, spans, first, schema
+        # only the strings read as text are enforced (a piece whose types differ: the sink unifies)
+        self._loose = _wrapped(pa.schema([f for f in schema.field(0).type.value_type if f.name in forced]))
         self._order, self._forced, self._exact = order, forced, exact
         self.rows = 0  # objects handed on so far
         self.broke = False  # stopped before the end: the rest is read from `rows` on, exactly
@@ -69,6 +74,8 @@ class Records:
 
     def _piece(self, span: tuple[int, int]) -> pa.RecordBatch | None:
         table = _parse(self._body, span, self._wrapped)
+        if table is None:  # perhaps a column's type moved on (integers, then a float): let pyarrow infer
+            table = _parse(self._body, span, self._loose)
         return None if table is None else _typed(table, self._order, self._forced, self._exact)
 
 
@@ -105,16 +112,17 @@ def open_records(body: Any, exact: Callable[[pa.Table], bool]) -> Records | None
 
 
 def _spans(body: Any, start: int, end: int, sep: Any) -> Iterator[tuple[int, int]]:
-    """(from, to) of each piece: about PIECE_BYTES, cut just after a separator's `}`."""
-    pos = start
+    """(from, to) of each piece: about PIECE_BYTES (the first FIRST_BYTES), cut just after a
+    separator's `}`."""
+    pos, size = start, FIRST_BYTES
     while pos < end:
         stop = end
-        if sep is not None and end - pos > PIECE_BYTES:
-            cut = body.find(sep, pos + PIECE_BYTES, end)
+        if sep is not None and end - pos > size:
+            cut = body.find(sep, pos + size, end)
             if cut >= 0:
                 stop = cut + 1
         yield pos, stop
-        pos = stop + 1 if stop < end else end  # past the comma
+        pos, size = (stop + 1 if stop < end else end), PIECE_BYTES  # past the comma
 
 
 def _parse(body: Any, span: tuple[int, int], wrapped: pa.Schema | None) -> pa.Table | None:
