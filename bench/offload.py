@@ -28,8 +28,8 @@ Every shape of issue 17 (`bench/shapes_data.py`: JSON, Python reprs, CSV/TSV,
 Markdown, boxes, prose; `--shape-rows`, default the result's rows) goes through
 the pipeline as MCP text, with its ratio to pq.write_table of the table it
 became and a check of row count and column sums (bench/offload_shapes.py).
-Goals (issue 17): DuckDB <= 1.15x, MCP JSON text <= 3x, the Python repr of a
-list of tuples >= 200,000 rows/s (10x the 15-20k rows/s before).
+Goals (issue 17): DuckDB <= 1.15x, MCP JSON text <= 3x, every Python repr shape (tuples,
+dicts, a dict of lists; the slowest counts) >= 200,000 rows/s (10x the 15-20k rows/s before).
 
 Every measurement runs in a fresh subprocess, started through a tiny
 trampoline interpreter: Linux carries a parent's peak RSS into a child's
