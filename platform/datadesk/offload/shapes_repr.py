@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from datadesk.offload import shapes_json
 from datadesk.offload.columns import TabularParseError
+from datadesk.offload.shapes_reprcols import decimal_column
 from datadesk.offload.shapes_types import python_column
 
 DATE, DATETIME, TIME, UTC = -987654321001, -987654321002, -987654321003, -987654321010
@@ -222,7 +223,7 @@ def _resolve_column(col: pa.Array) -> pa.Array:
         if tag == "\x01u" and pa.types.is_string(t.value_type):
             return _element(col, 1)
         if tag == "\x01D" and pa.types.is_string(t.value_type):
-            return _decimals(_element(col, 1))
+            return decimal_column(_element(col, 1))  # an exponent form raises: the exact path below
         if tag in _TAG_INTS and pa.types.is_integer(t.value_type):
             return _temporal(col, tag)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError, OverflowError):
@@ -238,16 +239,6 @@ def _element(col: pa.Array, k: int, default: Any = None) -> pa.Array:
         if col.null_count:
             out = pc.if_else(pc.is_null(col), pa.scalar(None, out.type), out)
     return out
-
-
-def _decimals(strings: pa.Array) -> pa.Array:
-    dot = pc.find_substring(strings, ".")
-    length = pc.utf8_length(strings)
-    scale = pc.max(pc.if_else(pc.greater_equal(dot, 0), pc.subtract(pc.subtract(length, dot), 1), 0)).as_py() or 0
-    if pc.any(pc.match_substring(strings, "E", ignore_case=True)).as_py():
-        raise ValueError("exponent")
-    precision = min(38, max(int(pc.max(length).as_py() or 1), scale + 1))
-    return strings.cast(pa.decimal128(precision, scale))
 
 
 def _pad(a: pa.Array, width: int) -> pa.Array:
