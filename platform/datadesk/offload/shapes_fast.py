@@ -52,12 +52,9 @@ class Records:
         # only the strings read as text are enforced (a piece whose types differ: the sink unifies)
         self._loose = _wrapped(pa.schema([f for f in schema.field(0).type.value_type if f.name in forced]))
         self._order, self._forced, self._exact = order, forced, exact
+        self.schema = first.schema  # of the first batch (later ones may widen a column)
         self.rows = 0  # objects handed on so far
         self.broke = False  # stopped before the end: the rest is read from `rows` on, exactly
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._first.schema
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         first, self._first = self._first, None
