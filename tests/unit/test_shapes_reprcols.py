@@ -138,3 +138,23 @@ def test_values_that_only_look_like_numbers_stay_exact() -> None:
         [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
     assert shapes_reprcols.columns("{'a': 1, 'b': 'x'}, {'a': 2, 'c': 'y'}", ["a", "b"]) is None
     assert shapes_reprcols.columns("{'a': 1, 'b': 'x'}, {'b': 'y', 'a': 2}", ["a", "b"]) is None
+
+
+@pytest.mark.parametrize("text", [
+    repr([(1, "it's", float("nan")), (2, "b", float("inf")), (3, "c", -float("inf"))]),  # the exact path
+    repr([{"a": 1, "s": "it's", "x": float("nan")}, {"a": 2, "s": "b", "x": float("inf")},
+          {"a": 3, "s": "c", "x": -float("inf")}]),
+    repr({"a": [1, 2, 3], "s": ["it's", "b", "c"], "x": [float("nan"), float("inf"), -float("inf")]}),
+    repr([(1, "a", float("nan")), (2, "b", float("inf")), (3, "c", -float("inf"))]),  # the fast paths
+    repr({"a": [1, 2, 3], "s": ["a", "b", "c"], "x": [float("nan"), float("inf"), -float("inf")]}),
+])
+def test_nan_and_infinities_are_floats_on_every_path(text: str) -> None:
+    """repr(float("nan")) is the bare name `nan` (pandas' missing values): a float, never a
+    reason to keep the table as text."""
+    from datadesk.offload.shapes import parse_text
+
+    stream = parse_text(text)
+    assert stream is not None
+    rows = [r for b in stream for r in b.to_pylist()]
+    x = [r.get("x", r.get("col_3")) for r in rows]
+    assert len(rows) == 3 and math.isnan(x[0]) and x[1:] == [math.inf, -math.inf]

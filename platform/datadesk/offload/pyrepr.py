@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import datetime as dt
 import decimal
+import math
 import re
 import uuid
 from typing import Any, Iterator
@@ -36,6 +37,10 @@ _KEYWORDS = {"datetime.datetime": {"tzinfo", "fold"}, "datetime.time": {"tzinfo"
 def looks_like_repr_rows(text: str) -> bool:
     head = text.lstrip()[:3]
     return head[:2] in ("[(", "[]") or head == "[{'"
+
+
+# repr() of a float NaN / infinity (pandas' missing values above all) is a bare name
+_FLOAT_NAMES = {"nan": math.nan, "inf": math.inf}
 
 
 def _call_name(func: ast.AST) -> str | None:
@@ -66,8 +71,14 @@ def _value(node: ast.AST) -> Any:
         return dict(zip(keys, [_value(v) for v in node.values]))  # type: ignore[attr-defined]
     if cls is ast.Tuple or cls is ast.List:
         return [_value(e) for e in node.elts]  # type: ignore[attr-defined]
-    if cls is ast.UnaryOp and isinstance(node.op, ast.USub) and type(node.operand) is ast.Constant:  # type: ignore[attr-defined]
-        return -node.operand.value  # type: ignore[attr-defined]
+    if cls is ast.Name and node.id in _FLOAT_NAMES:  # type: ignore[attr-defined]
+        return _FLOAT_NAMES[node.id]  # type: ignore[attr-defined]
+    if cls is ast.UnaryOp and isinstance(node.op, ast.USub):  # type: ignore[attr-defined]
+        operand = node.operand  # type: ignore[attr-defined]
+        if type(operand) is ast.Constant:
+            return -operand.value
+        if type(operand) is ast.Name and operand.id == "inf":
+            return -math.inf
     raise TabularParseError(f"unsupported value in a Python-repr table: {ast.unparse(node)[:80]}")
 
 
@@ -110,6 +121,8 @@ def repr_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch
         data = dict_json(text) if text.lstrip()[:2] in ("[{", "{'") else None
         json_text = data if data is not None else to_json(text)[0]
         found = shapes_json.locate(json_text, header_rows=False)
+        if found.ndjson is not None:  # not one JSON value (a `nan`, a name ...): never NDJSON
+            raise ReprUnsupported("the converted text is not one JSON value")
     except (ReprUnsupported, TabularParseError):
         yield from exact_batches(text, batch_rows)
         return
