@@ -308,3 +308,22 @@ def test_narrow_integers_are_delta_encoded_and_read_back_exactly(tmp_path: Path)
     assert table.column("code").to_pylist() == codes
     got = duckdb.sql(f"SELECT sum(id), sum(qty), count(qty), max(code) FROM '{tmp_path / 'out.parquet'}'").fetchall()[0]
     assert got == (sum(ids), sum(q for q in qty if q is not None), sum(q is not None for q in qty), max(codes))
+
+
+def test_delta_encoded_integers_of_every_width_keep_their_edge_values(tmp_path: Path):
+    import duckdb
+
+    n = 20_000
+    cols = {"u8": pa.array([i % 256 for i in range(n)], pa.uint8()),
+            "i16": pa.array([(i % 60_000) - 30_000 for i in range(n)], pa.int16()),
+            "u32": pa.array([2**32 - 1 - i for i in range(n)], pa.uint32()),
+            "u64": pa.array([2**64 - 1 - i for i in range(n)], pa.uint64()),
+            "i64": pa.array([-2**63 + i for i in range(n)], pa.int64())}
+    _write(tmp_path / "out.parquet", [pa.record_batch(cols)])
+    table = pq.read_table(tmp_path / "out.parquet")
+    for name, values in cols.items():
+        assert table.column(name).to_pylist() == values.to_pylist(), name
+    got = duckdb.sql(f"SELECT sum(u8), sum(i16), max(u32), max(u64), min(u64), min(i64) "
+                     f"FROM '{tmp_path / 'out.parquet'}'").fetchall()[0]
+    py = {k: v.to_pylist() for k, v in cols.items()}
+    assert got == (sum(py["u8"]), sum(py["i16"]), max(py["u32"]), max(py["u64"]), min(py["u64"]), min(py["i64"]))
