@@ -192,11 +192,21 @@ def _typed_strings(values: Sequence[Any]) -> pa.Array:
     return typed if typed is not None else strings
 
 
+def nan_as_missing(values: Sequence[Any], kinds: set[type]) -> Sequence[Any]:
+    """pandas marks a missing text, date or decimal with a float NaN: where the other values of
+    a column are not numbers and every float is a NaN, those NaNs are nulls (else as they are)."""
+    if float in kinds and kinds - {float, int, type(None)} and all(v != v for v in values if type(v) is float):
+        return [None if type(v) is float else v for v in values]
+    return values
+
+
 def infer_array(values: Sequence[Any]) -> pa.Array:
     """One column's values -> the most faithful Arrow array that Parquet can hold.
 
-    Never drops or nulls a value: anything pyarrow cannot type becomes text.
+    Never drops or nulls a value (but pandas' NaN for a missing text, `nan_as_missing`):
+    anything pyarrow cannot type becomes text.
     """
+    values = nan_as_missing(values, set(map(type, values)))
     non_null = [v for v in values if v is not None]
     if not non_null:
         return pa.nulls(len(values))

@@ -24,14 +24,30 @@ from datadesk.offload.columns import TabularParseError, records_to_batch, rows_t
 from datadesk.offload.shapes_types import python_column
 
 _TOKEN = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[()\[\]]""", re.S)
+def _timestamp(text: str, tz: str | None = None) -> dt.datetime | None:
+    """pandas' `Timestamp('2024-01-01 00:00:00+0000', tz='UTC')` and numpy's
+    `np.datetime64('2024-01-01T00:00:00.000000')`: the ISO text, with its offset when it has one."""
+    if text == "NaT":
+        return None
+    value = dt.datetime.fromisoformat(text)
+    if tz is not None and value.tzinfo is None:
+        if tz != "UTC":
+            raise ValueError(f"a naive time with tz={tz!r}")
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return value
+
+
+_NUMPY = {**{f"np.{k}": int for k in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")},
+          **{f"np.{k}": float for k in ("float16", "float32", "float64")},
+          "np.str_": str, "np.datetime64": _timestamp}  # numpy 2 writes its scalars as calls
 _CALLS = {
     "Decimal": decimal.Decimal,
     "datetime.date": dt.date, "datetime.datetime": dt.datetime, "datetime.time": dt.time,
     "datetime.timedelta": dt.timedelta, "UUID": lambda s: str(uuid.UUID(s)),
-    "datetime.timezone": dt.timezone,
+    "datetime.timezone": dt.timezone, "Timestamp": _timestamp, **_NUMPY,
 }
 _KEYWORDS = {"datetime.datetime": {"tzinfo", "fold"}, "datetime.time": {"tzinfo", "fold"},
-             "datetime.timedelta": {"days", "seconds", "microseconds"}}
+             "datetime.timedelta": {"days", "seconds", "microseconds"}, "Timestamp": {"tz"}}
 
 
 def looks_like_repr_rows(text: str) -> bool:
@@ -39,8 +55,9 @@ def looks_like_repr_rows(text: str) -> bool:
     return head[:2] in ("[(", "[]") or head == "[{'"
 
 
-# repr() of a float NaN / infinity (pandas' missing values above all) is a bare name
-_FLOAT_NAMES = {"nan": math.nan, "inf": math.inf}
+# bare names a repr writes for values: a float NaN / infinity (pandas' missing numbers), pandas'
+# missing time, numpy 2's booleans
+_FLOAT_NAMES = {"nan": math.nan, "inf": math.inf, "NaT": None, "np.True_": True, "np.False_": False}
 
 
 def _call_name(func: ast.AST) -> str | None:
@@ -71,8 +88,8 @@ def _value(node: ast.AST) -> Any:
         return dict(zip(keys, [_value(v) for v in node.values]))  # type: ignore[attr-defined]
     if cls is ast.Tuple or cls is ast.List:
         return [_value(e) for e in node.elts]  # type: ignore[attr-defined]
-    if cls is ast.Name and node.id in _FLOAT_NAMES:  # type: ignore[attr-defined]
-        return _FLOAT_NAMES[node.id]  # type: ignore[attr-defined]
+    if (cls is ast.Name or cls is ast.Attribute) and ast.unparse(node) in _FLOAT_NAMES:
+        return _FLOAT_NAMES[ast.unparse(node)]
     if cls is ast.UnaryOp and isinstance(node.op, ast.USub):  # type: ignore[attr-defined]
         operand = node.operand  # type: ignore[attr-defined]
         if type(operand) is ast.Constant:

@@ -421,6 +421,9 @@ def resolve(col: pa.Array) -> pa.Array:
             raise TabularParseError("a Python-repr column mixes values of different kinds (e.g. dates and text)")
         marked = pc.starts_with(col, _STR)
         text = pc.if_else(marked, pc.utf8_slice_codeunits(col, 1), col).cast(pa.string())
+        missing = pc.and_(pc.invert(marked), pc.equal(col, "nan"))  # pandas' NaN for a missing text
+        if pc.any(marked).as_py() and pc.any(missing).as_py():
+            text = pc.if_else(missing, pa.scalar(None, pa.string()), text)
         return json_strings(text)  # ISO dates / timestamps typed, like JSON strings; the rest text
     body = pc.utf8_slice_codeunits(col, 2)
     if tag in ("\x01T", "\x01Y", "\x01H"):

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datadesk.offload.columns import infer_array, temporal
+from datadesk.offload.columns import infer_array, nan_as_missing, temporal
 
 _ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, ValueError, TypeError)
 _NULL_WORDS = pa.array(["", "NULL", "null", "None", "NaT", "<NA>", "N/A", "n/a"])
@@ -145,6 +145,9 @@ def python_column(values: Sequence[Any]) -> pa.Array:
     kinds = set(map(type, values))
     kinds.discard(_NONE)
     target = None
+    values = nan_as_missing(values, kinds)  # pandas' NaN for a missing text, date ...: a null
+    if float in kinds and not any(type(v) is float for v in values):
+        kinds.discard(float)
     if not kinds:
         return pa.nulls(len(values))
     if kinds == {str}:
