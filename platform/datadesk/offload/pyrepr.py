@@ -24,6 +24,8 @@ from datadesk.offload.columns import TabularParseError, records_to_batch, rows_t
 from datadesk.offload.shapes_types import python_column
 
 _TOKEN = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[()\[\]]""", re.S)
+
+
 def _timestamp(text: str, tz: str | None = None) -> dt.datetime | None:
     """pandas' `Timestamp('2024-01-01 00:00:00+0000', tz='UTC')` and numpy's
     `np.datetime64('2024-01-01T00:00:00.000000')`: the ISO text, with its offset when it has one."""
@@ -56,8 +58,9 @@ def looks_like_repr_rows(text: str) -> bool:
 
 
 # bare names a repr writes for values: a float NaN / infinity (pandas' missing numbers), pandas'
-# missing time, numpy 2's booleans
-_FLOAT_NAMES = {"nan": math.nan, "inf": math.inf, "NaT": None, "np.True_": True, "np.False_": False}
+# missing time, numpy 2's booleans, the UTC zone of a datetime
+_NAMES = {"nan": math.nan, "inf": math.inf, "NaT": None, "np.True_": True, "np.False_": False,
+          "datetime.timezone.utc": dt.timezone.utc, "timezone.utc": dt.timezone.utc}
 
 
 def _call_name(func: ast.AST) -> str | None:
@@ -81,15 +84,15 @@ def _value(node: ast.AST) -> Any:
                 return fn(*[_value(a) for a in node.args], **kwargs)  # type: ignore[attr-defined]
             except (TypeError, ValueError, decimal.InvalidOperation) as exc:
                 raise TabularParseError(f"bad value in a Python-repr table: {ast.unparse(node)[:80]} ({exc})") from None
-    if cls is ast.Attribute and ast.unparse(node) in ("datetime.timezone.utc", "timezone.utc"):
-        return dt.timezone.utc
     if cls is ast.Dict:
         keys = [_value(k) for k in node.keys]  # type: ignore[attr-defined]
         return dict(zip(keys, [_value(v) for v in node.values]))  # type: ignore[attr-defined]
     if cls is ast.Tuple or cls is ast.List:
         return [_value(e) for e in node.elts]  # type: ignore[attr-defined]
-    if (cls is ast.Name or cls is ast.Attribute) and ast.unparse(node) in _FLOAT_NAMES:
-        return _FLOAT_NAMES[ast.unparse(node)]
+    if cls is ast.Name or cls is ast.Attribute:
+        name = ast.unparse(node)
+        if name in _NAMES:
+            return _NAMES[name]
     if cls is ast.UnaryOp and isinstance(node.op, ast.USub):  # type: ignore[attr-defined]
         operand = node.operand  # type: ignore[attr-defined]
         if type(operand) is ast.Constant:

@@ -83,6 +83,9 @@ def first_keys(row: str) -> list[str] | None:
     return keys if keys and len(set(keys)) == len(keys) else None
 
 
+_OPENERS = {": ": "string", ": Decimal(": "Decimal", ": UUID(": "UUID"}  # what opens a quoted value
+
+
 def _layout(parts: list[str], keys: list[str]) -> tuple[int, list[tuple[int, str]], list[_Column]] | None:
     """(pieces per row, (position, text) every row must have there, the columns) from row 0."""
     fixed: list[tuple[int, str]] = []
@@ -95,15 +98,15 @@ def _layout(parts: list[str], keys: list[str]) -> tuple[int, list[tuple[int, str
             return None
         fixed.append((pos, key))
         sep = parts[2 + pos]
-        if sep in (": ", ": Decimal(", ": UUID("):  # a quoted value follows
-            kind = {": ": "string", ": Decimal(": "Decimal", ": UUID(": "UUID"}[sep]
+        kind = _OPENERS.get(sep)
+        if kind is not None:  # a quoted value follows
             fixed.append((pos + 1, sep))
             cols.append(_Column(kind, pos + 2, end))
             close = (")" if kind != "string" else "") + end
-            if 4 + pos > len(parts):
+            if 4 + pos >= len(parts):
                 return None
-            after = parts[4 + pos] if 4 + pos < len(parts) else None
-            if after is None or (after != close and not (last and after == close[:-3])):
+            after = parts[4 + pos]
+            if after != close and not (last and after == close[:-3]):  # the chunk's only row ends in "}"
                 return None
             fixed.append((pos + 3, close))
             pos += 4

@@ -145,8 +145,9 @@ def python_column(values: Sequence[Any]) -> pa.Array:
     kinds = set(map(type, values))
     kinds.discard(_NONE)
     target = None
-    values = nan_as_missing(values, kinds)  # pandas' NaN for a missing text, date ...: a null
-    if float in kinds and not any(type(v) is float for v in values):
+    cleaned = nan_as_missing(values, kinds)  # pandas' NaN for a missing text, date ...: a null
+    if cleaned is not values:
+        values = cleaned
         kinds.discard(float)
     if not kinds:
         return pa.nulls(len(values))
