@@ -24,7 +24,6 @@ pyarrow would read as timestamps are read as text and typed by our own casts
 
 from __future__ import annotations
 
-import io
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
@@ -99,7 +98,6 @@ def open_records(body: Any, exact: Callable[[pa.Table], bool]) -> Records | None
         return None
     forced = {f.name for f in sample.schema if pa.types.is_timestamp(f.type)}
     kept = [pa.field(f.name, pa.string()) if f.name in forced else f for f in sample.schema if _enforced(f.type)]
-    kept += [pa.field(n, pa.string()) for n in sorted(forced - {f.name for f in kept})]
     wrapped = _wrapped(pa.schema(kept))
     first = _parse(body, first_span, wrapped)  # the first piece again, its timestamps as text
     typed = _typed(first, sample.column_names, forced, exact) if first is not None else None
@@ -167,29 +165,3 @@ def _piece_bytes(part: Any) -> bytes:
 def _enforced(t: pa.DataType) -> bool:
     """Types worth enforcing on every piece (nested and all-null fields are left to inference)."""
     return not (pa.types.is_null(t) or pa.types.is_nested(t))
-
-
-class TextBlocks(io.RawIOBase):
-    """`body[start:end]` as a readable stream of UTF-8 bytes, each separator rewritten as it is
-    read: pyarrow parses one block while the next is prepared (no copy of the whole text)."""
-
-    def __init__(self, body: Any, start: int, end: int, sep: Any, new: Any) -> None:
-        super().__init__()
-        self.body, self.pos, self.end, self.sep, self.new = body, start, end, sep, new
-        self.carry = body[:0]
-        self.keep = len(sep) - 1
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
-        if self.pos >= self.end and not self.carry:
-            return b""
-        stop = self.end if n is None or n < 0 else min(self.end, self.pos + max(n - len(self.carry), self.keep + 1))
-        part = (self.carry + self.body[self.pos:stop]).replace(self.sep, self.new)
-        self.pos = stop
-        if stop < self.end and self.keep:  # a separator may straddle the cut: its start waits
-            part, self.carry = part[:-self.keep], part[-self.keep:]
-        else:
-            self.carry = self.body[:0]
-        return part.encode("utf-8") if isinstance(part, str) else part

@@ -16,13 +16,13 @@ Text columns that are ISO dates / timestamps are then typed as JSON strings are.
 
 from __future__ import annotations
 
+import io
 from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from datadesk.offload.shapes_fast import TextBlocks
 from datadesk.offload.shapes_types import json_strings
 
 _ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
@@ -91,3 +91,29 @@ def read_rows(body: Any, items: int, skip_first: bool, kinds: list[pa.DataType],
             col = json_strings(col)
         arrays.append(col)
     return pa.Table.from_arrays(arrays, names=names)
+
+
+class TextBlocks(io.RawIOBase):
+    """`body[start:end]` as a readable stream of UTF-8 bytes, each separator rewritten as it is
+    read: pyarrow parses one block while the next is prepared (no copy of the whole text)."""
+
+    def __init__(self, body: Any, start: int, end: int, sep: Any, new: Any) -> None:
+        super().__init__()
+        self.body, self.pos, self.end, self.sep, self.new = body, start, end, sep, new
+        self.carry = body[:0]
+        self.keep = len(sep) - 1
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+        if self.pos >= self.end and not self.carry:
+            return b""
+        stop = self.end if n is None or n < 0 else min(self.end, self.pos + max(n - len(self.carry), self.keep + 1))
+        part = (self.carry + self.body[self.pos:stop]).replace(self.sep, self.new)
+        self.pos = stop
+        if stop < self.end and self.keep:  # a separator may straddle the cut: its start waits
+            part, self.carry = part[:-self.keep], part[-self.keep:]
+        else:
+            self.carry = self.body[:0]
+        return part.encode("utf-8") if isinstance(part, str) else part
