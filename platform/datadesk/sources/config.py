@@ -53,6 +53,8 @@ class SourceConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_connections: int = 4  # open sessions of this source, all users together
     max_connections_per_user: int = 2  # sessions one user may hold (users never share one)
     catalog_ttl_s: float = 300.0  # how long a described catalogue is reused
+    allow_write_privileges: bool = False  # accept a login that may write (every query is still read-only)
+    allow_functions: list[str] = msgspec.field(default_factory=list)  # user-defined functions a query may call
 
 
 class ParsedSource(msgspec.Struct, frozen=True):
@@ -189,6 +191,10 @@ def parse_source(name: str, raw: object) -> ParsedSource:
         raise SourceConfigError(f"sources.{name}: max_connections and max_connections_per_user must be >= 1")
     if cfg.timeout_s < 0 or cfg.catalog_ttl_s < 0:
         raise SourceConfigError(f"sources.{name}: timeout_s and catalog_ttl_s may not be negative")
+    for fn in cfg.allow_functions:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]{0,62}(\.[A-Za-z_][A-Za-z0-9_$]{0,62})?", fn):
+            raise SourceConfigError(f"sources.{name}.allow_functions: {fn!r} is not a function name "
+                                    "(name or schema.name, letters, digits, _ and $)")
     for schema in cfg.schemas:
         if not schema or len(schema) > 128:
             raise SourceConfigError(f"sources.{name}.schemas: an empty or overlong schema name")
