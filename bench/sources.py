@@ -57,7 +57,7 @@ CREATE TABLE {table} AS SELECT g::bigint AS id, (1 + g % 5000)::int AS customer_
   ((g % 100000) / 100.0)::numeric(12,2) AS amount, g / 7.0::double precision AS ratio,
   timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second' AS ts, date '2020-01-01' + (g % 1500) AS day,
   g % 3 = 0 AS paid, 'customer_' || lpad((g % 50000)::text, 5, '0') AS note FROM generate_series(1, {rows}) g;
-ALTER TABLE {table} OWNER TO analyst; ANALYZE {table};""")
+ALTER TABLE {table} OWNER TO owner; ANALYZE {table};""")
 
 
 def load_maria(srv: Any, table: str, rows: int) -> None:

@@ -1,10 +1,12 @@
 """Real database servers for the source tests: PostgreSQL and MariaDB started under a temp dir
 on a free 127.0.0.1 port as their own system user, loaded with test data, stopped by PID.
 
-Each server starts once per test run (session fixtures in tests/sources/conftest.py). The
-analyst role owns its tables (it could write), so a refused write proves the read-only
-session or the statement check, not a missing grant. Passwords are random per run, so a test
-can look for them in every file the app wrote.
+Each server starts once per test run (session fixtures in tests/sources/conftest.py). Two
+logins, as the README tells an admin to set them up: `analyst` may only read (SELECT on the
+tables, no CREATE or TEMP, no FILE), and `owner` owns the tables (it could write). A source on
+`owner` needs `allow_write_privileges = true`; a refused write through it proves the read-only
+transaction or the statement check, not a missing grant. Passwords are random per run, so a
+test can look for them in every file the app wrote.
 """
 
 from __future__ import annotations
@@ -91,9 +93,13 @@ class Server:
     database: str
     root: Path
     pid: int = 0
+    writer: str = "owner"  # the login that owns the tables (could write)
+    writer_password: str = ""
 
-    def url(self, with_password: bool = False) -> str:
-        auth = f"{self.user}:{self.password}@" if with_password else f"{self.user}@"
+    def url(self, with_password: bool = False, user: str = "") -> str:
+        user = user or self.user
+        password = self.writer_password if user == self.writer else self.password
+        auth = f"{user}:{password}@" if with_password else f"{user}@"
         return f"{self.kind}://{auth}127.0.0.1:{self.port}/{self.database}"
 
     def stop(self) -> None:
@@ -136,6 +142,17 @@ ANALYZE;
 """
 
 
+# the README's read-only login (the `hidden` schema is readable too: `schemas` is the app's boundary)
+PG_READ_ONLY = """
+REVOKE ALL ON DATABASE sales FROM PUBLIC;
+GRANT CONNECT ON DATABASE sales TO analyst;
+REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+GRANT USAGE ON SCHEMA public, hidden TO analyst;
+GRANT SELECT ON ALL TABLES IN SCHEMA public, hidden TO analyst;
+ALTER DEFAULT PRIVILEGES FOR ROLE owner, postgres GRANT SELECT ON TABLES TO analyst;
+"""
+
+
 def start_postgres(root: Path) -> Server:
     """initdb + pg_ctl as the `postgres` system user; loads PG_DATA as the analyst's tables."""
     pg = _system_user("postgres")
@@ -144,7 +161,8 @@ def start_postgres(root: Path) -> Server:
     sock.mkdir(exist_ok=True)
     for p in (root, sock):
         os.chown(p, pg.pw_uid, pg.pw_gid) if os.geteuid() == 0 else None
-    srv = Server("postgresql", free_port(), "analyst", "pw-" + secrets.token_hex(12), "sales", root)
+    srv = Server("postgresql", free_port(), "analyst", "pw-" + secrets.token_hex(12), "sales", root,
+                 writer_password="pw-" + secrets.token_hex(12))
     env = {"PATH": f"{PG_BIN}:/usr/bin:/bin", "LANG": "C.UTF-8"}
     _run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
          env=env, **_as(pg))
@@ -157,9 +175,10 @@ def start_postgres(root: Path) -> Server:
     srv.pid = int((data / "postmaster.pid").read_text().split()[0])
     psql = ["psql", "-h", str(sock), "-p", str(srv.port), "-U", "postgres", "-v", "ON_ERROR_STOP=1", "-q"]
     try:
-        for stmt in (f"CREATE ROLE analyst LOGIN PASSWORD '{srv.password}'", "CREATE DATABASE sales OWNER analyst"):
+        for stmt in (f"CREATE ROLE analyst LOGIN PASSWORD '{srv.password}'",
+                     f"CREATE ROLE owner LOGIN PASSWORD '{srv.writer_password}'", "CREATE DATABASE sales OWNER owner"):
             _run([*psql, "-d", "postgres", "-c", stmt], env=env, **_as(pg))
-        sql = "SET ROLE analyst;\n" + PG_DATA
+        sql = "SET ROLE owner;\n" + PG_DATA + "RESET ROLE;\n" + PG_READ_ONLY
         _run([*psql, "-d", "sales"], input=sql.encode(), env=env, **_as(pg))
     except BaseException:
         srv.stop()
@@ -197,7 +216,8 @@ def start_mariadb(root: Path) -> Server:
     root.mkdir(parents=True, exist_ok=True)
     data, sock = root / "data", root / "mysqld.sock"
     os.chown(root, my.pw_uid, my.pw_gid) if os.geteuid() == 0 else None
-    srv = Server("mariadb", free_port(), "analyst", "pw-" + secrets.token_hex(12), "sales", root)
+    srv = Server("mariadb", free_port(), "analyst", "pw-" + secrets.token_hex(12), "sales", root,
+                 writer_password="pw-" + secrets.token_hex(12))
     _run(["mariadb-install-db", f"--datadir={data}", "--auth-root-authentication-method=socket", "--skip-test-db",
           f"--user={my.pw_name}"])
     log = open(root / "log", "wb")
@@ -211,7 +231,9 @@ def start_mariadb(root: Path) -> Server:
     try:
         _wait_port(srv.port, 30, lambda: proc.poll() is None)
         setup = (f"CREATE DATABASE sales; CREATE USER analyst@'127.0.0.1' IDENTIFIED BY '{srv.password}';"
-                 "GRANT ALL ON sales.* TO analyst@'127.0.0.1'; USE sales;" + MARIA_DATA)
+                 f"CREATE USER owner@'127.0.0.1' IDENTIFIED BY '{srv.writer_password}';"
+                 "GRANT ALL ON sales.* TO owner@'127.0.0.1';"
+                 "GRANT SELECT, SHOW VIEW ON sales.* TO analyst@'127.0.0.1'; USE sales;" + MARIA_DATA)
         _run(["mariadb", f"--socket={sock}", "-uroot"], input=setup.encode())
     except BaseException:
         srv.stop()
@@ -244,3 +266,16 @@ INSERT INTO orders SELECT n, 1 + n % 100, (n % 1000) + 0.25, n / 7.0, date('2024
     con.commit()
     con.close()
     return path
+
+
+def make_side_effect_functions(pg: Server, maria: Server) -> None:
+    """`bump()` in both databases: a function that writes a row when called, owned (PostgreSQL) or
+    defined (MariaDB) by the owner login, so only the read-only transaction can stop it."""
+    pg_superuser(pg, "CREATE OR REPLACE FUNCTION public.bump() RETURNS int LANGUAGE sql AS "
+                     "$$ INSERT INTO public.customers VALUES (999, 'x', 'DE') RETURNING 1 $$;"
+                     "ALTER FUNCTION public.bump() OWNER TO owner")
+    subprocess.run(["mariadb", f"--socket={maria.root / 'mysqld.sock'}", "-uroot", "--delimiter=//", "sales", "-e",
+                    "DROP FUNCTION IF EXISTS bump// CREATE DEFINER=owner@'127.0.0.1' FUNCTION bump() RETURNS INT "
+                    "MODIFIES SQL DATA BEGIN INSERT INTO customers VALUES (999, 'x', 'DE'); RETURN 1; END//"
+                    "GRANT EXECUTE ON FUNCTION sales.bump TO owner@'127.0.0.1'//"],
+                   check=True, capture_output=True)

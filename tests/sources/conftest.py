@@ -14,6 +14,7 @@ from datadesk.store.layout import Layout
 from tests.dbkit import Server, make_sqlite, start_mariadb, start_postgres
 
 PG_ENV, MY_ENV = "DD_TEST_PG_PASSWORD", "DD_TEST_MY_PASSWORD"
+PG_OWNER_ENV, MY_OWNER_ENV = "DD_TEST_PG_OWNER_PASSWORD", "DD_TEST_MY_OWNER_PASSWORD"
 
 
 def _server(start) -> Iterator[Server]:
@@ -63,6 +64,34 @@ description = "The web shop (MariaDB)"
 url = "sqlite:///data/shop.sqlite"
 description = "A SQLite copy of the shop"
 {extra}'''
+
+
+def writer_sources_toml(pg: Server, maria: Server) -> str:
+    """Two sources on the logins that own the tables, accepted by allow_write_privileges."""
+    return f'''
+[sources.sales_rw]
+url = "{pg.url(user=pg.writer)}"
+password = "${{env:{PG_OWNER_ENV}}}"
+allow_write_privileges = true
+allow_functions = ["bump"]
+schemas = ["public"]
+
+[sources.shop_rw]
+url = "{maria.url(user=maria.writer)}"
+password = "${{env:{MY_OWNER_ENV}}}"
+allow_write_privileges = true
+allow_functions = ["bump"]
+'''
+
+
+@pytest.fixture
+def rw_sources_home(sources_home: Path, pg: Server, maria: Server, monkeypatch) -> Path:
+    """`sources_home` plus `sales_rw` and `shop_rw`: the owner logins, accepted as writers."""
+    monkeypatch.setenv(PG_OWNER_ENV, pg.writer_password)
+    monkeypatch.setenv(MY_OWNER_ENV, maria.writer_password)
+    cfg = Layout(sources_home).workspace_config("demo")
+    cfg.write_text(cfg.read_text() + writer_sources_toml(pg, maria))
+    return sources_home
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from datadesk.sources.session import SourceDown
 from datadesk.store.layout import Layout
 from datadesk.store.warehouse import QueryControl, SQLCancelled, SQLError, SQLRefused, SQLTimeout
 from tests.conftest import make_harness, parse_sse
-from tests.dbkit import ROWS, free_port, maria_root, pg_superuser
+from tests.dbkit import ROWS, free_port, make_side_effect_functions, maria_root, pg_superuser
 from tests.fakes.sandbox import FakeSandbox
 from tests.sandbox_kit import ctx
 
@@ -103,21 +103,6 @@ def test_300k_rows_offloaded_with_count_types_and_sums_of_the_database(sources_h
     assert json.loads(meta["origin"]["arguments"])["source"] == source and meta["rows"] == ROWS
 
 
-def _pg_side_effect_function(pg) -> None:
-    pg_superuser(pg, "CREATE OR REPLACE FUNCTION public.bump() RETURNS int LANGUAGE sql AS "
-                     "$$ INSERT INTO public.customers VALUES (999, 'x', 'DE') RETURNING 1 $$;"
-                     "ALTER FUNCTION public.bump() OWNER TO analyst")
-
-
-def _maria_side_effect_function(maria) -> None:
-    import subprocess
-
-    subprocess.run(["mariadb", f"--socket={maria.root / 'mysqld.sock'}", "-uroot", "--delimiter=//", "sales", "-e",
-                    "DROP FUNCTION IF EXISTS bump// CREATE DEFINER=analyst@'127.0.0.1' FUNCTION bump() RETURNS INT "
-                    "MODIFIES SQL DATA BEGIN INSERT INTO customers VALUES (999, 'x', 'DE'); RETURN 1; END//"],
-                   check=True, capture_output=True)
-
-
 @pytest.mark.parametrize("source,sql,refused_by", [
     ("sales", "INSERT INTO customers VALUES (999, 'x', 'DE')", "parser"),
     ("sales", "UPDATE customers SET name = 'x'", "parser"),
@@ -126,15 +111,16 @@ def _maria_side_effect_function(maria) -> None:
     ("sales", "SELECT * FROM customers FOR UPDATE", "parser"),
     ("sales", "WITH gone AS (DELETE FROM customers RETURNING *) SELECT count(*) FROM gone", "parser"),
     ("sales", "SELECT set_config('default_transaction_read_only', 'off', false)", "parser"),
-    ("sales", "SELECT bump()", "session"),
+    ("sales", "SELECT bump()", "parser"),  # a user-defined function not in allow_functions
+    ("sales_rw", "SELECT bump()", "session"),  # listed: the owner login runs it, the transaction stops it
     ("shop", "INSERT INTO customers VALUES (999, 'x', 'DE')", "parser"),
     ("shop", "SELECT * FROM customers FOR UPDATE", "parser"),
-    ("shop", "SELECT bump()", "session"),
+    ("shop", "SELECT bump()", "parser"),
+    ("shop_rw", "SELECT bump()", "session"),
 ])
-def test_writes_are_refused_by_the_parser_or_the_session(sources_home, pg, maria, source, sql, refused_by) -> None:
-    _pg_side_effect_function(pg)
-    _maria_side_effect_function(maria)
-    h = make_harness(sources_home, ScriptedModel())
+def test_writes_are_refused_by_the_parser_or_the_session(rw_sources_home, pg, maria, source, sql, refused_by) -> None:
+    make_side_effect_functions(pg, maria)
+    h = make_harness(rw_sources_home, ScriptedModel())
     src = h.rt.sources.get("demo").get(source)
     with pytest.raises(SQLError) as err:
         list(src.record_batches(sql, "alice"))
@@ -148,13 +134,17 @@ def test_writes_are_refused_by_the_parser_or_the_session(sources_home, pg, maria
     h.rt.sources.close()
 
 
-def test_the_session_itself_is_read_only_when_the_check_is_bypassed(sources_home) -> None:
-    h = make_harness(sources_home, ScriptedModel())
-    for name, sql in [("sales", "DELETE FROM customers"), ("shop", "DELETE FROM customers"),
-                      ("local", "DELETE FROM customers")]:
+def test_the_session_itself_is_read_only_when_the_check_is_bypassed(rw_sources_home) -> None:
+    h = make_harness(rw_sources_home, ScriptedModel())
+    for name, sql, needle in [("sales_rw", "DELETE FROM customers", "read-only"),
+                              ("shop_rw", "DELETE FROM customers", "read only"),
+                              ("local", "DELETE FROM customers", "readonly"),
+                              # read-only logins: the transaction or the privileges refuse, whichever is first
+                              ("sales", "DELETE FROM customers", "read-only|permission denied"),
+                              ("shop", "DELETE FROM customers", "DELETE command denied")]:
         src = h.rt.sources.get("demo").get(name)
         session = src.pool.acquire("alice")
-        with pytest.raises(Exception, match="(?i)read-only|read only|readonly"):
+        with pytest.raises(Exception, match=f"(?i){needle}"):
             _schema, batches, _ = session.execute(sql, 100)
             list(batches)
         session.broken = True
@@ -289,7 +279,8 @@ def test_two_users_never_share_a_session(sources_home) -> None:
     assert alice_pid != bob_pid and one("sales", "alice", "SELECT pg_backend_pid() AS pid")["pid"] == alice_pid
     assert one("shop", "alice", "SELECT @mine := 42 AS v")["v"] == 42
     assert one("shop", "bob", "SELECT @mine AS v")["v"] is None  # bob's session has no trace of alice's
-    assert one("shop", "alice", "SELECT @mine AS v")["v"] is not None
+    # nor does alice's next query: the session is reset after each one (COM_RESET_CONNECTION)
+    assert one("shop", "alice", "SELECT @mine AS v")["v"] is None
     h.rt.sources.close()
 
 
@@ -328,7 +319,7 @@ def test_no_kernel_sees_the_source_passwords(sources_home, pg) -> None:
 
 def test_requery_reruns_on_the_same_source_and_reports_drift(sources_home, pg) -> None:
     pg_superuser(pg, "DROP TABLE IF EXISTS public.events; CREATE TABLE public.events AS SELECT g AS id, "
-                     "'event ' || g AS label FROM generate_series(1, 5000) g; ALTER TABLE public.events OWNER TO analyst")
+                     "'event ' || g AS label FROM generate_series(1, 5000) g; ALTER TABLE public.events OWNER TO owner")
     events, h, tid = run_turn(sources_home, [tool_step("sql_query", {"sql": "SELECT * FROM events ORDER BY id",
                                                                       "source": "sales"})])
     aid = next(d for e, d in events if e == "artifact.created")["artifact"]["id"]

@@ -1,10 +1,13 @@
 """MySQL and MariaDB through asyncmy (a Cython MySQL protocol driver with wheels on PyPI).
 
 Rows stream unbuffered (`SSCursor`) and become Arrow batches with the result's own column
-types (sources/rowbatches.py). The session is ours: it runs in UTC, every query is its own
-`START TRANSACTION READ ONLY` rolled back afterwards, with `max_statement_time` (MariaDB,
-seconds) or `max_execution_time` (MySQL, ms) set for the session. Stop and the client deadline
-send `KILL QUERY <id>` from a second connection.
+types (sources/rowbatches.py). Nothing of the session's past is trusted: before every query the
+session is set again (utf8mb4, UTC, `max_statement_time` (MariaDB, seconds) or
+`max_execution_time` (MySQL, ms), read-only), the query runs in its own
+`START TRANSACTION READ ONLY`, and afterwards it is rolled back and the connection reset with
+`COM_RESET_CONNECTION` (session and user variables, GET_LOCK locks, temp tables, prepared
+statements: gone; a session whose reset fails is closed). Stop and the client deadline send
+`KILL QUERY <id>` from a second connection.
 
 asyncmy is asynchronous; each session runs its own small event loop, used only by the
 thread that calls it (the SQL tool's or the offload writer's worker thread).
@@ -26,6 +29,7 @@ from datadesk.sources.session import SourceDown
 _CONNECT_TIMEOUT_S = 5
 TIMEOUT_CODES = {1969, 3024}  # MariaDB max_statement_time, MySQL max_execution_time
 KILLED = 1317  # query execution was interrupted (KILL QUERY)
+COM_RESET_CONNECTION = 0x1F  # MySQL 5.7.3+, MariaDB 10.2.4+
 _RECEIVE_BUFFER = 1 << 20
 
 
@@ -57,10 +61,13 @@ class MySQLSession:
             _bound_receive_buffer(self._con)
             version = self._scalar("SELECT VERSION()")
             self.mariadb = "mariadb" in str(version).lower()
-            limit = (f"SET SESSION max_statement_time = {timeout_s:g}" if self.mariadb
-                     else f"SET SESSION max_execution_time = {int(timeout_s * 1000)}")
-            for stmt in ("SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION READ ONLY", limit):
-                self._run(self._exec(stmt))
+            limit = (f"max_statement_time = {timeout_s:g}" if self.mariadb
+                     else f"max_execution_time = {int(timeout_s * 1000)}")
+            # session-level read-only too: MySQL DDL commits the open transaction implicitly and
+            # would run outside START TRANSACTION READ ONLY, but not in a read-only session
+            read_only = "tx_read_only" if self.mariadb else "transaction_read_only"
+            self._setup = f"SET NAMES utf8mb4, time_zone = '+00:00', {limit}, SESSION {read_only} = 1"
+            self._run(self._exec(self._setup))
             self.thread_id = int(self._scalar("SELECT CONNECTION_ID()"))
         except Exception as exc:
             self._loop.close()
@@ -85,6 +92,7 @@ class MySQLSession:
     def execute(self, sql: str, batch_size: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
         from asyncmy.cursors import SSCursor
 
+        self._run(self._exec(self._setup))  # as at connect: never trusted from an earlier query
         self._run(self._exec("START TRANSACTION READ ONLY"))
         with self._lock:
             self._running = True
@@ -129,9 +137,15 @@ class MySQLSession:
             self.broken = True
 
     def end(self) -> None:
+        """Roll back, then COM_RESET_CONNECTION: what the query did to the session is undone."""
         if self.broken:
             raise RuntimeError("broken session")
         self._run(self._exec("ROLLBACK"))
+        self._run(self._reset())  # the next execute sets the session again before its transaction
+
+    async def _reset(self) -> None:
+        await self._con._execute_command(COM_RESET_CONNECTION, b"")
+        await self._con._read_ok_packet()
 
     def close(self) -> None:
         try:

@@ -3,9 +3,11 @@
 The session is read-only by the server's own rules: it starts with
 `default_transaction_read_only=on` and a `statement_timeout` (libpq `options`: the cap of a whole
 statement, streaming included; the first rows are awaited for the source's `timeout_s` by the caller),
-and every query runs in its own `BEGIN READ ONLY` transaction that is rolled back afterwards,
-so even a setting changed inside a query does not outlive it. Stop and the client deadline
-cancel the statement with libpq's cancel request (`adbc_cancel`).
+and every query runs in its own `BEGIN READ ONLY` transaction with `SET LOCAL statement_timeout`,
+rolled back afterwards. Then `DISCARD ALL` resets the session before it goes back to the pool:
+session settings, advisory locks held at session level, temp objects, prepared statements,
+cursors and LISTENs of a query never reach the next one (a session whose reset fails is closed).
+Stop and the client deadline cancel the statement with libpq's cancel request (`adbc_cancel`).
 """
 
 from __future__ import annotations
@@ -70,11 +72,14 @@ class PostgresSession(CursorSession):
         return reader.schema, iter(reader), types
 
     def end(self) -> None:
+        """Roll back, then reset the session (RESET ALL, pg_advisory_unlock_all, DISCARD TEMP, ...);
+        settings given at connect (read-only default, timeouts, search_path) are what RESET restores."""
         cur = self._take_cursor()
         if cur is not None:
             cur.close()
         with self._con.cursor() as c:
             c.execute("ROLLBACK")
+            c.execute("DISCARD ALL")
 
 
 def clean_message(text: str) -> str:

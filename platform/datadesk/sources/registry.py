@@ -21,6 +21,7 @@ from datadesk.sources import mysql, postgres
 from datadesk.sources.catalog import CatalogCache, nearest_tables, tables_from_rows
 from datadesk.sources.check import check_read, referenced_tables
 from datadesk.sources.config import WAREHOUSE, ParsedSource, SourceConfigError, mask_text, parse_source
+from datadesk.sources.privileges import SourceRefused, accepted_note, capabilities_of, refusal, session_rows
 from datadesk.sources.session import Session, SessionPool, SourceDown, SourceStream
 from datadesk.store.warehouse import QueryControl, SQLError, SQLRefused, SQLTimeout, TableInfo
 
@@ -48,6 +49,8 @@ class Source:
         self.catalog = CatalogCache(self._describe_now, cfg.catalog_ttl_s)
         self.last_error: str | None = None
         self.last_ok: float | None = None
+        self.refused = False  # the login may write and the config does not accept it
+        self.capabilities: list[str] | None = None  # what the login may do beyond reading (None: not asked)
         self.notes: list[str] = []
 
     # -- sessions ---------------------------------------------------------------------------
@@ -62,7 +65,35 @@ class Source:
             raise SourceDown(self.last_error) from None
         if getattr(session, "read_only_session", True) is False:
             self.notes = ["the driver has no read-only session option: the statement check alone guards writes"]
+        try:
+            self._check_privileges(session)
+        except BaseException:
+            session.close()
+            raise
         return session
+
+    def _check_privileges(self, session: Session) -> None:
+        """Ask the database what this login may do, on every new connection (grants change); a
+        login that may write is refused unless `allow_write_privileges` accepts it."""
+        try:
+            found = capabilities_of(self.kind, session_rows(session))
+        except Exception as exc:
+            error = self.translate(exc, QueryControl())
+            self.last_error = f"the login's privileges could not be read: {error}"
+            raise SourceDown(f"source {self.name!r}: {self.last_error}") from None
+        self.capabilities = found
+        if not found:
+            self.refused = False
+            self.notes = [n for n in self.notes if not n.startswith("the login may write")]
+            return
+        if not self.parsed.config.allow_write_privileges:
+            self.refused = True
+            error = refusal(self.name, self.parsed.user, found)
+            self.last_error = str(error)
+            log.warning("%s", error)
+            raise error
+        self.refused = False
+        self.notes = [n for n in self.notes if not n.startswith("the login may write")] + [accepted_note(found)]
 
     def _open_kind(self) -> Session:
         if self.kind == "postgresql":
@@ -209,16 +240,35 @@ class Source:
         return rows
 
     def probe(self) -> None:
-        """Open (or reuse) a session and run a trivial query; the state records the outcome."""
+        """Open (or reuse) a session, ask again what its login may do and run a trivial query; the
+        state records the outcome (a login that may write now is refused from here on)."""
         try:
-            self._internal_rows("SELECT 1")
+            session = self.pool.acquire(CATALOG_USER)  # a new session is asked in _open
         except SQLError as exc:
             self.last_error = str(exc)
+            if isinstance(exc, SourceRefused):
+                self.pool.close_idle()  # sessions opened before the grants changed are not reused
+            return
+        try:
+            self._check_privileges(session)
+            session_rows(session)("SELECT 1")
+            self.last_ok, self.last_error = time.time(), None
+        except SourceRefused:
+            session.broken = True
+            self.pool.close_idle()  # sessions opened before the grants changed are not reused
+        except SQLError as exc:
+            session.broken = True
+            self.last_error = str(exc)
+        except Exception as exc:
+            session.broken = True
+            self.last_error = str(self.translate(exc, QueryControl()))
+        finally:
+            self.pool.release(CATALOG_USER, session)
 
     def status(self) -> dict[str, Any]:
         """What admins and the model are told: kind, dialect, description, state and reason."""
         state = "ok" if self.last_error is None and self.last_ok is not None else (
-            "down" if self.last_error else "unknown")
+            "refused" if self.refused and self.last_error else "down" if self.last_error else "unknown")
         return {"name": self.name, "kind": self.kind, "dialect": self.dialect or "generic",
                 "description": self.description, "url": self.parsed.display_url(),
                 "schemas": list(self.parsed.config.schemas), "state": state, "reason": self.last_error,
@@ -285,7 +335,8 @@ class SourceSet:
                 lines.append(f"- {st['name']}: MISCONFIGURED, cannot be queried ({st['reason']})")
                 continue
             desc = f": {st['description']}" if st["description"] else ""
-            down = f" — DOWN at the last attempt: {st['reason']}" if st["state"] == "down" else ""
+            down = (f" — DOWN at the last attempt: {st['reason']}" if st["state"] == "down" else
+                    f" — REFUSED, cannot be queried: {st['reason']}" if st["state"] == "refused" else "")
             lines.append(f"- {st['name']} ({st['dialect']}){desc}{down}")
         return "\n".join(lines)
 

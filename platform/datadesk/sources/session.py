@@ -184,6 +184,14 @@ class SessionPool:
             else:
                 self._drop_locked(user, session)
 
+    def close_idle(self) -> None:
+        """Close every idle session (of every user); sessions in use are closed when given back only
+        if broken, so callers mark them."""
+        with self._cond:
+            for user, idle in self._idle.items():
+                while idle:
+                    self._drop_locked(user, idle.pop()[1])
+
     def close_all(self) -> None:
         with self._cond:
             self._closed = True
