@@ -55,7 +55,7 @@ class WorkspaceController(Controller):
             "name": cfg.name,
             "prompt": cfg.prompt,
             "data": {"warehouse": cfg.warehouse, "views": cfg.views, "tables": tables, "error": warehouse_error},
-            # each source probed now: state ok/down/misconfigured with the reason; secrets masked
+            # each source probed now: state ok/down/refused/misconfigured with the reason; secrets masked
             "sources": [{**st, "config": shown_config(st["name"], cfg.sources.get(st["name"], {}))}
                         for st in await asyncio.to_thread(rt.sources.get(ws).statuses, True)],
             "mcp": rt.mcp_status(ws),
