@@ -13,9 +13,6 @@ from typing import Any, Iterator
 
 import msgspec
 import multipart
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from litestar import Controller, Request, get, post
 from litestar.exceptions import ClientException, HTTPException
 from litestar.params import FromPath, FromQuery
@@ -28,6 +25,7 @@ from datadesk.api.security import SANDBOX_CSP
 from datadesk.chat.runtime import Runtime
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.users import User
+from datadesk.offload.csvout import FORMULA_PARAM, CSVError, keep_formulas, parquet_csv
 from datadesk.offload.grid import Column, GridError, GridLimit, GridReader, GridView, parse_request
 from datadesk.offload.requery import expired_message
 from datadesk.offload.store import regular_file
@@ -82,19 +80,21 @@ def _data_file(rt: Runtime, user: User, aid: str) -> tuple[Thread, Artifact, Pat
     return handle, art, path
 
 
-def _csv_chunks(path: str) -> Iterator[bytes]:
-    pf = pq.ParquetFile(path)
-    first = True
-    for batch in pf.iter_batches(batch_size=65_536):
-        sink = pa.BufferOutputStream()
-        pacsv.write_csv(pa.Table.from_batches([batch]), sink,
-                        write_options=pacsv.WriteOptions(include_header=first))
-        first = False
-        yield sink.getvalue().to_pybytes()
-    if first:  # no batches: still send the header
-        sink = pa.BufferOutputStream()
-        pacsv.write_csv(pf.schema_arrow.empty_table(), sink)
-        yield sink.getvalue().to_pybytes()
+def _formulas(request: Request) -> bool:
+    """Whether the CSV keeps formula-like text cells as they are (`formulas=keep`); 400 naming
+    the parameter for anything but keep or escape."""
+    try:
+        return keep_formulas(request.query_params.getall(FORMULA_PARAM, []))
+    except ValueError as exc:
+        raise ClientException(str(exc), extra={"param": FORMULA_PARAM}) from None
+
+
+async def _parquet_csv(path: Path, aid: str, keep: bool) -> Iterator[bytes]:
+    """The CSV of a Parquet artifact, its first batch already encoded (422 naming why it cannot be)."""
+    try:
+        return await asyncio.to_thread(parquet_csv, path, f"artifact {aid}", keep)
+    except CSVError as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
 
 
 _FROM = re.compile(r"\bfrom\s+([A-Za-z_][\w.]*)", re.IGNORECASE)
@@ -245,7 +245,8 @@ async def _grid_request(rt: Runtime, user: User, aid: str, request: Request,
     handle, art, path = _data_file(rt, user, aid)
     if art.format not in GRID_FORMATS:
         raise ClientException(f"artifact {aid} is {art.format}, not a table: it has no rows to show")
-    params = {k: request.query_params.getall(k) for k in request.query_params}
+    params = {k: request.query_params.getall(k) for k in request.query_params
+              if paging or k != FORMULA_PARAM}  # formulas=: the CSV's, read by rows_csv
     try:
         columns = await asyncio.to_thread(grid_reader(rt).columns, path)
         view, offset, limit = parse_request(params, columns, paging=paging)
@@ -256,13 +257,30 @@ async def _grid_request(rt: Runtime, user: User, aid: str, request: Request,
     return handle, art, path, columns, view, offset, limit
 
 
-def _csv_view(rt: Runtime, user: User, path: Path, columns: list[Column], view: Any) -> Iterator[bytes]:
+async def _grid_csv_check(rt: Runtime, user: User, path: Path, columns: list[Column], view: GridView,
+                          keep: bool) -> None:
+    """Before a grid CSV starts, under a query slot: its columns and first rows are written to
+    nowhere, so what fails (busy: 503, a filter value its column cannot hold: 400, a table that
+    cannot be read or written: 422) is a status now, not an empty 200 stream later."""
+    slot = await _grid_slot(rt, user)
+    try:
+        await asyncio.to_thread(grid_reader(rt).csv_check, path, columns, view, keep)
+    except GridError as exc:
+        raise ClientException(str(exc), extra={"param": exc.param}) from None
+    except (GridLimit, CSVError) as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
+    finally:
+        _release(slot)
+
+
+def _csv_view(rt: Runtime, user: User, path: Path, columns: list[Column], view: Any,
+              keep: bool) -> Iterator[bytes]:
     """The CSV stream; it takes its query slot when it starts (in the worker thread that reads it),
     so a response that is never read holds none."""
     slots = getattr(rt, "query_slots", None)
     slot = slots.acquire_blocking(user.id, "table download") if slots is not None else None
     try:
-        yield from grid_reader(rt).csv(path, columns, view)
+        yield from grid_reader(rt).csv(path, columns, view, keep)
     finally:
         _release(slot)
 
@@ -281,16 +299,21 @@ class ArtifactController(Controller):
         return artifact_out(rt, handle.id, art)
 
     @get("/artifacts/{aid:str}/download")
-    async def download(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep,
+    async def download(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep,
                        format: FromQuery[str | None] = None) -> Stream:
+        """The artifact's file, or with `format=csv` a table as CSV (`formulas=keep|escape`)."""
         handle, art, path = _data_file(rt, user, aid)
         rt.artifacts.touch(handle, [aid])
         if format not in (None, "csv", "parquet", "original"):
             raise ClientException(f"unknown format {format!r}: use csv or parquet (default: as stored)")
+        keep = _formulas(request)
+        if format != "csv" and FORMULA_PARAM in request.query_params:
+            raise ClientException(f"{FORMULA_PARAM}: applies to format=csv only (a file is sent as stored)",
+                                  extra={"param": FORMULA_PARAM})
         if format == "csv":
             if art.format != "parquet":
                 raise ClientException(f"artifact {aid} is {art.format}, not a table: CSV is not available")
-            body, ext, media = _csv_chunks(str(path)), "csv", "text/csv; charset=utf-8"
+            body, ext, media = await _parquet_csv(path, aid, keep), "csv", "text/csv; charset=utf-8"
         else:
             body, ext, media = _file_chunks(str(path)), Path(art.file).suffix.lstrip("."), art.media_type
         return Stream(body, media_type=media, headers={
@@ -313,14 +336,14 @@ class ArtifactController(Controller):
 
     @get("/artifacts/{aid:str}/rows.csv")
     async def rows_csv(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep) -> Stream:
-        """Every row of the grid's current view (same `sort` and `filter` as /rows) as CSV."""
+        """Every row of the grid's current view (same `sort` and `filter` as /rows) as CSV;
+        `formulas=keep` writes formula-like text cells without the leading `'`."""
         handle, art, path, columns, view, _, _ = await _grid_request(rt, user, aid, request, False)
-        # busy now: a 503 before the download starts; a filter value its column cannot hold is a
-        # 400 now, not an empty 200 stream later
-        await _grid_page(rt, user, path, columns, GridView((), view.filters), 0, 1)
+        keep = _formulas(request)
+        await _grid_csv_check(rt, user, path, columns, view, keep)
         rt.artifacts.touch(handle, [aid])
         stem = download_stem(handle.meta.title, art) + ("_view" if view.sort or view.filters else "")
-        return Stream(_csv_view(rt, user, path, columns, view), media_type="text/csv; charset=utf-8",
+        return Stream(_csv_view(rt, user, path, columns, view, keep), media_type="text/csv; charset=utf-8",
                       headers={"Content-Disposition": attachment_header(stem, "csv", aid),
                                "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox",
                                "Cache-Control": "private, no-store"})

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import logging
 import math
 import re
 import shutil
@@ -32,9 +33,11 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import duckdb
 import msgspec
 import pyarrow as pa
-import pyarrow.csv as pacsv
 
+from datadesk.offload.csvout import CSV_BATCH_ROWS, CSVEncoder, CSVError, one_line, stream
 from datadesk.store.sqllimits import SQLLimits, limit_message
+
+log = logging.getLogger(__name__)
 
 MAX_LIMIT = 1_000  # rows per page
 MAX_OFFSET = 10**12
@@ -44,7 +47,6 @@ MAX_VALUE_CHARS = 1_000
 CELL_CHARS = 2_000  # a longer text cell is cut (with "…") in a page; the CSV has it whole
 MAX_CELLS = 200_000  # per page (limit x columns)
 COUNT_CACHE = 128
-CSV_BATCH_ROWS = 65_536
 PARAMS = {"offset", "limit", "sort", "filter"}
 OPS = {"contains": "contains", "=": "=", "<": "<", ">": ">", "is null": "is null", "not null": "not null",
        "eq": "=", "lt": "<", "gt": ">", "null": "is null", "notnull": "not null"}
@@ -392,30 +394,57 @@ class GridReader:
             "filters": [{"column": f.column, "op": f.op, "value": f.value} for f in view.filters],
         }
 
-    def csv(self, path: Path, columns: Sequence[Column], view: GridView) -> Iterator[bytes]:
-        """Every row of the view as CSV (header first), streamed in batches."""
+    def _csv_sql(self, path: Path, columns: Sequence[Column], view: GridView,
+                 sort: bool = True) -> tuple[str, list[Any]]:
         where, params = where_sql(view, columns)
         names = ", ".join(quote(c.name) for c in columns)
+        rowno = row_numbered(path, columns)
+        order = order_sql(view, rowno) if sort else ""
+        return f"SELECT {names} FROM {source_sql(path, rowno)}{where}{order}", [str(path), *params]
+
+    def csv_check(self, path: Path, columns: Sequence[Column], view: GridView, keep: bool = False) -> None:
+        """Try what the CSV of the view writes before its response starts: every column's type and
+        the first CSV_BATCH_ROWS rows matching the filters, encoded (GridError for a filter value
+        its column cannot hold, GridLimit, CSVError). Unsorted: a sort costs a scan of its own and
+        changes which rows come first, not how they are written."""
+        sql, params = self._csv_sql(path, columns, view, sort=False)
+
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            table = con.sql(f"{sql} LIMIT {CSV_BATCH_ROWS}", params=params).to_arrow_table()
+            try:
+                encoder = CSVEncoder(table.schema, keep)
+                for batch in table.to_batches():
+                    encoder.encode(batch)
+                encoder.header()
+            except (pa.ArrowException, ValueError, TypeError) as exc:
+                raise CSVError(f"{path.name} could not be written as CSV: {one_line(exc)}") from None
+
+        self._run(path, work, self.timeout_s)
+
+    def _stream_error(self, exc: Exception) -> str:
+        if isinstance(exc, duckdb.InterruptException):
+            return f"it took longer than {self.stream_timeout_s:g} s (offload.stream_timeout_s)"
+        return str(self._error(exc)) if isinstance(exc, duckdb.Error) else one_line(exc)
+
+    def csv(self, path: Path, columns: Sequence[Column], view: GridView, keep: bool = False) -> Iterator[bytes]:
+        """Every row of the view as CSV (header first), streamed in batches (see offload/csvout.py;
+        `keep`: formula-like text cells as they are). This runs once the response has started:
+        a failure is logged and raised, so the download is cut rather than ended cleanly."""
+        sql, params = self._csv_sql(path, columns, view)
+        what = f"the table {path.name}"
         con, temp = self._connect(path)
         timer = threading.Timer(self.stream_timeout_s, con.interrupt)
         timer.daemon = True
         timer.start()
         try:
-            rowno = row_numbered(path, columns)
-            rel = con.sql(f"SELECT {names} FROM {source_sql(path, rowno)}{where}{order_sql(view, rowno)}",
-                          params=[str(path), *params])
-            reader = rel.to_arrow_reader(CSV_BATCH_ROWS)
-            first = True
-            for batch in reader:
-                sink = pa.BufferOutputStream()
-                pacsv.write_csv(pa.Table.from_batches([batch]), sink,
-                                write_options=pacsv.WriteOptions(include_header=first))
-                first = False
-                yield sink.getvalue().to_pybytes()
-            if first:
-                yield (",".join('"' + c.name.replace('"', '""') + '"' for c in columns) + "\n").encode()
-        except duckdb.Error as exc:
-            raise self._error(exc) from None
+            try:
+                reader = con.sql(sql, params=params).to_arrow_reader(CSV_BATCH_ROWS)
+                encoder = CSVEncoder(reader.schema, keep)
+            except Exception as exc:
+                message = self._stream_error(exc)
+                log.error("the CSV download of %s failed before its first row: %s", what, message)
+                raise CSVError(f"the CSV download of {what} failed: {message}") from exc
+            yield from stream(b"", reader, encoder, what, explain=self._stream_error)
         finally:
             timer.cancel()
             con.close()
