@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import msgspec
+
+
+class StoreWriteError(OSError):
+    """A write to the data directory failed (a full disk, a quota, an I/O error): nothing of it
+    was kept. The message names the file, the reason and what was not saved."""
+
+
+def disk_reason(exc: OSError) -> str:
+    """'the disk is full (No space left on device)' and the like, for the messages users see."""
+    name = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+            errno.EFBIG: "the file size limit was reached", errno.EIO: "the disk reported an I/O error",
+            errno.EROFS: "the disk is read-only"}.get(exc.errno or 0, "the write failed")
+    return f"{name} ({exc.strerror or exc})"
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of `data` to `fd`, looping on short writes (a full disk can take part of
+    a write and fail the rest); an OSError means not all of it was written."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:  # never seen from a regular file, but a loop must not spin on it
+            raise OSError(errno.EIO, "the write made no progress")
+        view = view[written:]
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync: bool = True) -> None:

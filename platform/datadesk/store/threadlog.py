@@ -1,8 +1,11 @@
 """`log.jsonl`: the append-only truth of one thread.
 
 - One record per line; `seq` strictly increases.
-- An append is a single `write` of one complete line, under a lock that holds
-  across threads and processes (`filelock`), so lines never interleave.
+- An append writes one complete line, under a lock that holds across threads
+  and processes (`filelock`), so lines never interleave. A short write is
+  continued until the whole line is there; a write that fails (a full disk, a
+  quota, an I/O error) is truncated away, so the log is as it was, no `seq` is
+  used, and the caller gets `StoreWriteError` naming the file and the reason.
 - A crash mid-write can leave a torn last line (no trailing newline). Readers
   skip it; the next append moves the fragment to `log.torn` (kept for
   forensics, nothing silently lost) and truncates the log back to its last
@@ -24,6 +27,7 @@ import msgspec
 from filelock import FileLock
 
 from datadesk.domain.records import Record, record_decoder, record_encoder
+from datadesk.store.files import StoreWriteError, disk_reason, write_all
 from datadesk.store.jsonl import last_newline_end, lines_from_end
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,12 @@ class FileAndThreadLock:
             self._flock.release()
         finally:
             self._tlock.release()
+
+
+def _what(record: Record) -> str:
+    size = f"{len(record.content):,} characters"
+    return {"user": f"user's message, {size}", "assistant": f"assistant's answer, {size}",
+            "tool": f"result of {record.name or 'a tool'}, {size}"}.get(record.role, record.role)
 
 
 class LogClosed(Exception):
@@ -102,13 +112,33 @@ class ThreadLog:
             record = make(last.seq + 1 if last else 1)
             if last is not None and record.seq <= last.seq:
                 raise ValueError(f"seq {record.seq} does not follow {last.seq}")
-            line = record_encoder.encode(record) + b"\n"
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line)  # one write of one line
-            finally:
-                os.close(fd)
+            self._write_line(record_encoder.encode(record) + b"\n", record)
             return record
+
+    def _write_line(self, line: bytes, record: Record) -> None:
+        """Append `line` whole, or leave the log exactly as it was and raise StoreWriteError."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise self._not_saved(exc, record) from None
+        try:
+            size = os.fstat(fd).st_size  # under the lock: nobody else appends meanwhile
+            try:
+                write_all(fd, line)
+            except OSError as exc:
+                try:
+                    os.ftruncate(fd, size)  # the part that reached the disk goes: no torn line is left
+                except OSError:
+                    log.error("could not truncate %s back to %d bytes after a failed append", self.path, size)
+                raise self._not_saved(exc, record) from None
+        finally:
+            os.close(fd)
+
+    def _not_saved(self, exc: OSError, record: Record) -> StoreWriteError:
+        error = StoreWriteError(exc.errno or 0, f"{disk_reason(exc)}: record {record.seq} (the {_what(record)}) of thread "
+                                f"{self.path.parent.name} was not saved to {self.path}")
+        log.error("%s", error)
+        return error
 
     def _repair_and_last(self) -> Record | None:
         """Truncate a torn tail (saving it to `log.torn`) and return the last record."""
