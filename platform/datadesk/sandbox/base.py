@@ -251,6 +251,11 @@ class SandboxBackend(abc.ABC):
         """Whether kernels can be started now, and if not why (in words)."""
         return True, ""
 
+    def handout_problem(self) -> str | None:
+        """Why no kernel may be handed to a user now, in words (None: it may). Asked at every
+        hand-out, so a kernel pre-started in the pool before the rule changed is never given."""
+        return None
+
     def remove_orphans(self) -> int:
         """Remove kernels whose owner worker is gone that the kernel table cannot name (containers,
         gateway kernels of an earlier run); returns how many went."""

@@ -124,8 +124,13 @@ class LocalSandbox(SandboxBackend):
                 "change the app's own files: use sandbox.backend = \"docker\", or set "
                 "sandbox.allow_unsafe_local = true for a trusted single user")
 
+    def handout_problem(self) -> str | None:
+        """The start rules, asked again when a pre-started kernel leaves the pool: one started
+        before a second coder was added must not serve anyone once there are two."""
+        return self.sharing_problem() or self.confinement_problem()
+
     def _gate(self) -> None:
-        problem = self.sharing_problem() or self.confinement_problem()
+        problem = self.handout_problem()
         if problem:
             raise SandboxUnavailable(problem)
 

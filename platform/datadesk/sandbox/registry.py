@@ -277,7 +277,13 @@ class KernelRegistry(KernelReaper, KernelRecovery):
 
     async def _take(self, key: SessionKey) -> KernelSession:
         """A kernel for `key` (whose lock the caller holds): from the pool when one is ready, else
-        a new one. Room is made and the record reserved under the table's create lock."""
+        a new one. Room is made and the record reserved under the table's create lock. The
+        backend's hand-out rules are asked first (the local backend's single-coder rule): when
+        they refuse, the pool's kernels, started while they allowed it, are ended too."""
+        problem = await asyncio.to_thread(self.backend.handout_problem)  # reads users.json
+        if problem:
+            await self._drop_pool()
+            raise SandboxUnavailable(problem)
         previous = self.table.load(key)
         lock = self.table.create_lock()
         if not await acquire_async(lock, self.settings.start_timeout_s):
@@ -321,6 +327,13 @@ class KernelRegistry(KernelReaper, KernelRecovery):
         self.table.save(self._record(key, session.placement, session.kernel, session.started_at, session.last_used))
         self._fill_pool()  # a used kernel never returns to the pool; start a replacement
         return session
+
+    async def _drop_pool(self) -> None:
+        """End this worker's pre-started kernels (none of them may be handed out any more)."""
+        while self.pool:
+            session = self.pool.pop()
+            self.table.remove_pool(session.placement.kernel_id)
+            await self._dispose(session)
 
     async def _make_room(self, key: SessionKey) -> None:
         """Under the create lock: reclaim what the per-user and global caps need (every worker's
