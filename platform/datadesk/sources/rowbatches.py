@@ -6,7 +6,8 @@ standard library): each batch of `fetchmany` rows becomes one RecordBatch, colum
 - MySQL/MariaDB: the schema comes from the result's column definitions (type code, flags,
   length, scale), so every batch has the same, real types: DECIMAL(p, s) -> decimal128(p, s),
   TINYINT(1)/BOOLEAN -> bool, TIMESTAMP -> timestamp[us, UTC] (the session runs in UTC),
-  DATETIME -> timestamp[us], TIME -> duration[us], JSON -> text, binary strings -> binary.
+  DATETIME -> timestamp[us], TIME -> duration[us], JSON -> text, binary strings -> binary,
+  BIT(1) -> bool and BIT(n) -> uint64 (the driver hands a BIT value out as big-endian bytes).
 - SQLite (dynamic types): inferred from the first batch (INTEGER -> int64, REAL -> double,
   TEXT -> text, BLOB -> binary, a column NULL throughout the first batch -> text); a later value
   of another type in the same column raises an error that says to CAST it in the query.
@@ -25,12 +26,12 @@ from datadesk.store.warehouse import SQLError
 _MY = {1: pa.int8(), 2: pa.int16(), 3: pa.int32(), 9: pa.int32(), 8: pa.int64(), 4: pa.float32(),
        5: pa.float64(), 10: pa.date32(), 11: pa.duration("us"), 12: pa.timestamp("us"),
        7: pa.timestamp("us", tz="UTC"), 13: pa.int16(), 6: pa.null(), 245: pa.string(), 247: pa.string(),
-       248: pa.string(), 16: pa.binary(), 255: pa.binary()}
+       248: pa.string(), 255: pa.binary()}
 _MY_NAMES = {0: "DECIMAL", 1: "TINYINT", 2: "SMALLINT", 3: "INT", 4: "FLOAT", 5: "DOUBLE", 6: "NULL",
              7: "TIMESTAMP", 8: "BIGINT", 9: "MEDIUMINT", 10: "DATE", 11: "TIME", 12: "DATETIME", 13: "YEAR",
              15: "VARCHAR", 16: "BIT", 245: "JSON", 246: "DECIMAL", 247: "ENUM", 248: "SET", 249: "TINYBLOB",
              250: "MEDIUMBLOB", 251: "LONGBLOB", 252: "BLOB", 253: "VARCHAR", 254: "CHAR", 255: "GEOMETRY"}
-_UNSIGNED, _BINARY_CHARSET = 32, 63
+_UNSIGNED, _BINARY_CHARSET, _BIT = 32, 63, 16
 _WIDER_UNSIGNED = {pa.int8(): pa.uint8(), pa.int16(): pa.uint16(), pa.int32(): pa.uint32(), pa.int64(): pa.uint64()}
 
 
@@ -43,6 +44,8 @@ def mysql_field(name: str, type_code: int, flags: int, length: int, scale: int, 
         sql = f"DECIMAL({precision},{scale})"
     elif type_code == 1 and length == 1:
         typ, sql = pa.bool_(), "BOOLEAN"
+    elif type_code == _BIT:  # length: the number of bits, 1 to 64
+        typ, sql = (pa.bool_() if length <= 1 else pa.uint64()), f"BIT({max(length, 1)})"
     elif type_code in (15, 249, 250, 251, 252, 253, 254):
         typ = pa.binary() if charsetnr == _BINARY_CHARSET else pa.string()
     else:
@@ -53,7 +56,20 @@ def mysql_field(name: str, type_code: int, flags: int, length: int, scale: int, 
     return pa.field(name, typ), sql
 
 
+def bit_values(values: Sequence[Any]) -> list[int | None]:
+    """MySQL BIT values (big-endian bytes, as asyncmy hands them out) as integers."""
+    return [None if v is None else int.from_bytes(v, "big") if isinstance(v, (bytes, bytearray)) else int(v)
+            for v in values]
+
+
+def _bits(values: Sequence[Any]) -> bool:
+    # a BIT column's values are bytes; the first non-null one tells (a driver is consistent per column)
+    return isinstance(next((v for v in values if v is not None), None), (bytes, bytearray))
+
+
 def _column(values: Sequence[Any], typ: pa.DataType, name: str) -> pa.Array:
+    if (pa.types.is_boolean(typ) or pa.types.is_unsigned_integer(typ)) and _bits(values):
+        values = bit_values(values)
     if pa.types.is_boolean(typ):
         return pa.array(values, pa.int8()).cast(pa.bool_())
     if pa.types.is_string(typ):
