@@ -55,13 +55,14 @@ def test_nested_binary_and_interval_columns_are_text_that_reads_back() -> None:
         "floatkeys": pa.array([[(1.5, "a")]], pa.map_(pa.float64(), pa.string())),
         "hex": pa.array([b"\x00\xff"], pa.binary(2)),
         "iv": pa.array([pa.MonthDayNano([1, 2, 3_500_000_000])], pa.month_day_nano_interval()),
+        "long": pa.array([pa.MonthDayNano([0, 0, 1_234_567_000_000_001])], pa.month_day_nano_interval()),
         "u": pa.UnionArray.from_sparse(pa.array([0], pa.int8()), [pa.array([7]), pa.array(["x"])]),
     })
     row = _write(table)[1]
     assert json.loads(row[0]) == {"a": 1.5, "t": "2024-01-01T00:00:00", "b": "eA=="}
     assert json.loads(row[1]) == [1, 2] and json.loads(row[2]) == [["x"], []]
     assert json.loads(row[3]) == {"1.5": "a"} and row[4] == "0x00ff" and row[5] == "P1M2DT3.5S"
-    assert json.loads(row[6]) == 7
+    assert row[6] == "P0M0DT1234567.000000001S" and json.loads(row[7]) == 7
 
 
 def test_the_formulas_parameter() -> None:

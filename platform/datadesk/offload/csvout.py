@@ -24,6 +24,7 @@ response instead of ending it cleanly: the client sees the download was cut.
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -97,8 +98,8 @@ def _as_hex(arr: pa.Array) -> pa.Array:
 
 
 def _interval_text(v: Any) -> str:
-    seconds = v.nanoseconds / 1e9
-    return f"P{v.months}M{v.days}DT{seconds:g}S"  # ISO 8601: months, days, then the time part
+    seconds = format(Decimal(v.nanoseconds).scaleb(-9).normalize(), "f")  # exact, never 1e+06
+    return f"P{v.months}M{v.days}DT{seconds}S"  # ISO 8601: months, days, then the time part
 
 
 def _as_text(arr: pa.Array) -> pa.Array:
@@ -134,14 +135,14 @@ def _writable(t: pa.DataType) -> bool:
     return True
 
 
-def converter(t: pa.DataType, keep: bool) -> tuple[Convert | None, bool]:
+def converter(t: pa.DataType) -> tuple[Convert | None, bool]:
     """How a column of type `t` is written: (conversion or None for as-is, whether its cells are
     text and get the formula rule)."""
     if isinstance(t, pa.ExtensionType):
-        inner, text = converter(t.storage_type, keep)
+        inner, text = converter(t.storage_type)
         return (lambda a: inner(a.storage) if inner else a.storage), text
     if pa.types.is_dictionary(t):
-        inner, text = converter(t.value_type, keep)
+        inner, text = converter(t.value_type)
         return (lambda a: (inner or (lambda x: x))(a.dictionary_decode())), text
     if _is_text(t):
         return ((lambda a: a) if pa.types.is_string(t) else (lambda a: pc.cast(a, pa.string()))), True
@@ -159,7 +160,7 @@ class CSVEncoder:
 
     def __init__(self, schema: pa.Schema, keep_formulas: bool = False) -> None:
         self.keep = keep_formulas
-        self.plan = [converter(f.type, keep_formulas) for f in schema]
+        self.plan = [converter(f.type) for f in schema]
         names = pa.array([f.name for f in schema], pa.string())
         self.names = names.to_pylist() if keep_formulas else escape_formulas(names).to_pylist()
         self.schema = schema
