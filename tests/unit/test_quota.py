@@ -180,3 +180,49 @@ def test_the_periodic_sweep_round_removes_crash_leftovers(tmp_path: Path) -> Non
     _age(left, TEMP_MAX_AGE_S + 1)
     assert w.quota.sweep_round(60) == []
     assert not left.exists()
+
+
+def test_a_dead_writers_temp_files_go_at_once_anywhere_in_the_workspaces(tmp_path: Path) -> None:
+    """Temp names carry their owner (host, pid, start time): a killed process's temp files in
+    artifacts, thread and memory folders go at the next sweep whatever their age; a live
+    writer's, another host's and a kernel's outputs stay (issue 25)."""
+    import subprocess
+    import sys
+    import tempfile
+    import textwrap
+
+    from datadesk.offload.tempfiles import sweep_temp_files
+    from datadesk.store.tempnames import temp_prefix
+
+    w = World(tmp_path)
+    thread = w.thread("alice", "t1")
+    adir, tdir = thread.artifacts_dir, thread.dir
+    adir.mkdir(parents=True, exist_ok=True)
+    outputs = tdir / "outputs"
+    outputs.mkdir()
+    child = textwrap.dedent(f"""
+        import os, sys, tempfile
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / 'platform')!r})
+        from datadesk.store.tempnames import temp_prefix
+        for folder, name in [({str(adir)!r}, "upload"), ({str(tdir)!r}, "meta.json"), ({str(tdir.parent.parent)!r},
+                             "memory.json"), ({str(outputs)!r}, "chart.png")]:
+            fd, path = tempfile.mkstemp(prefix=temp_prefix(name), suffix=".tmp", dir=folder)
+            os.write(fd, b"half written")
+            print(path)
+        os.mkdir(tempfile.mkdtemp(prefix=temp_prefix("a0123456789abcdef.parquet"), suffix=".tmp", dir={str(adir)!r})
+                 + "/x")
+        os._exit(0)
+    """)
+    made = [Path(p) for p in subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                                            check=True).stdout.split()]
+    sink_dirs = [p for p in adir.iterdir() if p.is_dir()]
+    fd, name = tempfile.mkstemp(prefix=temp_prefix("upload"), suffix=".tmp", dir=adir)  # this live process's
+    os.close(fd)
+    live = Path(name)
+    other_host = adir / ".upload.~000000-1-1~.abcd.tmp"
+    other_host.write_bytes(b"someone else's")
+    removed = sweep_temp_files(w.store)
+    assert sorted(removed) == sorted([*made[:3], *sink_dirs])
+    assert made[3].exists()  # in outputs: the kernel's files are not the app's temp files
+    assert live.exists() and other_host.exists()
+

@@ -39,6 +39,7 @@ from datadesk.offload.tabular import TabularParseError, detect_text
 from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload_async
 from datadesk.settings import OffloadSettings
 from datadesk.store.admission import MemoryGuard, QuerySlots
+from datadesk.store.tempnames import temp_prefix
 from datadesk.store.threads import Thread
 
 MAX_PASTE_CHARS = 4 * 1024 * 1024  # a longer message is never taken for a pasted table
@@ -66,7 +67,7 @@ def upload_limits(s: OffloadSettings) -> UploadLimits:
 def staging_file(thread: Thread, prefix: str) -> tuple[int, str]:
     """A temp file in the thread's artifacts folder, so the finished artifact is a rename away."""
     thread.artifacts_dir.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=thread.artifacts_dir)
+    return tempfile.mkstemp(prefix=temp_prefix(prefix.strip(".-")), suffix=".tmp", dir=thread.artifacts_dir)
 
 
 class Attachments:

@@ -28,6 +28,8 @@ from typing import Any, AsyncIterator, Callable
 
 import msgspec
 
+from datadesk.store.tempnames import temp_prefix
+
 log = logging.getLogger(__name__)
 
 IDLE_S = 15.0  # a stream that had nothing for this long yields None (the SSE layer sends a ping)
@@ -175,7 +177,7 @@ def _replace_file(path: Path, header: dict[str, Any]) -> int:
     """A new event file holding only `header`, put in place of the old one in one rename."""
     if not path.parent.is_dir():
         raise FileNotFoundError(f"{path.parent} does not exist")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{temp_prefix(path.name)}tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     try:
         os.write(fd, msgspec.json.encode(header) + b"\n")

@@ -30,6 +30,7 @@ from datadesk.offload.columns import unique_names
 from datadesk.offload.sinkutil import (
     Segment, cast_for_union, display_type, fit_batch, merge_schemas, unify_types, writer_options,
 )
+from datadesk.store.tempnames import temp_prefix
 
 __all__ = ["ParquetSink", "SinkResult", "display_type"]
 
@@ -187,7 +188,7 @@ class ParquetSink:
     def _ensure_tmpdir(self) -> Path:
         if self._tmpdir is None:
             # Same directory as the final file: the rename stays atomic.
-            self._tmpdir = Path(tempfile.mkdtemp(prefix=f".{self.final_path.name}.", suffix=".tmp",
+            self._tmpdir = Path(tempfile.mkdtemp(prefix=temp_prefix(self.final_path.name), suffix=".tmp",
                                                  dir=self.final_path.parent))
         return self._tmpdir
 

@@ -1,18 +1,21 @@
-"""Sweeping what a crash left in thread `artifacts/` folders.
+"""Sweeping what a crash left in the workspaces' folders.
 
 A write that is cancelled or fails removes its own temp files (ParquetSink, uploads,
 `write_atomic`). A crash (the process killed mid-write) cannot, so this sweep removes,
 at start and on every round of the periodic sweeper:
 
-- temp entries: every temp name in an artifacts folder starts with "." and ends with
-  ".tmp" (`.<aid>.parquet.XXXX.tmp/` of the Parquet sink, `.upload-XXXX.tmp` and
-  `.paste-XXXX.tmp` of uploads and pasted tables, `.<name>.XXXX.tmp` of atomic writes);
-- orphan data: `<aid>.<ext>` without its `<aid>.json` (renamed into place, then the
-  process died before the metadata was written).
+- temp entries anywhere under `workspaces/` (threads, artifacts, memory; never a kernel's
+  `outputs/` nor a warehouse `data/` folder): every temp name starts with "." and ends with
+  ".tmp" (`.<aid>.parquet.<owner>.XXXX.tmp/` of the Parquet sink, `.upload.<owner>.XXXX.tmp`
+  of uploads, `.<name>.<owner>.XXXX.tmp` of atomic writes). One whose owner tag names a
+  process of this host that no longer runs (store/tempnames.py) goes at once; any other
+  only after `max_age_s` without a write (a file being written is modified at every row
+  group or chunk, so it is never taken for a leftover);
+- orphan data in an artifacts folder: `<aid>.<ext>` without its `<aid>.json` (renamed into
+  place, then the process died before the metadata was written), after `ORPHAN_GRACE_S`:
+  without metadata nobody can own it, so it is removed, with a log line naming it.
 
-Only entries older than `max_age_s` go, measured by the newest modification time inside
-them: a file being written is modified at every row group or chunk, so it is never
-taken for a leftover. Links are removed as links, never followed.
+Links are removed as links, never followed.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from pathlib import Path
 
 from datadesk.domain.ids import ID_PATTERN
 from datadesk.offload.store import ArtifactStore
+from datadesk.store.tempnames import owner_dead
 
 log = logging.getLogger(__name__)
 
 TEMP_MAX_AGE_S = 3600.0  # an hour without a single write: no live writer works like that
+ORPHAN_GRACE_S = 30.0  # a writer renames the data file, then writes its metadata a moment later
+_NOT_SWEPT = {"outputs", "data"}  # the kernel's files and the warehouse: not the app's temp files
 
 
 def is_temp_name(name: str) -> bool:
@@ -65,40 +71,63 @@ def _orphan(entry: os.DirEntry, names: set[str]) -> bool:
             and f"{stem}.json" not in names and entry.is_file(follow_symlinks=False))
 
 
-def sweep_artifacts_dir(adir: Path, max_age_s: float = TEMP_MAX_AGE_S, now: float | None = None) -> list[Path]:
-    """Remove stale temp entries and orphan data files from one artifacts folder."""
-    if not adir.is_dir() or adir.is_symlink():
+def _stale(entry: os.DirEntry, names: set[str], max_age_s: float, now: float) -> str | None:
+    """Why `entry` is a leftover to remove now, or None."""
+    if is_temp_name(entry.name):
+        if owner_dead(entry.name):
+            return "its writer is gone"
+        return "untouched for an hour" if now - _newest_mtime(Path(entry.path)) >= max_age_s else None
+    if _orphan(entry, names) and now - _newest_mtime(Path(entry.path)) >= min(ORPHAN_GRACE_S, max_age_s):
+        return "a data file without metadata"
+    return None
+
+
+def sweep_dir(folder: Path, max_age_s: float = TEMP_MAX_AGE_S, now: float | None = None,
+              orphans: bool = False) -> list[Path]:
+    """Remove the leftovers of one folder: temp entries, and orphan data files when `orphans`."""
+    if not folder.is_dir() or folder.is_symlink():
         return []
     now = time.time() if now is None else now
     try:
-        entries = list(os.scandir(adir))
+        entries = list(os.scandir(folder))
     except OSError:
         return []
-    names = {e.name for e in entries}
+    names = {e.name for e in entries} if orphans else set()
     removed: list[Path] = []
     for entry in entries:
-        if not (is_temp_name(entry.name) or _orphan(entry, names)):
+        if not is_temp_name(entry.name) and not orphans:
             continue
         path = Path(entry.path)
         try:
-            if now - _newest_mtime(path) < max_age_s:
-                continue  # possibly being written right now
+            why = _stale(entry, names, max_age_s, now)
+            if why is None:
+                continue
             _remove(path)
         except FileNotFoundError:
             continue  # its writer finished (or removed it) meanwhile
         except OSError as exc:
             log.warning("could not remove the leftover %s: %s", path, exc)
             continue
+        log.info("removed %s (%s)", path, why)
         removed.append(path)
     return removed
 
 
+def sweep_artifacts_dir(adir: Path, max_age_s: float = TEMP_MAX_AGE_S, now: float | None = None) -> list[Path]:
+    """Remove stale temp entries and orphan data files from one artifacts folder."""
+    return sweep_dir(adir, max_age_s, now, orphans=True)
+
+
 def sweep_temp_files(store: ArtifactStore, max_age_s: float = TEMP_MAX_AGE_S) -> list[Path]:
-    """Sweep every thread's artifacts folder on this host; returns what was removed."""
+    """Sweep every folder under the workspaces of this host; returns what was removed."""
     removed: list[Path] = []
     now = time.time()
-    for thread in store.threads():
-        removed.extend(sweep_artifacts_dir(thread.artifacts_dir, max_age_s, now))
+    root = store.layout.workspaces_dir
+    for folder, dirs, _files in os.walk(root, followlinks=False):
+        here = Path(folder)
+        removed.extend(sweep_dir(here, max_age_s, now, orphans=here.name == "artifacts"))
+        # never into a temp folder (the sink's), a kernel's outputs or a warehouse folder
+        dirs[:] = [d for d in dirs if not is_temp_name(d) and d not in _NOT_SWEPT and (here / d).is_dir()]
     if removed:
-        log.info("removed %d leftover temp or orphan file(s) from artifacts folders", len(removed))
+        log.info("removed %d leftover temp or orphan file(s) from the workspaces", len(removed))
     return removed

@@ -32,47 +32,11 @@ from typing import Iterator
 from filelock import FileLock, Timeout
 
 from datadesk.store.files import write_json
+from datadesk.store.tempnames import pid_alive, proc_start  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
 WORKER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _stat_fields(pid: int | None) -> list[bytes]:
-    """The fields of /proc/<pid>/stat after the command name (state first), or [] when none."""
-    try:
-        n = int(pid)  # type: ignore[arg-type]
-    except (TypeError, ValueError):  # from a marker file: anything
-        return []
-    if n <= 0:
-        return []
-    try:
-        raw = Path(f"/proc/{n}/stat").read_bytes()
-    except OSError:
-        return []
-    # the command name may hold spaces and parentheses: fields start after the last ')'
-    return raw[raw.rfind(b")") + 2:].split()
-
-
-def _start_of(fields: list[bytes]) -> int | None:
-    try:
-        return int(fields[19])  # field 22: start time in clock ticks since boot
-    except (IndexError, ValueError):
-        return None
-
-
-def proc_start(pid: int) -> int | None:
-    """The start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
-    return _start_of(_stat_fields(pid))
-
-
-def pid_alive(pid: int | None, start: int | None = None) -> bool:
-    """True while `pid` runs (not a zombie) and, given `start`, is still that same process."""
-    fields = _stat_fields(pid)
-    if not fields or fields[0] in (b"Z", b"X"):
-        return False
-    return start is None or _start_of(fields) == start
 
 
 def hostname() -> str:

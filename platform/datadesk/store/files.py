@@ -10,6 +10,8 @@ from typing import Any
 
 import msgspec
 
+from datadesk.store.tempnames import temp_prefix
+
 
 class StoreWriteError(OSError):
     """A write to the data directory failed (a full disk, a quota, an I/O error): nothing of it
@@ -43,7 +45,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync: bool = True) 
     records) that mean nothing after a crash of the host, on paths turns take.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
