@@ -21,6 +21,7 @@ from datadesk.api.auth import guard_request, provide_runtime, provide_user
 from datadesk.api.errors import exception_handlers
 from datadesk.api.export import ExportController
 from datadesk.api.memory import MemoryController
+from datadesk.api.ratelimit import Limits, Principals, RateLimiter, user_lookup
 from datadesk.api.search import SearchController
 from datadesk.api.workspace import WorkspaceController
 from datadesk.api.security import LoginFailures, LoginLimiter, SecurityMiddleware, load_key
@@ -59,6 +60,9 @@ def create_app(rt: Runtime) -> Litestar:
     auth = rt.settings.auth
     login_failures = LoginFailures(auth.login_attempts_per_minute, auth.login_attempts_per_account,
                                    rt.settings.server.trusted_proxies)
+    # every user's share of this worker (api/ratelimit.py): a request budget and in-flight caps
+    limits = Limits(rt.settings.server)
+    principals = Principals(user_lookup(rt.users), rt.settings.server.trusted_proxies)
     app = Litestar(
         route_handlers=[
             SessionController,
@@ -75,7 +79,9 @@ def create_app(rt: Runtime) -> Litestar:
         dependencies={"user": Provide(provide_user), "rt": Provide(provide_runtime)},
         before_request=guard_request,  # auth, content type and a strict decode before the body is used
         exception_handlers=exception_handlers(),  # api/errors.py: one table, domain error -> status
-        middleware=[lambda app: SecurityMiddleware(app, csrf_key),
+        # outermost first: a request over its budget is refused before anything else runs
+        middleware=[lambda app: RateLimiter(app, limits, principals),
+                    lambda app: SecurityMiddleware(app, csrf_key),
                     lambda app: LoginLimiter(app, login_failures)],
         request_max_body_size=rt.settings.server.max_body_bytes,
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
@@ -83,6 +89,7 @@ def create_app(rt: Runtime) -> Litestar:
                                      render_plugins=[JsonRenderPlugin()]),
         on_startup=[rt.start, freeze_startup_heap],
         on_shutdown=[rt.stop],
-        state=State({"runtime": rt, "csrf_key": csrf_key, "login_failures": login_failures}),
+        state=State({"runtime": rt, "csrf_key": csrf_key, "login_failures": login_failures,
+                     "rate_limits": limits}),
     )
     return app

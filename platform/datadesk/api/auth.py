@@ -77,18 +77,21 @@ _NOT_QUERY = ("user", "rt", "data", "request")  # dependencies and the body, nev
 
 def _check_query(request: Request) -> None:
     """API query parameters the handler declares, each once: an unknown or repeated one is a 400
-    naming it (`format=md&format=zip` took the last, `?lmit=5` was ignored). Handlers that read the
-    query themselves (they take `request`) check it there."""
-    params = request.route_handler.parsed_fn_signature.parameters
-    if not request.scope.get("path", "").startswith("/api/") or "request" in params:
+    naming it (`format=md&format=zip` took the last, `?lmit=5` was ignored). A handler that reads
+    more of the query itself (it takes `request`) checks the rest there: here only its declared
+    parameters must come once, unless it says (`strict_query` opt) that it reads none itself."""
+    handler = request.route_handler
+    params = handler.parsed_fn_signature.parameters
+    if not request.scope.get("path", "").startswith("/api/"):
         return
     known = sorted(k for k in params if k not in request.path_params and k not in _NOT_QUERY)
+    own = "request" in params and not handler.opt.get("strict_query")  # reads some of the query itself
     for key in request.query_params:
-        if key not in known:
+        if key not in known and not own:
             raise ClientException(f"unknown query parameter {key[:40]!r}: this endpoint takes "
                                   f"{', '.join(known) or 'none'}")
-        if len(request.query_params.getall(key)) > 1:
-            raise ClientException(f"query parameter {key!r} is given more than once: give it once")
+        if (key in known or not own) and len(request.query_params.getall(key)) > 1:
+            raise ClientException(f"query parameter {key[:40]!r} is given more than once: give it once")
 
 
 async def guard_request(request: Request) -> None:

@@ -259,9 +259,14 @@ class LoginLimiter:
         await self.app(scope, receive, watch)
 
 
-async def _answer(send: Any, status: int, message: str, extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-    body = msgspec.json.encode({"status_code": status, "error": message, "detail": message})
+async def _answer(send: Any, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = (),
+                  extra: dict[str, Any] | None = None) -> None:
+    """An error answer from a middleware, in the API's one error shape (api/errors.py)."""
+    doc: dict[str, Any] = {"status_code": status, "error": message, "detail": message}
+    if extra:
+        doc["extra"] = extra
+    body = msgspec.json.encode(doc)
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"content-security-policy", APP_CSP.encode()), *EXTRA_HEADERS, *extra]})
+        (b"content-security-policy", APP_CSP.encode()), *EXTRA_HEADERS, *headers]})
     await send({"type": "http.response.body", "body": body})

@@ -19,6 +19,7 @@ from litestar.response.sse import ServerSentEventMessage
 
 from datadesk.api.access import find_thread, member_workspace
 from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.api.offloop import run_off_loop
 from datadesk.api.render import LiveMarkdown, markdown_html, model_img_src, plain_html, tool_html, tool_input_html
 from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut, ThreadPatch
 from datadesk.chat.journal import Cursor, JournalEvent, event_id
@@ -64,10 +65,18 @@ def record_views(records: list[Any], artifact_ids: list[str]) -> list[dict[str, 
     return views[::-1]
 
 
-def thread_out(rt: RuntimeDep, meta: ThreadMeta) -> ThreadOut:
-    turn = rt.turns.current_turn(meta.id)
+def thread_out(rt: RuntimeDep, meta: ThreadMeta, markers: set[str] | None = None) -> ThreadOut:
+    running, turn = rt.turns.status(meta.id, markers)
     return ThreadOut(id=meta.id, workspace=meta.workspace, title=meta.title, created=meta.created,
-                     updated=meta.updated, running=turn is not None or rt.turns.running(meta.id), turn=turn)
+                     updated=meta.updated, running=running, turn=turn)
+
+
+def thread_list(rt: RuntimeDep, user: Any) -> list[ThreadOut]:
+    """The user's threads, newest first: a meta file per thread, and the turn markers listed once
+    (only a thread with one, i.e. a running turn, reads it)."""
+    metas = rt.threads.list(user.id, user.workspaces)
+    markers = rt.turns.marker_names()
+    return [thread_out(rt, m, markers) for m in metas]
 
 
 class ThreadController(Controller):
@@ -89,7 +98,8 @@ class ThreadController(Controller):
 
     @get("/")
     async def list_threads(self, user: CurrentUser, rt: RuntimeDep) -> list[ThreadOut]:
-        return [thread_out(rt, m) for m in rt.threads.list(user.id, user.workspaces)]
+        # files per thread: in a worker thread, within the user's share (api/offloop.py)
+        return await run_off_loop(user.id, thread_list, rt, user)
 
     @get("/{tid:str}")
     async def get_thread(
@@ -99,15 +109,9 @@ class ThreadController(Controller):
             "only records with a smaller seq (load earlier: the seq of the oldest record shown)"))] = None,
     ) -> ThreadDetail:
         handle = find_thread(rt, user, tid)
-        records = await asyncio.to_thread(  # a read from the end of a long log: not on the event loop
-            lambda: handle.log.tail(limit + 1) if before is None else _before(handle, before, limit + 1))
-        has_more_before = len(records) > limit
-        page = records[-limit:]
-        records = _newest_within(page, PAGE_CHARS)  # at least one record; the older ones: load earlier
-        has_more = has_more_before or len(records) < len(page)
-        ids = [a.id for a in rt.artifacts.list(handle)]
-        views = await asyncio.to_thread(record_views, records, ids)  # rendering is CPU
-        return ThreadDetail(thread=thread_out(rt, handle.meta), records=views, has_more=has_more)
+        # reading from the end of a long log and rendering are file and CPU work: off the event
+        # loop, within the user's share (api/offloop.py)
+        return await run_off_loop(user.id, _thread_detail, rt, handle, limit, before)
 
     @patch("/{tid:str}")
     async def rename_thread(self, tid: FromPath[str], data: JSONBody[ThreadPatch], user: CurrentUser,
@@ -160,7 +164,9 @@ class ThreadController(Controller):
         cancelled = await rt.turns.cancel(handle.id)
         return {"cancelled": cancelled, "thread": handle.id}
 
-    @post("/{tid:str}/messages", status_code=200, request_max_body_size=MAX_MESSAGE_BYTES)
+    # `stream`: an event stream, counted by api/ratelimit.py against server.streams_per_user
+    @post("/{tid:str}/messages", status_code=200, request_max_body_size=MAX_MESSAGE_BYTES,
+          opt={"stream": True, "strict_query": True})
     async def post_message(self, tid: FromPath[str], data: JSONBody[NewMessage], user: CurrentUser, rt: RuntimeDep,
                            request: Request) -> ServerSentEvent:
         handle = find_thread(rt, user, tid)
@@ -173,10 +179,10 @@ class ThreadController(Controller):
         turn = await start_turn(rt.turn_services, rt.turns, handle, user, text, background)
         assert turn.journal is not None
         attached = Attachment(turn.journal.subscribe(), turn.turn_id, 0)
-        return ServerSentEvent(_stream(attached, None if background else turn, _artifact_ids(rt, handle)),
-                               headers=SSE_HEADERS)
+        return ServerSentEvent(_stream(attached, None if background else turn, _artifact_ids(rt, handle),
+                                       user.id), headers=SSE_HEADERS)
 
-    @get("/{tid:str}/events")
+    @get("/{tid:str}/events", opt={"stream": True, "strict_query": True})
     async def turn_events(
         self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep, request: Request,
         after: Annotated[str | None, QueryParameter(
@@ -193,7 +199,18 @@ class ThreadController(Controller):
         attached = rt.turns.attach(handle.id, handle.events_path, cursor)
         if attached is None:
             return Response(content=b"", status_code=204)
-        return ServerSentEvent(_stream(attached, None, _artifact_ids(rt, handle)), headers=SSE_HEADERS)
+        return ServerSentEvent(_stream(attached, None, _artifact_ids(rt, handle), user.id), headers=SSE_HEADERS)
+
+
+def _thread_detail(rt: RuntimeDep, handle: Any, limit: int, before: int | None) -> ThreadDetail:
+    """A page of the thread: its newest `limit` records (before `before`), rendered."""
+    records = handle.log.tail(limit + 1) if before is None else _before(handle, before, limit + 1)
+    has_more_before = len(records) > limit
+    page = records[-limit:]
+    records = _newest_within(page, PAGE_CHARS)  # at least one record; the older ones: load earlier
+    has_more = has_more_before or len(records) < len(page)
+    views = record_views(records, [a.id for a in rt.artifacts.list(handle)])
+    return ThreadDetail(thread=thread_out(rt, handle.meta), records=views, has_more=has_more)
 
 
 def _newest_within(records: list[Any], chars: int) -> list[Any]:
@@ -226,21 +243,29 @@ def _artifact_ids(rt: RuntimeDep, handle: Any) -> Callable[[], list[str]]:
 class _Rendering:
     """The answer's sanitized Markdown, added to `message.delta` a few times a second. Bounded and
     off the event loop: `LiveMarkdown` renders each finished block once and only the open tail
-    again (plain text past its limit), in a worker thread, and the next rendering waits at least
-    twice as long as the last one took."""
+    again (plain text past its limit), in a worker thread within the user's share (`key`, see
+    api/offloop.py), and the next rendering waits at least twice as long as the last one took."""
 
-    def __init__(self, artifact_ids: Callable[[], Iterable[str]] = tuple) -> None:
+    def __init__(self, artifact_ids: Callable[[], Iterable[str]] = tuple, key: str = "") -> None:
         self.artifact_ids = artifact_ids
+        self.key = key
         self.live = LiveMarkdown()
         self.has_text = False
         self.rendered_at = 0.0
         self.wait_s = HTML_EVERY_S
         self.stale = False  # text arrived since the last rendering
 
+    def _render_now(self) -> str:
+        # in the worker thread: the thread's artifacts are files too
+        self.live.img_src = model_img_src(self.artifact_ids())
+        return self.live.render()
+
+    def _completed_html(self, content: str) -> str:
+        return markdown_html(content, img_src=model_img_src(self.artifact_ids()))
+
     async def _render(self) -> str:
         start = time.monotonic()
-        self.live.img_src = model_img_src(self.artifact_ids())
-        out = await asyncio.to_thread(self.live.render)
+        out = await run_off_loop(self.key, self._render_now)
         self.rendered_at = time.monotonic()
         self.wait_s = max(HTML_EVERY_S, 2 * (self.rendered_at - start))
         self.stale = False
@@ -264,13 +289,12 @@ class _Rendering:
         elif ev.type == "message.completed":
             self._reset()
             if send:
-                img_src = model_img_src(self.artifact_ids())
-                data = {**data, "html": await asyncio.to_thread(markdown_html, str(data.get("content") or ""),
-                                                                img_src=img_src)}
+                data = {**data, "html": await run_off_loop(self.key, self._completed_html,
+                                                           str(data.get("content") or ""))}
         elif ev.type == "tool.finished" and send:
-            data = {**data, "html": await asyncio.to_thread(tool_html, str(data.get("preview") or ""))}
+            data = {**data, "html": await run_off_loop(self.key, tool_html, str(data.get("preview") or ""))}
         if ev.type == "tool.started" and send:  # its SQL / Python highlighted
-            data = {**data, "input_html": await asyncio.to_thread(tool_input_html, data.get("arguments"))}
+            data = {**data, "input_html": await run_off_loop(self.key, tool_input_html, data.get("arguments"))}
         out.append((ev.type, data))
         return out
 
@@ -279,14 +303,15 @@ class _Rendering:
 
 
 async def _stream(attached: Attachment, cancel_on_leave: RunningTurn | None,
-                  artifact_ids: Callable[[], Iterable[str]] = tuple) -> AsyncIterator[ServerSentEventMessage]:
+                  artifact_ids: Callable[[], Iterable[str]] = tuple,
+                  key: str = "") -> AsyncIterator[ServerSentEventMessage]:
     """The turn's events as SSE with ids `<turn>:<n>`, those after `attached.seen` (the earlier
     ones only feed the rendering), and a `: ping` comment when nothing happens for a while. A
     client that leaves stops nothing, except the one that started a turn with `background:
     false` (`cancel_on_leave`). The stream ends at `done`, or without it when this client fell
     too far behind (it re-attaches with its last id)."""
     done = False
-    render = _Rendering(artifact_ids)
+    render = _Rendering(artifact_ids, key)
     try:
         async for ev in attached.events:
             if ev is None:

@@ -219,6 +219,28 @@ class TurnRegistry:
         marker = self._marker(thread_id) if self.lock_dir is not None else None
         return str(marker["turn_id"]) if marker is not None and marker.get("events") else None
 
+    def status(self, thread_id: str, markers: set[str] | None = None) -> tuple[bool, str | None]:
+        """`(running(), current_turn())` with one read of the marker file. `markers`: the names
+        in the marker directory (`marker_names`), so a thread without one costs no read."""
+        turn = self._by_thread.get(thread_id)
+        if turn is not None:
+            return True, turn.turn_id if turn.journal is not None and turn.journal.path is not None else None
+        if self.lock_dir is None or (markers is not None and f"t-{thread_id}.turn" not in markers):
+            return False, None
+        marker = self._marker(thread_id)
+        if marker is None:
+            return False, None
+        return True, str(marker["turn_id"]) if marker.get("events") else None
+
+    def marker_names(self) -> set[str] | None:
+        """The file names in the marker directory now (one listing for many `status` calls)."""
+        if self.lock_dir is None:
+            return None
+        try:
+            return set(os.listdir(self.lock_dir))
+        except OSError:
+            return None  # then each status reads its own marker
+
     def attach(self, thread_id: str, events_at: Path, cursor: Cursor | None) -> Attachment | None:
         """The events of the thread's current turn, from its start; None when there is nothing to
         attach to: no turn runs and the cursor names no turn whose events are still kept."""

@@ -316,13 +316,18 @@ class ThreadStore:
     def list(self, owner: str, workspaces: list[str]) -> list[ThreadMeta]:
         metas: list[ThreadMeta] = []
         for ws in workspaces:
-            root = self.layout.threads_dir(ws, owner)
-            if not root.is_dir():
+            try:  # scandir: the entry's type comes with the listing (no stat per thread, no symlinks)
+                with os.scandir(self.layout.threads_dir(ws, owner)) as entries:
+                    dirs = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+            except (FileNotFoundError, NotADirectoryError):
                 continue
-            for tdir in root.iterdir():
-                raw = read_json(tdir / META_FILE) if tdir.is_dir() and not tdir.is_symlink() else None
-                if raw is not None:
-                    metas.append(msgspec.convert(raw, ThreadMeta))
+            for tdir in dirs:
+                try:
+                    with open(os.path.join(tdir, META_FILE), "rb") as fh:
+                        data = fh.read()
+                except FileNotFoundError:
+                    continue  # being created or deleted
+                metas.append(msgspec.json.decode(data, type=ThreadMeta))
         metas.sort(key=lambda m: m.updated, reverse=True)
         return metas
 
