@@ -114,7 +114,7 @@ class Source:
     # -- queries ----------------------------------------------------------------------------
     def check(self, sql: str) -> exp.Expression:
         """One read statement in this source's dialect, naming no schema outside `schemas`."""
-        tree = check_read(sql, self.dialect, self.name)
+        tree = check_read(sql, self.dialect, self.name, allow_functions=self.parsed.config.allow_functions)
         allowed = {s.lower() for s in self.parsed.config.schemas}
         if allowed:
             for schema, table in referenced_tables(tree):
