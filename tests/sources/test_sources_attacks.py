@@ -50,6 +50,9 @@ PG_ATTACKS = [
     "DELETE FROM customers",
     "SELECT * FROM customers FOR UPDATE",
 ]
+# a login may signal the sessions of its own role (no privilege can take that away), so only the
+# statement check stops these: they are not run with the check bypassed
+PG_CHECK_ONLY = {q for q in PG_ATTACKS if "_backend(" in q}
 MARIA_ATTACKS = [
     "/*!SET @@session.tx_read_only=0, @z=*/ (SELECT 1)",
     "/*!CREATE OR REPLACE TABLE customers AS*/ SELECT 1 AS id",
@@ -126,6 +129,9 @@ def test_postgres_attacks_leave_the_database_and_the_sessions_as_they_were(rw_so
         with pytest.raises(SQLError) as err:  # through the statement check, as the model's calls go
             rows(src, sql, "alice")
         assert pg_state(pg) == before, (sql, err.value)
+        assert rows(src, "SELECT pg_backend_pid() AS pid", "bob")[0]["pid"] == bob_before, sql
+        if sql in PG_CHECK_ONLY:
+            continue
         _raw(src, "alice", sql)  # and with the check bypassed: the transaction and the reset hold
         assert pg_state(pg) == before, sql
         now = rows(src, PG_SESSION, "alice")
@@ -239,4 +245,49 @@ def test_grants_changed_at_run_time_are_seen_when_the_status_is_refreshed(source
         maria_root(maria, "REVOKE INSERT ON sales.customers FROM analyst@'127.0.0.1'")
     states = {s["name"]: s for s in sources.statuses(probe=True)}
     assert states["sales"]["state"] == "ok" and states["shop"]["state"] == "ok", states
+    h.rt.sources.close()
+
+
+def test_the_whole_check_corpus_is_refused_on_the_real_servers(rw_sources_home, pg, maria) -> None:
+    """Every attack of tests/unit/sql_corpus.py sent to the real servers through the app: each is
+    refused (or fails in the database), and afterwards the databases and sessions are as before."""
+    from tests.unit.sql_corpus import ATTACKS_MYSQL, ATTACKS_POSTGRES
+
+    h = make_harness(rw_sources_home, ScriptedModel())
+    sources = h.rt.sources.get("demo")
+    for name, attacks, state, session_sql, db in [
+            ("sales_rw", ATTACKS_POSTGRES, pg_state, PG_SESSION, pg),
+            ("shop_rw", ATTACKS_MYSQL, maria_state, MARIA_SESSION, maria)]:
+        src = sources.get(name)
+        before, session_before = state(db), rows(src, session_sql, "alice")
+        bob_before = rows(src, session_sql, "bob")
+        for sql, _named in attacks:
+            with pytest.raises(SQLError):
+                rows(src, sql, "alice")
+        assert state(db) == before, name
+        assert rows(src, session_sql, "alice") == session_before
+        assert rows(src, session_sql, "bob") == bob_before  # the same session of bob's, alive
+    h.rt.sources.close()
+
+
+def test_the_legit_corpus_runs_on_the_real_servers_or_fails_in_the_database(sources_home) -> None:
+    """The analyst SQL of the corpus is never refused by the check on a real source: it runs, or
+    fails with the database's own message (a table of the corpus that this database lacks)."""
+    from tests.unit.sql_corpus import LEGIT_MYSQL, LEGIT_POSTGRES
+
+    h = make_harness(sources_home, ScriptedModel())
+    sources = h.rt.sources.get("demo")
+    ran = {}
+    for name, corpus in [("sales", LEGIT_POSTGRES), ("shop", LEGIT_MYSQL)]:
+        ran[name] = 0
+        for sql in corpus:
+            try:
+                rows(sources.get(name), sql, "alice")
+                ran[name] += 1
+            except SQLRefused as exc:
+                if "is not visible on source" not in str(exc):  # the schemas boundary, not the check
+                    pytest.fail(f"{name}: {sql!r} refused: {exc}")
+            except SQLError:
+                pass  # the database's own error: the check let it through
+    assert ran["sales"] > 0 and ran["shop"] > 0, ran
     h.rt.sources.close()
