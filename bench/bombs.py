@@ -1,18 +1,20 @@
-"""Bombs against the whole app (issue 15): while user A's bomb runs, measure `/api/health`
-latency (p50/p99), user B's turn latency (a small SQL query), A's time to refusal and the app's
-peak RSS. The app runs in a child process (uvicorn, the real API, a scripted model that runs the
+"""Bombs against the whole app (issue 15, issue 24): while user A's bomb runs, measure
+`/api/health` latency (p50/p99), user B's turn latency (a small SQL query), B's plain API requests
+(the slowest one), A's time to refusal, how many of A's requests got 429 and the app's peak RSS. The app runs in a child process (uvicorn, the real API, a scripted model that runs the
 SQL a message names), so its RSS is its own. Prints a table, writes bench/results/bombs.json.
 
     python bench/bombs.py [--only sql_cross_join] [--tiny]
 
 A full run writes bench/results/bombs.json; `--only` / `--tiny` write bombs-partial.json.
 
-To add a bomb: a function `(client, base, headers_a) -> str` (what A got back) in BOMBS.
+To add a bomb: a function `(client, base, headers_a) -> str` (what A got back) in BOMBS; it may
+return `(str, {"a_429": n})` to report the requests of A that were refused with 429.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -43,7 +45,7 @@ from datadesk.store.layout import Layout
 from datadesk.store.users import UserStore
 from datadesk.store.workspaces import ensure_demo_workspace
 
-home, port, root = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+home, port, root, a_threads = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 layout = Layout(home)
 create_demo_warehouse(layout.workspace_data_dir("demo"))
 ensure_demo_workspace(layout)
@@ -58,8 +60,10 @@ def step(messages, tools):
     text = last.get("content") if isinstance(last.get("content"), str) else ""
     if text.startswith("answer:"):  # a giant streamed Markdown table (bench/render_stream.py's shape)
         rows, i = ["| id | name | value | note |", "|---:|---|---:|---|"], 0
-        while sum(len(r) + 1 for r in rows) < int(text.split(":", 1)[1]) * 1024:
+        size, want = 60, int(text.split(":", 1)[1]) * 1024  # a running total: the fake model costs nothing
+        while size < want:
             rows.append(f"| {i} | sensor-{i % 97} | {i * 3.25:.2f} | reading number {i} of the day |")
+            size += len(rows[-1]) + 1
             i += 1
         return ScriptStep(text="Here are all rows:\n\n" + "\n".join(rows) + "\n\nThat is all.\n", delay_s=0.0005)
     if text.startswith("mcp:"):
@@ -73,6 +77,8 @@ settings = msgspec.convert({"home": str(home), "sandbox": {"backend": "none"}, "
 rt = Runtime(settings=settings, model=ScriptedModel(then=step, chunk_size=256))
 users = UserStore(rt.layout)
 tokens = {name: users.add(name, ["demo"], [])[1] for name in ("usera", "userb")}
+for i in range(a_threads):  # a user with history: listing their threads reads each one's files
+    rt.threads.create("demo", "usera", f"analysis {i}")
 (home / "tokens.json").write_text(json.dumps(tokens))
 uvicorn.run(create_app(rt), host="127.0.0.1", port=port, log_level="warning")
 """
@@ -118,17 +124,48 @@ def sql_cross_join_x4(client: httpx.Client, base: str, headers: dict[str, str]) 
     return " || ".join(sorted(results))
 
 
-def answer_300kb(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
-    """A 300 KB streamed Markdown answer (a 4,000-row table and more): rendered in bounded pieces
-    off the event loop, and past the per-block cap shown as plain text, instead of stalling."""
-    tid = client.post(f"{base}/api/threads", json={}, headers=headers).json()["id"]
-    deltas, done = 0, False
-    with client.stream("POST", f"{base}/api/threads/{tid}/messages", json={"content": "answer:300"},
-                       headers=headers, timeout=600) as r:
-        for line in r.iter_lines():
-            deltas += line.startswith("event: message.delta")
-            done = done or line.startswith("event: done")
-    return f"completed={done}, {deltas} deltas streamed"
+def _answer(kb: int) -> Callable[[httpx.Client, str, dict[str, str]], str]:
+    """A `kb` KB streamed Markdown answer (a table of thousands of rows and more): rendered in
+    bounded pieces off the event loop, and past the per-block cap shown as plain text, instead of
+    stalling the loop for everyone."""
+    def bomb(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
+        tid = client.post(f"{base}/api/threads", json={}, headers=headers).json()["id"]
+        deltas, done = 0, False
+        with client.stream("POST", f"{base}/api/threads/{tid}/messages", json={"content": f"answer:{kb}"},
+                           headers=headers, timeout=600) as r:
+            for line in r.iter_lines():
+                deltas += line.startswith("event: message.delta")
+                done = done or line.startswith("event: done")
+        return f"completed={done}, {deltas} deltas streamed"
+    return bomb
+
+
+def api_flood_1000(client: httpx.Client, base: str, headers: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """1,000 API requests from A (its thread list, mostly, with /api/me and a thread), 100 at a
+    time: A's request budget and in-flight cap refuse most of them with 429 and Retry-After."""
+    tid = client.get(f"{base}/api/threads", headers=headers).json()[0]["id"]
+    paths = ["/api/threads"] * 8 + ["/api/me", f"/api/threads/{tid}"]
+
+    async def flood() -> dict[int | str, int]:
+        statuses: dict[int | str, int] = {}
+        gate = asyncio.Semaphore(100)
+        limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+        async with httpx.AsyncClient(limits=limits, timeout=600) as own:
+            async def one(i: int) -> None:
+                async with gate:
+                    try:
+                        r = await own.get(base + paths[i % len(paths)], headers=headers)
+                        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                    except httpx.HTTPError as exc:  # named in the table: a refusal must be an answer
+                        statuses[type(exc).__name__] = statuses.get(type(exc).__name__, 0) + 1
+            await asyncio.gather(*(one(i) for i in range(1000)))
+        return statuses
+
+    t0 = time.monotonic()
+    statuses = asyncio.run(flood())
+    wall = time.monotonic() - t0
+    got = ", ".join(f"{n} x {code}" for code, n in sorted(statuses.items(), key=str))
+    return f"{got} in {wall:.1f} s", {"a_429": statuses.get(429, 0)}
 
 
 def mcp_result_200mb(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
@@ -176,9 +213,12 @@ BOMBS: dict[str, Callable[[httpx.Client, str, dict[str, str]], str]] = {
     "sql_cross_join": sql_cross_join,
     "sql_cross_join_x4": sql_cross_join_x4,
     **_upload_bombs(),
-    "answer_300kb": answer_300kb,
+    "answer_300kb": _answer(300),
+    "answer_312kb": _answer(312),
     "mcp_result_200mb": mcp_result_200mb,
+    "api_flood_1000": api_flood_1000,
 }
+A_THREADS = {"api_flood_1000": 300}  # threads A holds before its bomb (default: none)
 
 
 TINY = ["sql_cross_join", "zip_50_levels", "mcp_result_200mb"]
@@ -196,7 +236,8 @@ def run_bomb(name: str, bomb: Callable[..., str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         home, port = Path(tmp) / "var", free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
-        proc = subprocess.Popen([sys.executable, "-c", APP, str(home), str(port), str(ROOT)], env=env)
+        proc = subprocess.Popen([sys.executable, "-c", APP, str(home), str(port), str(ROOT),
+                                 str(A_THREADS.get(name, 0))], env=env)
         base = f"http://127.0.0.1:{port}"
         try:
             with httpx.Client() as client:
@@ -216,18 +257,41 @@ def run_bomb(name: str, bomb: Callable[..., str]) -> dict[str, Any]:
             proc.wait(timeout=20)
 
 
-def measure(name: str, bomb: Callable[..., str], client: httpx.Client, base: str,
+def b_requests(base: str, hb: dict[str, str], done: threading.Event, took: list[float],
+               refused: list[int]) -> None:
+    """User B's plain API requests (thread list, profile) every 0.2 s while the bomb runs, each
+    timed; on its own connection and thread, so a slow one never delays the health probe. With
+    B's turns that is about 8 requests a second, within a user's default budget: an answer other
+    than 200 is counted (`b_refused`), it should never happen."""
+    paths = ["/api/threads", "/api/me"]
+    with httpx.Client(timeout=60) as own:
+        i = 0
+        while not done.is_set() or not took:
+            t0 = time.monotonic()
+            status = own.get(base + paths[i % 2], headers=hb).status_code
+            took.append(time.monotonic() - t0)
+            if status != 200:
+                refused.append(status)
+            i += 1
+            time.sleep(0.2)
+
+
+def measure(name: str, bomb: Callable[..., Any], client: httpx.Client, base: str,
             ha: dict[str, str], hb: dict[str, str], pid: int) -> dict[str, Any]:
     rss_before = rss_mb(pid)
     out: dict[str, Any] = {}
     done = threading.Event()
     peak = [rss_before]
+    b_api: list[float] = []
+    b_refused: list[int] = []
 
     def run_a() -> None:
         t0 = time.monotonic()
         try:
             with httpx.Client() as own:
-                out["a_result"] = bomb(own, base, ha)
+                got = bomb(own, base, ha)
+            out["a_result"], extra = got if isinstance(got, tuple) else (got, {})
+            out.update(extra)
         except Exception as exc:  # reported in the table, the run goes on
             out["a_result"] = f"bench error: {exc!r}"[:160]
         finally:
@@ -239,7 +303,8 @@ def measure(name: str, bomb: Callable[..., str], client: httpx.Client, base: str
             peak[0] = max(peak[0], rss_mb(pid))
             time.sleep(0.05)
 
-    threads = [threading.Thread(target=run_a), threading.Thread(target=sample_rss)]
+    threads = [threading.Thread(target=run_a), threading.Thread(target=sample_rss),
+               threading.Thread(target=b_requests, args=(base, hb, done, b_api, b_refused))]
     for t in threads:
         t.start()
     health: list[float] = []
@@ -259,9 +324,11 @@ def measure(name: str, bomb: Callable[..., str], client: httpx.Client, base: str
     health.sort()
     return {
         "bomb": name, "a_refusal_s": out.get("a_refusal_s"), "a_result": out.get("a_result"),
+        "a_429": out.get("a_429"),
         "health_p50_ms": round(statistics.median(health), 1),
         "health_p99_ms": round(health[min(len(health) - 1, int(len(health) * 0.99))], 1),
         "health_samples": len(health), "b_turn_s_max": round(max(b_turns), 2),
+        "b_request_s_max": round(max(b_api), 2), "b_requests": len(b_api), "b_refused": len(b_refused),
         "rss_before_mb": round(rss_before), "peak_rss_mb": round(max(peak[0], rss_mb(pid, "VmHWM"))),
         "rss_ceiling_mb": CEILING_MB,
     }
@@ -274,8 +341,8 @@ def main() -> None:
     args = parser.parse_args()
     wanted = [args.only] if args.only else TINY if args.tiny else list(BOMBS)
     rows = [run_bomb(name, BOMBS[name]) for name in wanted]
-    cols = ["bomb", "a_refusal_s", "health_p50_ms", "health_p99_ms", "b_turn_s_max", "rss_before_mb", "peak_rss_mb",
-            "rss_ceiling_mb"]
+    cols = ["bomb", "a_refusal_s", "a_429", "health_p50_ms", "health_p99_ms", "b_turn_s_max", "b_request_s_max",
+            "b_refused", "rss_before_mb", "peak_rss_mb", "rss_ceiling_mb"]
     print(" | ".join(cols))
     for row in rows:
         print(" | ".join(str(row[c]) for c in cols))

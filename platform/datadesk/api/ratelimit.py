@@ -24,6 +24,7 @@ addresses cannot grow the table. In-flight counters exist only while requests ru
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from collections import OrderedDict
@@ -34,6 +35,7 @@ from datadesk.api.auth import SESSION_COOKIE
 from datadesk.api.security import ASGIApp, Scope, _answer, _cookie, _header, _networks, client_address
 from datadesk.settings import ServerSettings
 
+log = logging.getLogger(__name__)
 EXEMPT_PATHS = frozenset({"/api/health"})  # liveness probes must see the truth, even under a flood
 MAX_PRINCIPALS = 10_000  # buckets kept at most (least recently seen dropped first)
 WHO_TTL_S = 10.0  # how long a credential's owner is remembered for budgeting (auth itself runs per request)
@@ -220,6 +222,10 @@ class RateLimiter:
 def user_lookup(users: Any) -> Lookup:
     """The owner of a bearer token or session id, from the user store (None: not valid)."""
     def lookup(kind: str, credential: str) -> str | None:
-        user = users.by_token(credential) if kind == "token" else users.by_session(credential)
+        try:
+            user = users.by_token(credential) if kind == "token" else users.by_session(credential)
+        except Exception:  # e.g. a damaged sessions file: budget by address; the route says what is wrong
+            log.warning("could not look up a %s for the request limits", kind, exc_info=True)
+            return None
         return user.id if user is not None else None
     return lookup
