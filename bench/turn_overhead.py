@@ -43,7 +43,7 @@ from datadesk.chat.runtime import Runtime  # noqa: E402
 from datadesk.domain.records import Record  # noqa: E402
 from datadesk.llm.base import ModelDelta  # noqa: E402
 from datadesk.llm.scripted import ScriptedModel, ScriptStep, tool_step  # noqa: E402
-from datadesk.settings import SandboxSettings, Settings, SummarySettings  # noqa: E402
+from datadesk.settings import SandboxSettings, Settings, StoreSettings, SummarySettings  # noqa: E402
 from datadesk.store.layout import Layout  # noqa: E402
 from datadesk.store.threadlog import ThreadLog  # noqa: E402
 from datadesk.store.workspaces import ensure_demo_workspace  # noqa: E402
@@ -69,7 +69,7 @@ class TimedModel:
             yield ev
 
 
-def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0) -> dict[str, Any]:
+def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0, fsync: str = "turn") -> dict[str, Any]:
     from litestar.testing import TestClient
 
     from datadesk.api.app import create_app
@@ -83,8 +83,9 @@ def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0) 
         steps.append(answer)
     model = TimedModel(ScriptedModel(steps, chunk_size=16, max_recorded=2))
     rt = Runtime(settings=Settings(home=home, sandbox=SandboxSettings(backend="none"),
-                                 summary=SummarySettings(enabled=False)), model=model)
-    name = f"bench{int(with_tool)}m{memory_facts}"
+                                 summary=SummarySettings(enabled=False), store=StoreSettings(fsync=fsync)),
+                 model=model)
+    name = f"bench{int(with_tool)}m{memory_facts}{fsync}"
     _, token = rt.users.add(name, ["demo"], ["memory"] if memory_facts else [])
     for i in range(memory_facts):  # active facts, injected into every request
         rt.memory.remember("demo", name, f"Preference {i}: report totals of building B{i:02d} in MWh",
@@ -110,6 +111,7 @@ def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0) 
         "turns": turns,
         "with_tool": with_tool,
         "memory_facts": memory_facts,
+        "fsync": fsync,
         "overhead_ms_median": round(statistics.median(overheads), 2),
         "overhead_ms_p90": round(sorted(overheads)[int(0.9 * (len(overheads) - 1))], 2),
         "overhead_ms_first": round(overheads[0], 2),
@@ -300,7 +302,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "var"
         ensure_demo_workspace(Layout(home))
-        turn_rows = [bench_turns(home, turns, False), bench_turns(home, turns, True)]
+        # store.fsync: the same turn with the log flushed never, once per turn (the default), per record
+        turn_rows = [bench_turns(home, turns, False), *(bench_turns(home, turns, True, fsync=mode)
+                                                        for mode in ("never", "turn", "record"))]
         cfg = Layout(home).workspace_config("demo")
         cfg.write_text(cfg.read_text() + "memory = true\n")  # the same turn with memory injected
         turn_rows.append(bench_turns(home, turns, False, memory_facts=20))
@@ -309,12 +313,12 @@ def main() -> int:
         reattach_rows = [bench_reattach(home, k, 5 if args.tiny else 20) for k in ((200,) if args.tiny else (200, 5_000))]
 
     print("\nPlatform overhead per turn (scripted model; model and tool time excluded)")
-    print(f"{'turn kind':<22}{'turns':>6}{'median ms':>11}{'p90 ms':>9}{'first':>8}{'last':>8}{'tool ms':>9}")
+    print(f"{'turn kind':<24}{'turns':>6}{'median ms':>11}{'p90 ms':>9}{'first':>8}{'last':>8}{'tool ms':>9}")
     for r in turn_rows:
-        kind = "text answer" if not r["with_tool"] else "sql_query + answer"
+        kind = "text answer" if not r["with_tool"] else f"sql_query, fsync={r['fsync']}"
         if r["memory_facts"]:
             kind = f"text + {r['memory_facts']} memory facts"
-        print(f"{kind:<22}{r['turns']:>6}{r['overhead_ms_median']:>11}{r['overhead_ms_p90']:>9}"
+        print(f"{kind:<24}{r['turns']:>6}{r['overhead_ms_median']:>11}{r['overhead_ms_p90']:>9}"
               f"{r['overhead_ms_first']:>8}{r['overhead_ms_last']:>8}{r['tool_ms_median']:>9}")
     print("\nNewest 50 records of a thread log")
     print(f"{'records':>10}{'file MB':>9}{'tail(50) ms':>13}{'full read ms':>14}")

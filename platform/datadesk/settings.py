@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import msgspec
 
@@ -185,6 +185,13 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
     requests_in_flight: int = 256  # requests being answered at once by one worker, all users (503 past it)
 
 
+class StoreSettings(msgspec.Struct, forbid_unknown_fields=True):
+    # when a thread's log reaches the disk itself: "record" (each append), "turn" (end of each turn),
+    # "never" (the kernel's write-back); a process crash loses nothing written in any mode
+    fsync: Literal["record", "turn", "never"] = "turn"
+    min_free_mb: int = 100  # below this much free space in the home, new turns and uploads are refused
+
+
 class AuthSettings(msgspec.Struct, forbid_unknown_fields=True):
     login_attempts_per_minute: int = 10  # failed attempts per client address and minute
     login_attempts_per_account: int = 20  # failed attempts per account and minute (from any address)
@@ -205,6 +212,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     memory: MemorySettings = msgspec.field(default_factory=MemorySettings)
     sandbox: SandboxSettings = msgspec.field(default_factory=SandboxSettings)
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
+    store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
 
     @property

@@ -30,6 +30,7 @@ from datadesk.offload.grid import Column, GridError, GridLimit, GridReader, Grid
 from datadesk.offload.requery import expired_message
 from datadesk.offload.store import regular_file
 from datadesk.sandbox.files import read_regular
+from datadesk.store.files import not_saved
 from datadesk.store.sqllimits import SQLLimits
 from datadesk.store.threads import Thread
 
@@ -417,7 +418,7 @@ async def _receive_file(request: Request, boundary: str, fd: int, limit: int,
     current: str | None = None
     written = 0
     try:
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(fd, "wb") as out:  # closed on every way out: a failed upload holds no space
             async for chunk in request.stream():
                 for event in parser.parse(chunk):
                     if isinstance(event, multipart.MultipartSegment):
@@ -437,6 +438,11 @@ async def _receive_file(request: Request, boundary: str, fd: int, limit: int,
             parser.close()
     except multipart.MultipartError as exc:
         raise ClientException(f"malformed multipart body: {exc}") from None
+    except OSError as exc:  # the disk filled up while the file arrived (the caller removes the temp file)
+        error = not_saved(exc, f"the upload {filename or 'file'}")
+        if error is None:
+            raise
+        raise error from None
     if filename is None:
         raise ClientException("no 'file' field in the upload")
     if written == 0:

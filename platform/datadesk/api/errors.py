@@ -25,6 +25,8 @@ from datadesk.memory.store import DuplicateFact, FactNotFound, FactStateError, M
 from datadesk.offload.store import ArtifactNotFound
 from datadesk.offload.uploads import UploadError, UploadTooLarge
 from datadesk.store.admission import Busy
+from datadesk.store.diskspace import DiskLow
+from datadesk.store.files import StoreWriteError
 from datadesk.store.threads import ThreadNotFound, TooManyThreads
 from datadesk.store.users import UserError
 from datadesk.store.workspaces import WorkspaceConfigError
@@ -50,6 +52,8 @@ ERROR_STATUS: dict[type[Exception], int] = {
     TooManyTurns: 429,
     TooManyThreads: 429,
     Busy: 503,  # the app's query slots or memory ceiling: try again shortly
+    DiskLow: 507,  # store.min_free_mb: too little room in the data directory for new work
+    StoreWriteError: 507,  # a write to the data directory failed (full disk): nothing half-kept
     WorkspaceConfigError: 500,
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import html
@@ -193,4 +194,6 @@ class SessionController(Controller):
 
     @get("/api/health")
     async def health(self, rt: RuntimeDep) -> dict[str, Any]:
-        return {"status": "ok", "version": __version__, "model": rt.model_info()}
+        disk = await asyncio.to_thread(rt.disk.status)  # statvfs: a network file system may be slow
+        return {"status": "degraded" if disk["low"] else "ok", "version": __version__, "model": rt.model_info(),
+                "disk": disk}

@@ -39,6 +39,8 @@ from datadesk.offload.tabular import TabularParseError, detect_text
 from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload_async
 from datadesk.settings import OffloadSettings
 from datadesk.store.admission import MemoryGuard, QuerySlots
+from datadesk.store.diskspace import DiskRoom
+from datadesk.store.files import not_saved
 from datadesk.store.tempnames import temp_prefix
 from datadesk.store.threads import Thread
 
@@ -80,8 +82,10 @@ class Attachments:
     def __init__(self, offload: OffloadPipeline, quota: ArtifactQuota, turns: TurnRegistry,
                  settings: OffloadSettings, max_message_tokens: int,
                  capability: Callable[[User, str], OffloadCapability],
-                 memory: MemoryGuard | None = None, slots: QuerySlots | None = None) -> None:
+                 memory: MemoryGuard | None = None, slots: QuerySlots | None = None,
+                 disk: DiskRoom | None = None) -> None:
         self.offload = offload
+        self.disk = disk  # below store.min_free_mb no upload or pasted table starts (DiskLow -> 507)
         self.memory = memory  # near the app's memory ceiling no upload starts (Busy -> 503)
         self.slots = slots  # conversions per user and in the app (limits.uploads*)
         self.quota = quota
@@ -98,6 +102,8 @@ class Attachments:
         task: cancelling the thread's turn stops it (UploadStopped), nothing kept."""
         if self.memory is not None:
             self.memory.check_admit("upload")
+        if self.disk is not None:
+            self.disk.check("the upload")
         turn = self.turns.reserve(thread.id, user.id)
         try:
             task = turn.task = asyncio.ensure_future(self._upload(thread, user, receive, progress, turn.turn_id))
@@ -121,6 +127,11 @@ class Attachments:
             slot = await self.slots.acquire(user.id, "upload") if self.slots is not None else None
             try:
                 art, head, schema = await self._ingest(thread, user, Path(tmp_path), filename, progress)
+            except OSError as exc:  # the disk filled up while the artifact was written
+                error = not_saved(exc, f"the upload {filename}")
+                if error is None:
+                    raise
+                raise error from None
             finally:
                 if slot is not None:
                     slot.release()
@@ -145,6 +156,8 @@ class Attachments:
         if len(text) <= 8 * limit and (len(text) <= limit or count_tokens(text) <= limit):
             return text
         if len(text) <= MAX_PASTE_CHARS and detect_text(text) in ("csv", "tsv", "json"):
+            if self.disk is not None:
+                self.disk.check("the pasted table")
             # the thread's slot first: while a turn runs the message is refused (409), no artifact
             turn = self.turns.reserve(thread.id, user.id)
             try:

@@ -27,8 +27,10 @@ from datadesk.domain.ids import ID_PATTERN, new_id
 from datadesk.domain.records import ArtifactRef, AssistantRecordMeta, Record, ToolCall, record_meta
 from datadesk.domain.users import User
 from datadesk.llm.base import ChatModel, ModelDelta, ModelError, ModelReply
-from datadesk.offload.pipeline import OffloadCapability, OffloadPipeline
+from datadesk.offload.pipeline import OffloadCapability, OffloadOutcome, OffloadPipeline
 from datadesk.settings import ChatSettings
+from datadesk.store.diskspace import DiskRoom
+from datadesk.store.files import StoreWriteError, not_saved
 from datadesk.store.threadlog import LogClosed
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.summary.service import SummaryService
@@ -52,6 +54,7 @@ class TurnServices:
     policy: TurnPolicy  # permitted tools, offload capability, request parts, memory extraction
     settings: ChatSettings
     calibrate: bool = True  # the model's reported usage is real: learn the token correction
+    disk: DiskRoom | None = None  # store.min_free_mb: no new turn on a disk that is nearly full
 
 
 class TurnLoop:
@@ -90,6 +93,10 @@ class TurnLoop:
         except LogClosed as exc:
             status = "error"
             self.turn.emit(TurnError(kind="thread_gone", message=str(exc)))
+        except StoreWriteError as exc:  # a full disk: what was not saved is named, nothing is half-kept
+            status = "error"
+            self.turn.emit(TurnError(kind="disk", message=f"{exc}. Free space on the disk of the data directory, "
+                                                          "then send the message again."))
         except Exception as exc:  # never lose the stream without saying why
             log.exception("turn %s failed", self.turn.turn_id)
             status = "error"
@@ -97,6 +104,7 @@ class TurnLoop:
         finally:
             try:
                 self.services.threads.touch(self.thread)
+                self.thread.end_turn()  # store.fsync = "turn": the turn's records reach the disk
             except Exception:
                 pass
             self.turn.emit(TurnDone(turn_id=self.turn.turn_id, status=status))
@@ -205,6 +213,14 @@ class TurnLoop:
                 if result.table is not None:  # stop the query behind the stream (safe from any thread)
                     result.table.interrupt()
                 raise
+            except OSError as exc:  # a full disk while the result was written: no artifact, the reason
+                error = not_saved(exc, f"the result of {call.name}")
+                if error is None:
+                    raise
+                if result.table is not None:
+                    result.table.interrupt()
+                log.error("turn %s: %s", self.turn.turn_id, error)
+                outcome = OffloadOutcome(ToolResult(f"{call.name} failed: {error}", is_error=True))
             result = outcome.result
             if outcome.artifact is not None:
                 self.turn.emit(ArtifactCreated(call_id=call.id, artifact=ArtifactRef.of(outcome.artifact)))
@@ -245,7 +261,9 @@ def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:
 
 async def start_turn(services: TurnServices, turns: TurnRegistry, thread: Thread, user: User, text: str,
                      background: bool) -> RunningTurn:
-    """Reserve the thread (409/429 if not possible) and start the turn task."""
+    """Reserve the thread (409/429 if not possible, 507 with too little disk) and start the turn task."""
+    if services.disk is not None:
+        services.disk.check("a new turn")
     turn = turns.reserve(thread.id, user.id, events_at=thread.events_path)
     turn.background = background
     loop = TurnLoop(services, turn, thread, user)

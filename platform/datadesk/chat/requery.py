@@ -16,6 +16,7 @@ from datadesk.chat.turns import TurnRegistry
 from datadesk.domain.ids import new_id
 from datadesk.domain.records import AssistantRecordMeta, Record, ToolCall, ToolRecordMeta, record_meta
 from datadesk.domain.users import User
+from datadesk.store.diskspace import DiskRoom
 from datadesk.store.threads import Thread
 from datadesk.tools.context import ToolContext
 from datadesk.tools.requery import RequeryService
@@ -26,13 +27,16 @@ TOOL_NAME = "requery_artifact"
 class UserRequery:
     """Restores an expired artifact on the user's request and records it as a tool call pair."""
 
-    def __init__(self, requery: RequeryService, turns: TurnRegistry) -> None:
+    def __init__(self, requery: RequeryService, turns: TurnRegistry, disk: DiskRoom | None = None) -> None:
         self.requery = requery
         self.turns = turns
+        self.disk = disk  # below store.min_free_mb no re-query starts (DiskLow -> 507)
 
     async def run(self, thread: Thread, user: User, aid: str) -> dict[str, Any]:
         """Re-run the origin call of artifact `aid` (409 while a turn runs on the thread) and
         return the report; ToolError says why it cannot be re-run."""
+        if self.disk is not None:
+            self.disk.check("the re-query")
         turn = self.turns.reserve(thread.id, user.id)
         try:
             call_id = new_id("call_")

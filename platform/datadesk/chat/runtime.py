@@ -26,6 +26,7 @@ from datadesk.offload.pipeline import OffloadPipeline
 from datadesk.offload.quota import ArtifactQuota
 from datadesk.offload.store import ArtifactNotFound, ArtifactStore
 from datadesk.offload.tempfiles import sweep_temp_files
+from datadesk.store.diskspace import DiskRoom
 from datadesk.sandbox.backends import build_kernel_registry
 from datadesk.sandbox.files import read_regular
 from datadesk.sandbox.registry import KernelRegistry
@@ -72,7 +73,8 @@ class Runtime:
         self.summary_model = summary_model or self.model  # the same LLM unless told otherwise
         self.layout = Layout(settings.home)
         self.users = UserStore(self.layout)
-        self.threads = ThreadStore(self.layout, settings.limits.max_threads_per_user)
+        self.disk = DiskRoom(self.layout.home, settings.store.min_free_mb)  # checked before new work
+        self.threads = ThreadStore(self.layout, settings.limits.max_threads_per_user, settings.store.fsync)
         self.workspaces = Workspaces(self.layout, settings.sql.timeout_s,
                                      SQLLimits.from_settings(settings.limits, self.layout.home))
         # [sources.*] of each workspace: first rows within sql.timeout_s, the whole statement within
@@ -97,12 +99,12 @@ class Runtime:
         self.turn_services = TurnServices(
             model=self.model, requests=self.requests, tools=self.tools, offload=self.offload,
             summaries=self.summaries, threads=self.threads, policy=self.policy, settings=settings.chat,
-            calibrate=bool(getattr(self.model, "reports_real_usage", True)))
+            calibrate=bool(getattr(self.model, "reports_real_usage", True)), disk=self.disk)
         # what the analyst does outside a turn (api/ only parses and shapes): uploads, pastes, re-query
         self.attachments = Attachments(self.offload, self.quota, self.turns, settings.offload,
                                        settings.context.max_message_tokens, self.policy.offload_capability,
-                                       self.query_slots.guard, self._upload_slots(settings))
-        self.user_requery = UserRequery(self.requery, self.turns)
+                                       self.query_slots.guard, self._upload_slots(settings), self.disk)
+        self.user_requery = UserRequery(self.requery, self.turns, self.disk)
         self.lifecycle = ThreadLifecycle(self.threads, self.turns, self.kernels)  # clear chat, delete thread
 
     def _build_data(self, settings: Settings) -> None:

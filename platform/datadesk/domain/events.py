@@ -79,7 +79,8 @@ class MessageCompleted(EventPayload):
 
 class TurnError(EventPayload):
     """Why the turn (or a step of it) failed: `kind` is context, model, step_limit, cancelled,
-    thread_gone or internal."""
+    thread_gone, disk (a write to the data directory failed: the message names what was not
+    saved), or internal."""
 
     type: ClassVar[str] = "error"
     kind: str

@@ -45,7 +45,7 @@ from datadesk.offload.pyrepr import looks_like_repr_rows, repr_batches
 from datadesk.offload.tabular import TabularParseError, csv_batches, detect_text, json_batches
 from datadesk.offload.worker import PROGRESS_INTERVAL_S, WriteCancelled, WriteJob, run_job
 from datadesk.settings import OffloadSettings
-from datadesk.store.files import write_atomic
+from datadesk.store.files import not_saved, write_atomic
 from datadesk.store.threads import Thread
 
 log = logging.getLogger(__name__)
@@ -170,6 +170,11 @@ class OffloadPipeline:
                                                  job=job)
         except OSError as exc:
             log.warning("offload of %s failed: %s", spec.name, exc)
+            disk = not_saved(exc, f"the full result of {spec.name}")
+            if disk is not None:  # a full disk: an error the user and the model are told as such
+                return OffloadOutcome(ToolResult(content=f"{spec.name} failed: {disk}. Narrow the query with "
+                                                 "filters, aggregation or LIMIT, or free space on the disk.",
+                                                 is_error=True, meta=_with(result, offload_failed=True)))
             reason = f"saving the full result failed: {exc.strerror or exc}"
             return OffloadOutcome(ToolResult(content=f"NOTICE: {reason}. The result is not available; "
                                              "narrow the query with filters, aggregation or LIMIT.",

@@ -26,6 +26,19 @@ def disk_reason(exc: OSError) -> str:
     return f"{name} ({exc.strerror or exc})"
 
 
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+
+
+def not_saved(exc: BaseException, what: str) -> StoreWriteError | None:
+    """`exc` as a StoreWriteError saying `what` was not saved, when it is a disk's failure (a full
+    disk, a quota, an I/O error); None for any other error."""
+    if isinstance(exc, StoreWriteError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+        return StoreWriteError(exc.errno, f"{disk_reason(exc)}: {what} was not saved; nothing of it was kept")
+    return None
+
+
 def write_all(fd: int, data: bytes) -> None:
     """Write every byte of `data` to `fd`, looping on short writes (a full disk can take part of
     a write and fail the rest); an OSError means not all of it was written."""
@@ -43,6 +56,9 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync: bool = True) 
 
     `sync=False` skips the fsync: for run-time markers (locks' owners, heartbeats, kernel
     records) that mean nothing after a crash of the host, on paths turns take.
+
+    A disk that fails the write (full, over quota, I/O error) leaves `path` as it was, removes the
+    temp file and raises StoreWriteError naming `path` and the reason.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)
@@ -54,11 +70,14 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync: bool = True) 
                 os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        error = not_saved(exc, str(path))
+        if error is not None and error is not exc:
+            raise error from None
         raise
 
 

@@ -80,12 +80,27 @@ class ThreadLog:
     """Append-only JSON-lines log of `Record`s."""
 
     def __init__(self, path: Path, lock: FileAndThreadLock | None = None,
-                 epoch_of: Callable[[], int | None] | None = None) -> None:
+                 epoch_of: Callable[[], int | None] | None = None, fsync: bool = False) -> None:
         """`lock` and `epoch_of` come from the owning `Thread` (its lock, its epoch on disk); a log
-        opened on its own gets a lock file beside it and cannot guard appends by epoch."""
+        opened on its own gets a lock file beside it and cannot guard appends by epoch. With
+        `fsync`, an append returns only once its line is on the disk (store.fsync = "record")."""
         self.path = Path(path)
         self._lock = lock or FileAndThreadLock(Path(str(self.path) + ".lock"))
         self._epoch_of = epoch_of
+        self.fsync = fsync
+
+    def sync(self) -> None:
+        """Flush the log to the disk (store.fsync = "turn" calls it at the end of each turn)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            log.error("could not fsync %s: %s", self.path, exc)
+        finally:
+            os.close(fd)
 
     # -- writing -----------------------------------------------------------
     def lock(self) -> FileAndThreadLock:
@@ -125,6 +140,8 @@ class ThreadLog:
             size = os.fstat(fd).st_size  # under the lock: nobody else appends meanwhile
             try:
                 write_all(fd, line)
+                if self.fsync:
+                    os.fsync(fd)
             except OSError as exc:
                 try:
                     os.ftruncate(fd, size)  # the part that reached the disk goes: no torn line is left

@@ -46,20 +46,29 @@ class Thread:
     the epoch still the one the work started in (LogClosed otherwise).
     """
 
-    def __init__(self, dir: Path, meta: ThreadMeta | None = None) -> None:
+    def __init__(self, dir: Path, meta: ThreadMeta | None = None, fsync: str = "turn") -> None:
+        """`fsync` (store.fsync): when the log reaches the disk itself, not only the page cache:
+        "record" (every append), "turn" (`end_turn`), "never" (the kernel's own write-back)."""
         self.dir = Path(dir)
         self.meta = meta  # as last read or written by this object; None for a bare folder
+        self.fsync = fsync
         self._lock = FileAndThreadLock(self.dir / LOCK_FILE)
-        self.log = ThreadLog(self.dir / "log.jsonl", lock=self._lock, epoch_of=self.current_epoch)
+        self.log = ThreadLog(self.dir / "log.jsonl", lock=self._lock, epoch_of=self.current_epoch,
+                             fsync=fsync == "record")
 
     def __repr__(self) -> str:
         return f"Thread({self.dir.name!r})"
 
     @classmethod
-    def at(cls, dir: Path) -> "Thread":
+    def at(cls, dir: Path, fsync: str = "turn") -> "Thread":
         """The thread in folder `dir` (its meta read when there is one)."""
         raw = read_json(Path(dir) / META_FILE)
-        return cls(Path(dir), msgspec.convert(raw, ThreadMeta) if raw is not None else None)
+        return cls(Path(dir), msgspec.convert(raw, ThreadMeta) if raw is not None else None, fsync)
+
+    def end_turn(self) -> None:
+        """A turn is over: with store.fsync = "turn", its records reach the disk now."""
+        if self.fsync == "turn":
+            self.log.sync()
 
     @property
     def id(self) -> str:
@@ -238,9 +247,10 @@ def _rewrite_jsonl_file(path: Path, transform: Callable[[Any], Any]) -> int:
 class ThreadStore:
     """Create, find, list and delete a user's threads across their workspaces."""
 
-    def __init__(self, layout: Layout, max_threads_per_user: int = 0) -> None:
+    def __init__(self, layout: Layout, max_threads_per_user: int = 0, fsync: str = "turn") -> None:
         self.layout = layout
         self.max_threads_per_user = max_threads_per_user  # per workspace; 0: no limit
+        self.fsync = fsync  # store.fsync, handed to every Thread this store opens
         self._create_lock = threading.Lock()
 
     def create(self, workspace: str, owner: str, title: str = "New chat", project: str | None = None) -> Thread:
@@ -274,7 +284,7 @@ class ThreadStore:
         meta = ThreadMeta(id=tid, workspace=workspace, owner=owner, title=title[:200] or "New chat",
                           created=now, updated=now, project=project)
         tdir.mkdir(parents=True)
-        thread = Thread(tdir)
+        thread = Thread(tdir, fsync=self.fsync)
         thread.write_meta(meta)
         return thread
 
@@ -282,7 +292,7 @@ class ThreadStore:
         """Find thread `tid` of `owner` in one of `workspaces`, else ThreadNotFound."""
         check_id(tid, "thread")
         for ws in workspaces:
-            thread = Thread.at(self.layout.thread_dir(ws, owner, tid))
+            thread = Thread.at(self.layout.thread_dir(ws, owner, tid), self.fsync)
             meta = thread.meta
             if meta is not None and meta.owner == owner and meta.id == tid:
                 return thread
@@ -293,7 +303,7 @@ class ThreadStore:
         reused by "+ New chat" instead of leaving another empty one behind."""
         found: list[tuple[float, Thread]] = []
         for folder in self.folders(workspace, owner):
-            thread = Thread.at(folder.dir)
+            thread = Thread.at(folder.dir, self.fsync)
             meta = thread.meta
             if meta is None or meta.title != "New chat" or meta.project is not None:
                 continue
@@ -311,7 +321,7 @@ class ThreadStore:
             if tdir.name.startswith(".") or tdir.is_symlink() or not tdir.is_dir():
                 continue
             check_id(tdir.name, "thread")
-            yield Thread(tdir)
+            yield Thread(tdir, fsync=self.fsync)
 
     def list(self, owner: str, workspaces: list[str]) -> list[ThreadMeta]:
         metas: list[ThreadMeta] = []

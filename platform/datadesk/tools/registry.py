@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable
 import msgspec
 
 from datadesk.domain.tools import ToolError, ToolResult, ToolSpec
+from datadesk.store.files import not_saved
 from datadesk.tools.arguments import InvalidArguments, ToolArguments, arguments_schema, parse_arguments
 from datadesk.tools.context import ToolContext, TurnFacts
 
@@ -119,6 +120,13 @@ class ToolRegistry:
             return await tool.handler(typed, ctx)
         except ToolError as exc:
             return ToolResult(f"{name} failed: {exc}", is_error=True)
+        except OSError as exc:  # a full disk: say so (the model can tell the user), nothing was kept
+            error = not_saved(exc, f"the result of {name}")
+            if error is None:
+                log.exception("tool %s raised", name)
+                return ToolResult(f"{name} failed with an internal error ({type(exc).__name__})", is_error=True)
+            log.error("tool %s: %s", name, error)
+            return ToolResult(f"{name} failed: {error}", is_error=True)
         except Exception as exc:  # a tool bug must not break the turn
             log.exception("tool %s raised", name)
             return ToolResult(f"{name} failed with an internal error ({type(exc).__name__})", is_error=True)

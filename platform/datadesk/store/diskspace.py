@@ -1,0 +1,64 @@
+"""Room on the disk of the data directory, checked before work rather than discovered after.
+
+Below `store.min_free_mb` of free space (for an unprivileged process: what `statvfs` gives
+non-root users) a new turn, upload, pasted table or re-query is refused with `DiskLow`
+(507 Insufficient Storage), naming the setting; `/api/health` reports the state, and each
+change of state is logged once. A write that still fails on a full disk (the space went
+between the check and the write) is a `StoreWriteError` (store/files.py): whole or absent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class DiskLow(Exception):
+    """Too little free space in the home for new work: the message names the setting."""
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes for this process on the file system of `path` (0 when it cannot be read)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+class DiskRoom:
+    """The free space of the home against `store.min_free_mb` (0: never refuse)."""
+
+    def __init__(self, home: Path, min_free_mb: int) -> None:
+        self.home = Path(home)
+        self.min_free_mb = int(min_free_mb)
+        self._low: bool | None = None  # last state seen, to log changes once
+
+    def free_mb(self) -> float:
+        return free_bytes(self.home) / 1e6
+
+    def low(self) -> bool:
+        low = self.min_free_mb > 0 and self.free_mb() < self.min_free_mb
+        if low != self._low:
+            if low:
+                log.warning("the disk of %s has %.0f MB free, below store.min_free_mb = %d: new turns and uploads "
+                            "are refused until space is freed", self.home, self.free_mb(), self.min_free_mb)
+            elif self._low:
+                log.info("the disk of %s has room again (%.0f MB free)", self.home, self.free_mb())
+            self._low = low
+        return low
+
+    def check(self, what: str) -> None:
+        """Raise DiskLow when `what` (a new turn, an upload, ...) should not start now."""
+        if self.low():
+            raise DiskLow(f"{what} was refused: the disk of the data directory has only {self.free_mb():.0f} MB "
+                          f"free, below store.min_free_mb = {self.min_free_mb} MB. Ask an admin to free space; "
+                          "nothing already saved is affected")
+
+    def status(self) -> dict[str, Any]:
+        """What /api/health reports."""
+        return {"free_mb": round(self.free_mb()), "min_free_mb": self.min_free_mb, "low": self.low()}
