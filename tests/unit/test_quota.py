@@ -226,3 +226,45 @@ def test_a_dead_writers_temp_files_go_at_once_anywhere_in_the_workspaces(tmp_pat
     assert made[3].exists()  # in outputs: the kernel's files are not the app's temp files
     assert live.exists() and other_host.exists()
 
+
+
+def test_a_dead_writers_temp_files_go_at_once_outside_the_workspaces_too(tmp_path: Path) -> None:
+    """An atomic write beside users.json or calibration.json, of a turn marker in locks/turns or
+    of a kernel record leaves a temp file when its process is killed mid-write: the sweep removes
+    those of a dead owner there too, and nothing else (a live writer's, an untagged file, a
+    kernel's outputs, DuckDB's spill folder)."""
+    import subprocess
+    import sys
+    import tempfile
+    import textwrap
+
+    from datadesk.offload.tempfiles import TEMP_MAX_AGE_S, sweep_temp_files
+    from datadesk.store.tempnames import temp_prefix
+
+    w = World(tmp_path)
+    home = w.layout.home
+    folders = [home, home / "locks" / "turns", home / "sandbox" / "kernels", home / "sandbox" / "workers",
+               home / "run" / "kabc"]
+    outputs, spill = home / "sandbox" / "slots" / "kabc" / "outputs", home / "tmp" / "sql" / "f00"
+    for d in [*folders, outputs, spill]:
+        d.mkdir(parents=True, exist_ok=True)
+    child = textwrap.dedent(f"""
+        import os, sys, tempfile
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / 'platform')!r})
+        from datadesk.store.tempnames import temp_prefix
+        for folder in {[str(d) for d in [*folders, outputs, spill]]!r}:
+            fd, path = tempfile.mkstemp(prefix=temp_prefix("x.json"), suffix=".tmp", dir=folder)
+            os.write(fd, b"half written")
+            print(path)
+        os._exit(0)
+    """)
+    made = [Path(p) for p in subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                                            check=True).stdout.split()]
+    fd, name = tempfile.mkstemp(prefix=temp_prefix("users.json"), suffix=".tmp", dir=home)  # a live writer's
+    os.close(fd)
+    untagged = home / "locks" / ".old-style.tmp"
+    untagged.write_bytes(b"no owner named")
+    _age(untagged, TEMP_MAX_AGE_S * 5)  # outside the workspaces age proves nothing: it stays
+    removed = sweep_temp_files(w.store)
+    assert sorted(removed) == sorted(made[:len(folders)])
+    assert all(p.exists() for p in made[len(folders):]) and Path(name).exists() and untagged.exists()

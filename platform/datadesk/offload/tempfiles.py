@@ -1,4 +1,4 @@
-"""Sweeping what a crash left in the workspaces' folders.
+"""Sweeping what a crash left in the data directory (the workspaces' folders and the rest).
 
 A write that is cancelled or fails removes its own temp files (ParquetSink, uploads,
 `write_atomic`). A crash (the process killed mid-write) cannot, so this sweep removes,
@@ -13,7 +13,11 @@ at start and on every round of the periodic sweeper:
   group or chunk, so it is never taken for a leftover);
 - orphan data in an artifacts folder: `<aid>.<ext>` without its `<aid>.json` (renamed into
   place, then the process died before the metadata was written), after `ORPHAN_GRACE_S`:
-  without metadata nobody can own it, so it is removed, with a log line naming it.
+  without metadata nobody can own it, so it is removed, with a log line naming it;
+- elsewhere in the home (`users.json`, `sessions.json`, `calibration.json` beside it, turn
+  markers in `locks/turns/`, kernel records and heartbeats in `sandbox/`, `run/`): the temp
+  entries of an atomic write whose owner no longer runs; nothing by age there (never into
+  `tmp/`, a kernel's `outputs/` or `data/`).
 
 Links are removed as links, never followed.
 """
@@ -36,6 +40,7 @@ log = logging.getLogger(__name__)
 TEMP_MAX_AGE_S = 3600.0  # an hour without a single write: no live writer works like that
 ORPHAN_GRACE_S = 30.0  # a writer renames the data file, then writes its metadata a moment later
 _NOT_SWEPT = {"outputs", "data"}  # the kernel's files and the warehouse: not the app's temp files
+_HOME_NOT_SWEPT = {"workspaces", "tmp"}  # swept on their own; DuckDB's spill folders (tmp/sql)
 
 
 def is_temp_name(name: str) -> bool:
@@ -118,8 +123,34 @@ def sweep_artifacts_dir(adir: Path, max_age_s: float = TEMP_MAX_AGE_S, now: floa
     return sweep_dir(adir, max_age_s, now, orphans=True)
 
 
+def sweep_dead_owners(folder: Path) -> list[Path]:
+    """Remove the temp entries of `folder` whose owner tag names a process of this host that no
+    longer runs (nothing else: outside the workspaces a name is no proof of a leftover)."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not (is_temp_name(entry.name) and owner_dead(entry.name)):
+            continue
+        path = Path(entry.path)
+        try:
+            _remove(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("could not remove the leftover %s: %s", path, exc)
+            continue
+        log.info("removed %s (its writer is gone)", path)
+        removed.append(path)
+    return removed
+
+
 def sweep_temp_files(store: ArtifactStore, max_age_s: float = TEMP_MAX_AGE_S) -> list[Path]:
-    """Sweep every folder under the workspaces of this host; returns what was removed."""
+    """Sweep every folder under the workspaces of this host, and the dead writers' temp files of
+    the rest of the home (users, sessions, calibration, turn markers, kernel records and
+    heartbeats); returns what was removed."""
     removed: list[Path] = []
     now = time.time()
     root = store.layout.workspaces_dir
@@ -128,6 +159,13 @@ def sweep_temp_files(store: ArtifactStore, max_age_s: float = TEMP_MAX_AGE_S) ->
         removed.extend(sweep_dir(here, max_age_s, now, orphans=here.name == "artifacts"))
         # never into a temp folder (the sink's), a kernel's outputs or a warehouse folder
         dirs[:] = [d for d in dirs if not is_temp_name(d) and d not in _NOT_SWEPT and (here / d).is_dir()]
+    home = store.layout.home
+    for folder, dirs, _files in os.walk(home, followlinks=False):
+        here = Path(folder)
+        removed.extend(sweep_dead_owners(here))
+        # the workspaces are swept above; SQL spill folders and a kernel's files are not the app's
+        dirs[:] = [d for d in dirs if not is_temp_name(d) and d not in _NOT_SWEPT
+                   and not (here == home and d in _HOME_NOT_SWEPT) and (here / d).is_dir()]
     if removed:
-        log.info("removed %d leftover temp or orphan file(s) from the workspaces", len(removed))
+        log.info("removed %d leftover temp or orphan file(s) from the data directory", len(removed))
     return removed
