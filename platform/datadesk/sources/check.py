@@ -1,7 +1,9 @@
 """The statement check of a source: one read statement that calls only allowed functions.
 
-The first of two layers (the database session is read-only too, see each driver). It is an
-allow-list, applied after normalising the text the way the source's server reads it:
+One of three layers: the login may only read (sources/privileges.py, checked at every new
+connection), every query runs in a read-only transaction and the session is reset after it
+(each driver), and this check runs before the query is sent. It is an allow-list, applied
+after normalising the text the way the source's server reads it:
 
 1. Lexical (sqllex.py): the text is split into code, strings and comments with the server's
    own rules and compared with sqlglot's tokens. Refused: MySQL/MariaDB executable comments
