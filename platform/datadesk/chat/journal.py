@@ -6,7 +6,9 @@ appends them to the thread's `events.jsonl` for the other workers (`follow_file`
 line naming the turn, then one line per event, except that a run of `message.delta` events is
 written as one line holding its pieces (`parts`), flushed at the next other event or after
 DELTA_FLUSH_S. The file is replaced when the thread's next turn starts; clear and delete
-remove it.
+remove it. The header also names the writer (pid, its start time, host). A turn whose
+process died leaves a file without `done`: chat/interrupted.py finishes the turn and ends
+the file (`append_to_file`), so re-attached clients get its end.
 
 Bounds per turn: KEEP_BYTES of kept events (memory and file alike). Past PROGRESS_TEXT_BYTES
 the printed text of `tool.progress` is no longer kept (live subscribers still get it); past
@@ -28,7 +30,8 @@ from typing import Any, AsyncIterator, Callable
 
 import msgspec
 
-from datadesk.store.tempnames import temp_prefix
+from datadesk.store.jsonl import last_newline_end
+from datadesk.store.tempnames import host_hash, proc_start, temp_prefix
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ MAX_BEHIND = 20_000
 DELTA_FLUSH_S = 0.25  # how long text pieces may wait before other workers can read them
 FOLLOW_POLL_S = 0.1  # how often another worker looks for new lines
 ENDING = frozenset({"tool.finished", "artifact.created", "message.completed", "error", "done"})
+TAIL_BYTES = 1024  # a `done` line is far shorter: enough to tell whether a file's turn ended
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,10 @@ class TurnJournal:
         self._fd: int | None = None
         if path is not None:
             try:
-                self._fd = _replace_file(path, {"turn": turn_id, "pid": os.getpid(), "started": time.time()})
+                # who writes it (host, pid and its start time): a finisher can tell a dead writer
+                self._fd = _replace_file(path, {"turn": turn_id, "pid": os.getpid(),
+                                                "pid_start": proc_start(os.getpid()), "host": host_hash(),
+                                                "started": time.time()})
             except OSError as exc:  # the thread may be gone: the turn still streams to its clients
                 log.warning("no event file for turn %s: %s", turn_id, exc)
 
@@ -238,6 +245,73 @@ def _decode(line: bytes) -> list[JournalEvent]:
         return [JournalEvent(n, str(obj["type"]), dict(obj["data"]))]
     except (msgspec.DecodeError, KeyError, TypeError, ValueError):
         return []
+
+
+@dataclass(frozen=True)
+class EventFile:
+    """What a turn's event file holds: its header (turn, pid, pid_start, host, started), every
+    event written (a torn last line skipped) and whether the file ends with a whole line."""
+
+    turn_id: str
+    header: dict[str, Any]
+    events: list[JournalEvent]
+    whole: bool
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.events) and self.events[-1].type == "done"
+
+    @property
+    def last_n(self) -> int:
+        return self.events[-1].n if self.events else 0
+
+
+def read_event_file(path: Path) -> EventFile | None:
+    """The whole event file (at most KEEP_BYTES of events and its header), or None without one."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    lines = raw.split(b"\n")
+    try:
+        header = msgspec.json.decode(lines[0])
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(header, dict) or not header.get("turn"):
+        return None
+    # the last piece is b"" after a final newline, else a torn line: skipped either way
+    events = [ev for line in lines[1:-1] if line.strip() for ev in _decode(line)]
+    return EventFile(str(header["turn"]), header, events, raw.endswith(b"\n"))
+
+
+def file_ended(path: Path) -> bool | None:
+    """Whether the file's turn ended (its last line is `done`), reading only its tail; None
+    without a file."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - TAIL_BYTES))
+            tail = fh.read()
+    except OSError:
+        return None
+    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1] if tail.endswith(b"\n") else b""
+    return any(ev.type == "done" for ev in _decode(last)) if last else False
+
+
+def append_to_file(kept: EventFile, path: Path, events: list[tuple[str, dict[str, Any]]],
+                   first_n: int) -> list[JournalEvent]:
+    """Add `events` to the event file of a turn nobody writes any more (numbered from `first_n`),
+    so that every client re-attaching to it gets its end. A torn last line (a write the crash
+    cut short: no reader could use it) is cut away first, so every line of the file parses."""
+    out = [JournalEvent(first_n + i, type_, data) for i, (type_, data) in enumerate(events)]
+    lines = b"".join(msgspec.json.encode({"n": ev.n, "type": ev.type, "data": ev.data}) + b"\n" for ev in out)
+    with open(path, "r+b") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if not kept.whole:
+            fh.truncate(last_newline_end(fh, size))
+        fh.seek(0, os.SEEK_END)
+        fh.write(lines)
+    return out
 
 
 async def follow_file(path: Path, turn_id: str,

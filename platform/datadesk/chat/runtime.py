@@ -10,6 +10,7 @@ from datadesk.chat.attachments import Attachments
 from datadesk.chat.lifecycle import ThreadLifecycle
 from datadesk.chat.loop import TurnServices
 from datadesk.chat.policy import TurnPolicy, spawner
+from datadesk.chat.recovery import CutOffTurns
 from datadesk.chat.requery import UserRequery
 from datadesk.chat.turns import TurnRegistry
 from datadesk.context.builder import ContextBuilder
@@ -82,6 +83,9 @@ class Runtime:
         self.sources = WorkspaceSources(self.workspaces, settings.sql.timeout_s, settings.offload.stream_timeout_s)
         # one turn per thread, N per user, cancel: across every worker of the host (file locks)
         self.turns = TurnRegistry(settings.chat.max_turns_per_user, lock_dir=self.layout.home / "locks" / "turns")
+        # turns a dead process cut off: finished at start and before the thread's next turn
+        self.cut_off = CutOffTurns(self.layout, self.turns)
+        self.turns.before_turn = self.cut_off.before_turn
         self._background: set[asyncio.Task[Any]] = set()
         self._spawn = spawner(self._background)
         self.tools = ToolRegistry()
@@ -156,6 +160,7 @@ class Runtime:
     async def start(self) -> None:
         """Start background work (artifact sweeper, kernel pool, reaper, MCP servers); called by the
         app at startup."""
+        await asyncio.to_thread(self.cut_off.finish_all)  # before serving: no thread shows a half turn
         self._spawn(self._sweep_forever(), "artifact-sweeper")
         if self.kernels is not None:
             await self.kernels.start()

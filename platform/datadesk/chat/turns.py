@@ -26,7 +26,9 @@ Across processes (`datadesk serve --workers N`), with `lock_dir` set:
   runs, then hold the thread lock while they work, so no turn starts meanwhile.
 
 Locks held by a process are released by the OS when it dies; a marker left by
-a dead process is recognised by its pid.
+a dead process is recognised by its pid. The turn such a process cut off is
+finished by chat/recovery.py, holding the thread with `idle` (or, before the
+thread's next turn, through the `before_turn` hook).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import msgspec
 from filelock import FileLock, Timeout
@@ -48,7 +50,7 @@ from filelock import FileLock, Timeout
 from datadesk.chat.journal import Cursor, JournalEvent, TurnJournal, file_turn, follow_file
 from datadesk.domain.events import EventPayload
 from datadesk.domain.ids import check_id, new_id
-from datadesk.sandbox.ownership import acquire_async, file_lock, pid_alive, proc_start
+from datadesk.sandbox.ownership import acquire_async, file_lock, pid_alive, proc_start, try_lock
 from datadesk.store.files import read_json_object, write_json
 
 log = logging.getLogger(__name__)
@@ -112,9 +114,13 @@ class Attachment:
 class TurnRegistry:
     """Who is running what: enforces one turn per thread and N per user (see the module docstring)."""
 
-    def __init__(self, max_per_user: int, lock_dir: Path | None = None) -> None:
+    def __init__(self, max_per_user: int, lock_dir: Path | None = None,
+                 before_turn: Callable[[Path], None] | None = None) -> None:
+        """`before_turn(events_at)`: called with the thread held, before a chat turn replaces the
+        thread's event file (chat/recovery.py: a previous turn cut off by a crash is finished first)."""
         self.max_per_user = max_per_user
         self.lock_dir = Path(lock_dir) if lock_dir is not None else None
+        self.before_turn = before_turn
         self._by_thread: dict[str, RunningTurn] = {}
         self._watcher: asyncio.Task[None] | None = None
 
@@ -151,6 +157,7 @@ class TurnRegistry:
         if self.lock_dir is not None:
             self._lock_across_workers(turn, events_at)
         elif events_at is not None:
+            self._before_turn(events_at)
             turn.journal = TurnJournal(turn.turn_id, events_at)
         self._by_thread[thread_id] = turn
         if self.lock_dir is not None and (self._watcher is None or self._watcher.done()):
@@ -180,10 +187,19 @@ class TurnRegistry:
                                "wait for one to finish")
         turn.locks = [tlock, slot]
         if events_at is not None:  # before the marker: a turn that runs has its event file
+            self._before_turn(events_at)
             turn.journal = TurnJournal(turn.turn_id, events_at)
         write_json(self._path(turn.thread_id, "turn"), {
             "turn_id": turn.turn_id, "pid": os.getpid(), "pid_start": proc_start(os.getpid()),
             "started": time.time(), "events": events_at is not None}, sync=False)
+
+    def _before_turn(self, events_at: Path) -> None:
+        if self.before_turn is None:
+            return
+        try:
+            self.before_turn(events_at)
+        except Exception:  # the new turn still runs: the old one keeps what it had recorded
+            log.exception("could not finish the previous turn of %s", events_at.parent.name)
 
     def release(self, turn: RunningTurn) -> None:
         if self._by_thread.get(turn.thread_id) is turn:
@@ -259,6 +275,31 @@ class TurnRegistry:
             return None
         alive = lambda tid: self.current_turn(thread_id) == tid  # noqa: E731
         return attachment(follow_file(events_at, in_file, alive), in_file)
+
+    @contextlib.contextmanager
+    def idle(self, thread_id: str) -> Iterator[bool]:
+        """Hold the thread if no turn runs on it in any worker of the host, without waiting:
+        yields False when one runs (or another worker holds the thread). For finishing a turn
+        whose process died (chat/recovery.py): while held, no turn starts on the thread."""
+        if thread_id in self._by_thread:
+            yield False
+            return
+        if self.lock_dir is None:
+            yield True
+            return
+        with try_lock(self._path(thread_id, "lock")) as got:
+            yield got and self._marker(thread_id) is None
+
+    def forget(self, thread_id: str, turn_id: str) -> None:
+        """Remove the markers a dead process left for its turn `turn_id` (with the thread held)."""
+        if self.lock_dir is None:
+            return
+        for suffix in ("turn", "cancel"):
+            path = self._path(thread_id, suffix)
+            data = read_json_object(path)
+            if data is not None and data.get("turn_id") == turn_id:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
 
     # -- cancel ----------------------------------------------------------------
     async def cancel(self, thread_id: str) -> bool:

@@ -42,13 +42,14 @@ from datadesk.context.calibration import Calibration
 from datadesk.context.compaction import GONE, Form, expired_mark, form_for, gone_marks, render_tool_result
 from datadesk.context.manifest import ContextManifest, last_manifest, seq_ranges
 from datadesk.context.profiles import ModelProfile, profile_for
-from datadesk.domain.records import Record
+from datadesk.domain.records import INTERRUPTED, Record
 from datadesk.llm.tokens import count_message
 from datadesk.settings import ContextSettings
 from datadesk.store.threads import Thread
 
 from datadesk.context.rules import BASE_RULES_VERSION as RULES_VERSION
 NO_RESULT = "no result recorded: the call did not complete"
+CUT_OFF = "[reply cut off: the server stopped while it was being written]"  # an INTERRUPTED record
 PREAMBLE_LABEL = ("[Derived from past conversations in this thread and workspace; it may be outdated. "
                   "The current message wins.]")
 TOOL_IMAGES_TEXT = "images produced by the previous tool call"
@@ -482,6 +483,8 @@ class ContextBuilder:
         content = rec.content
         if rec.status == "cancelled":
             content = (content + "\n[reply stopped by the user]").strip()
+        elif rec.status == "error" and (rec.meta or {}).get("kind") == INTERRUPTED:
+            content = (content + "\n" + CUT_OFF).strip()  # the next reply should not build on it as whole
         if not content and not rec.tool_calls:
             return None
         msg: dict[str, Any] = {"role": "assistant", "content": content or None}

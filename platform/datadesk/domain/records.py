@@ -142,8 +142,14 @@ class ToolRecordMeta(msgspec.Struct, omit_defaults=True):
     via: str | None = None
 
 
+# `kind` of an assistant record, `status` of a tool record: the server stopped mid-turn (a crash),
+# so the answer holds only what was written and the call never finished (chat/interrupted.py)
+INTERRUPTED = "interrupted"
+
+
 class AssistantRecordMeta(msgspec.Struct, omit_defaults=True):
-    """`meta` of an assistant record: why it failed (`error`, its `kind`), or `via: "api"`."""
+    """`meta` of an assistant record: why it failed (`error`, its `kind`: e.g. "context", the model
+    error's class, INTERRUPTED), or `via: "api"`."""
 
     error: str | None = None
     kind: str | None = None
