@@ -194,9 +194,11 @@ function setRunning(ctrl) {
   $("#input").classList.toggle("busy", !!ctrl);
 }
 
-async function send() {
+// Send the composer's text, or `again` (Retry of an interrupted turn: the draft stays).
+async function send(again) {
   const input = $("#input");
-  const text = input.value.trim();
+  const retry = typeof again === "string";
+  const text = (retry ? again : input.value).trim();
   if (!text || app.running) return;
   if (!app.thread) {
     try {
@@ -206,7 +208,7 @@ async function send() {
       return;
     }
   }
-  input.value = "";
+  if (!retry) input.value = "";
   if (app.thread.title === "New chat" && !document.querySelector("#messages .msg")) {
     // the first question names the chat (rename changes it)
     try {
@@ -230,7 +232,7 @@ async function send() {
     if (e.name === "AbortError") return; // another thread was opened: the turn runs on
     if (e.status === 413 || e.status === 409 || e.status === 429 || !app.lastEventId) {
       app.conv.notice(e.message, "error");
-      if (e.status === 413 || e.status === 409 || e.status === 429) input.value = text; // nothing was sent: keep it
+      if (!retry && (e.status === 413 || e.status === 409 || e.status === 429)) input.value = text; // nothing was sent: keep it
       setRunning(null);
       afterTurn();
       return;
@@ -241,6 +243,9 @@ async function send() {
   setRunning(null);
   afterTurn();
 }
+
+// Retry of a turn the server stopped mid-way (chat.js `interrupted`): the question again, as a new turn.
+app.retry = (text) => send(text);
 
 // An event of the turn in flight; true when it was the last one (`done`).
 function onTurnEvent(type, data, id) {

@@ -14,6 +14,7 @@ const LIVE_OUTPUT_CHARS = 20_000; // a running card keeps the newest output prin
 // how a card ends: done, error, cancelled or timed out (never still spinning after its turn)
 export function endState(ok, status, meta, preview) {
   if (status === "cancelled") return "cancelled";
+  if (meta && meta.status === "interrupted") return "interrupted"; // the server stopped mid-call
   const run = (meta && meta.status) || "";
   if (/time/i.test(run) || (!ok && /\btimed out\b/i.test(String(preview || "").slice(0, 300)))) return "timed out";
   return ok ? "done" : "error";
@@ -60,6 +61,8 @@ export class Conversation {
     this.cards = new Map(); // call id -> card
     this.artifacts = new Map(); // artifact id -> artifact (thread's list)
     this.bubble = null; // the assistant message streaming now
+    this.asked = new Map(); // turn id -> the user's message (Retry of an interrupted turn sends it again)
+    this.lastAsked = ""; // the newest user message shown
     this.ticker = setInterval(() => this.tick(), 1000); // elapsed seconds of running cards
     this.atBottom = true; // autoscroll only while the reader is at the bottom
     this.pill = h("button", { type: "button", id: "new-messages", class: "new-messages", hidden: true }, "New messages ↓");
@@ -74,6 +77,8 @@ export class Conversation {
   clear() {
     this.root.replaceChildren();
     this.cards.clear();
+    this.asked.clear();
+    this.lastAsked = "";
     this.bubble = null;
   }
 
@@ -111,17 +116,23 @@ export class Conversation {
   renderRecord(rec) {
     if (rec.role === "user") {
       if (rec.meta && rec.meta.kind === "upload") this.userUpload(rec.meta.filename, rec.meta.artifact);
-      else this.userMessage(rec.content, rec.seq);
+      else {
+        this.userMessage(rec.content, rec.seq);
+        if (rec.turn_id) this.asked.set(rec.turn_id, rec.content);
+      }
     } else if (rec.role === "assistant") {
+      const cut = !!(rec.meta && rec.meta.kind === "interrupted"); // the server stopped while it was written
       if (rec.content) {
         const b = this.newBubble();
         setHtml(b, rec.html || "");
         addCopyButtons(b);
-        if (rec.status === "error") b.append(h("p", { class: "error" }, (rec.meta && rec.meta.error) || "the model failed"));
-      } else if (rec.status === "error" && rec.meta && rec.meta.error) {
+        if (cut) b.classList.add("interrupted");
+        else if (rec.status === "error") b.append(h("p", { class: "error" }, (rec.meta && rec.meta.error) || "the model failed"));
+      } else if (!cut && rec.status === "error" && rec.meta && rec.meta.error) {
         this.notice(rec.meta.error, "error");
       }
       for (const call of rec.tool_calls || []) this.card(call.id, call.name, call.arguments, call.input_html);
+      if (cut) this.interrupted(rec.meta.error, this.asked.get(rec.turn_id));
       this.bubble = null;
     } else if (rec.role === "tool") {
       const card = this.card(rec.tool_call_id, rec.name, null);
@@ -134,6 +145,7 @@ export class Conversation {
   }
 
   userMessage(text, seq) {
+    this.lastAsked = text;
     const el = h("div", { class: "msg user" }, text);
     if (seq) el.append(pinButton(this.app, seq));
     if (this.root.querySelector(".empty")) this.root.replaceChildren();
@@ -154,6 +166,23 @@ export class Conversation {
   notice(text, kind = "info") {
     this.root.append(h("div", { class: `notice ${kind}`, role: kind === "error" ? "alert" : "status" }, text));
     this.scroll();
+  }
+
+  // A turn cut off by a stopped server (on restart its partial answer is recorded as interrupted):
+  // the notice, and Retry, which sends the user's message `text` again as a new turn.
+  interrupted(message, text) {
+    const box = h("div", { class: "notice warn interrupted", role: "status" },
+      `Interrupted: ${message || "the server stopped before this turn finished"}. `);
+    if (text) {
+      box.append(h("button", { type: "button", class: "retry", title: "Send the question again as a new turn",
+        onclick: (e) => {
+          e.target.disabled = true;
+          this.app.retry(text);
+        } }, "Retry"));
+    }
+    this.root.append(box);
+    this.scroll();
+    return box;
   }
 
   newBubble() {
@@ -200,8 +229,10 @@ export class Conversation {
       this.finishCard(card, { ok: data.ok, status: data.ok ? "ok" : "error", html: data.html, meta: data.meta || {},
         duration_ms: data.duration_ms, preview: data.preview });
     } else if (type === "error") {
+      if (this.bubble && data.kind === "interrupted") this.bubble.el.classList.add("interrupted");
       this.bubble = null;
-      this.notice(data.message || "the turn failed", data.kind === "cancelled" ? "info" : "error");
+      if (data.kind === "interrupted") this.interrupted(data.message, this.lastAsked);
+      else this.notice(data.message || "the turn failed", data.kind === "cancelled" ? "info" : "error");
     } else if (type === "done") {
       this.endTurn(data.status);
     }
