@@ -93,6 +93,8 @@ def finish_interrupted(thread: Thread, kept: EventFile, notice: str = ANSWER_NOT
     else:  # the answer was recorded, only the journal's end was lost: the turn ends as it did
         status = last.status
     events.append((TurnDone.type, msgspec.to_builtins(TurnDone(turn_id=kept.turn_id, status=status))))
+    if done.records:
+        thread.end_turn()  # store.fsync = "turn": the records reach the disk now, as a turn's do
     append_to_file(kept, thread.events_path, events, kept.last_n + LOST_EVENTS)
     done.events = len(events)
     log.warning("finished turn %s of thread %s, cut off when its server stopped: %s, %d tool call(s) marked "

@@ -63,9 +63,10 @@ def _subdirs(path: Path) -> Iterator[Path]:
 class CutOffTurns:
     """Finds the turns a dead process cut off and finishes each once (see the module doc)."""
 
-    def __init__(self, layout: Layout, turns: TurnRegistry) -> None:
+    def __init__(self, layout: Layout, turns: TurnRegistry, fsync: str = "turn") -> None:
         self.layout = layout
         self.turns = turns
+        self.fsync = fsync  # store.fsync, for the threads opened here
 
     def finish_all(self) -> list[Finished]:
         """Finish every cut-off turn of the data directory that no live process runs; returns
@@ -92,13 +93,13 @@ class CutOffTurns:
         with self.turns.idle(tdir.name) as free:
             if not free:  # a turn runs there now, or another worker is finishing this one
                 return None
-            return self._finish(Thread.at(tdir))
+            return self._finish(Thread.at(tdir, self.fsync))
 
     def before_turn(self, events_at: Path) -> None:
         """TurnRegistry's hook, with the new turn holding the thread: finish the previous turn
         first if it was cut off (its journal is about to be replaced)."""
         if file_ended(events_at) is False:
-            self._finish(Thread.at(events_at.parent))
+            self._finish(Thread.at(events_at.parent, self.fsync))
 
     def _finish(self, thread: Thread) -> Finished | None:
         if thread.meta is None:  # being created or deleted

@@ -84,7 +84,7 @@ class Runtime:
         # one turn per thread, N per user, cancel: across every worker of the host (file locks)
         self.turns = TurnRegistry(settings.chat.max_turns_per_user, lock_dir=self.layout.home / "locks" / "turns")
         # turns a dead process cut off: finished at start and before the thread's next turn
-        self.cut_off = CutOffTurns(self.layout, self.turns)
+        self.cut_off = CutOffTurns(self.layout, self.turns, settings.store.fsync)
         self.turns.before_turn = self.cut_off.before_turn
         self._background: set[asyncio.Task[Any]] = set()
         self._spawn = spawner(self._background)
