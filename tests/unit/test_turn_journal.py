@@ -131,3 +131,33 @@ def test_a_worker_thread_of_a_tool_can_emit() -> None:
 
     got = asyncio.run(run())
     assert got[0].type == "tool.progress" and got[0].data["rows"] == 10
+
+
+def test_an_event_file_that_lost_events_to_a_full_disk_is_removed_when_the_turn_ends(tmp_path) -> None:
+    """A full disk fails the event file mid-turn (issue 25): the turn still ends for its clients,
+    and the incomplete file goes, so the next turn does not take this one for a crashed turn."""
+    import asyncio
+    import resource
+    import signal
+
+    from datadesk.chat.journal import TurnJournal
+
+    path = tmp_path / "events.jsonl"
+
+    async def main() -> None:
+        j = TurnJournal("t1", path)
+        j.add("message.delta", {"text": "a"})
+        j.add("tool.started", {"call_id": "c"})
+        assert path.exists()
+        old = resource.getrlimit(resource.RLIMIT_FSIZE)
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 10, old[1]))  # room for no more
+        try:
+            j.add("tool.finished", {"call_id": "c", "preview": "x" * 1000})
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, old)
+            signal.signal(signal.SIGXFSZ, handler)
+        j.add("done", {"turn_id": "t1", "status": "ok"})
+        assert [e.type for e in j.kept][-1] == "done"  # the clients of this worker still get every event
+    asyncio.run(main())
+    assert not path.exists()

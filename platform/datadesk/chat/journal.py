@@ -31,6 +31,7 @@ from typing import Any, AsyncIterator, Callable
 import msgspec
 
 from datadesk.store.jsonl import last_newline_end
+from datadesk.store.files import write_all
 from datadesk.store.tempnames import host_hash, proc_start, temp_prefix
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class TurnJournal:
         self._pending_from = 0
         self._flush_at: asyncio.TimerHandle | None = None
         self._fd: int | None = None
+        self._lost = False  # a write to the event file failed: the file no longer tells the whole turn
         if path is not None:
             try:
                 # who writes it (host, pid and its start time): a finisher can tell a dead writer
@@ -131,6 +133,11 @@ class TurnJournal:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+        if self._lost and self.path is not None:
+            # the file lacks events (a full disk), `done` among them: left in place it would make
+            # this turn, which ended here, look cut off by a crash to whoever reads it next
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
         for queue in self._subscribers:
             queue.put_nowait(None)
         self._subscribers.clear()
@@ -171,13 +178,19 @@ class TurnJournal:
     def _write(self, line: dict[str, Any]) -> None:
         if self._fd is None:
             return
+        size: int | None = None
         try:
-            os.write(self._fd, msgspec.json.encode(line) + b"\n")
-        except OSError as exc:
+            size = os.fstat(self._fd).st_size
+            write_all(self._fd, msgspec.json.encode(line) + b"\n")
+        except OSError as exc:  # a full disk: the part written goes, later events stay in memory only
             log.warning("event file of turn %s: %s", self.turn_id, exc)
+            if size is not None:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, size)
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+            self._lost = True
 
 
 def _replace_file(path: Path, header: dict[str, Any]) -> int:
