@@ -4,6 +4,7 @@ a few MB (root: `mount -t tmpfs`), filled by a file of the test's own."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -152,3 +153,41 @@ def test_a_large_result_on_a_full_disk_is_a_tool_error_naming_the_disk_and_no_ar
         log = ThreadLog(h.rt.threads.get(tid, "alice", ["demo"]).dir / "log.jsonl")
         roles = [r.role for r in log]
         assert roles[:3] == ["user", "assistant", "tool"]  # the call is paired with its (error) result
+
+
+def test_a_memory_write_on_a_full_disk_is_507_naming_the_disk_and_memory_json_stays_whole(small_disk) -> None:
+    from datadesk.store.layout import Layout
+    from datadesk.store.users import UserStore
+
+    home = small_disk / "var"
+    h = make_harness(home, ScriptedModel([]), store={"min_free_mb": 0})
+    (Layout(home).workspace_dir("demo")).mkdir(parents=True, exist_ok=True)
+    Layout(home).workspace_config("demo").write_text('name = "Demo"\nmemory = true\n')
+    _, token = UserStore(h.rt.layout).add("dora", ["demo"], ["memory"])
+    auth = {"Authorization": f"Bearer {token}"}
+    with TestClient(h.app()) as c:
+        r = c.post("/api/memory", json={"text": "The fiscal year starts in April"}, headers=auth)
+        assert r.status_code == 201, r.text
+        first = r.json()["id"]
+        udir = Layout(home).user_dir("demo", "dora")
+        memory, audit = udir / "memory.json", udir / "memory.audit.jsonl"
+        before, audit_before = memory.read_bytes(), audit.read_bytes()
+        filler = fill(small_disk, 0)
+        st = os.statvfs(small_disk)
+        assert st.f_bavail * st.f_frsize < 4096  # not one page left for the new memory.json
+        r = c.post("/api/memory", json={"text": "Reports go out on Mondays"}, headers=auth)
+        assert r.status_code == 507, r.text
+        detail = r.json()["detail"]
+        assert "the disk is full" in detail and "memory.json" in detail and "was not saved" in detail, detail
+        assert memory.read_bytes() == before  # the old file, whole: the write never reached it
+        assert [f["id"] for f in json.loads(before)["facts"]] == [first]
+        assert audit.read_bytes() == audit_before  # no event for a fact that was not kept
+        assert not [p.name for p in udir.iterdir() if p.name.endswith(".tmp")]
+        assert deleted_files_open(small_disk) == []
+        listed = c.get("/api/memory", headers=auth).json()["facts"]
+        assert [f["id"] for f in listed["active"]] == [first]  # the app still reads it
+        filler.unlink()  # room again: the same write works
+        r = c.post("/api/memory", json={"text": "Reports go out on Mondays"}, headers=auth)
+        assert r.status_code == 201, r.text
+        texts = {f["text"] for f in json.loads(memory.read_bytes())["facts"]}
+        assert texts == {"The fiscal year starts in April", "Reports go out on Mondays"}
