@@ -22,7 +22,7 @@
 5. ``docker build`` (classic builder, through the Docker API) tags the result
    and ``datadesk-app:latest``.
 
-Standard library, the ``docker`` SDK and datadesk.sandbox.image's helpers.
+Standard library, the ``docker`` SDK and datadesk.sandbox.backends.docker.image's helpers.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "platform"))
 
-from datadesk.sandbox.image import (  # noqa: E402 - the checkout's platform/ is on the path now
+from datadesk.sandbox.backends.docker.image import (  # noqa: E402 - the checkout's platform/ is on the path now
     DEFAULT_BASE,
     FALLBACK_BASE,
     PYTHON_VERSION,

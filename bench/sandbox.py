@@ -173,14 +173,14 @@ class Probe:
         from datadesk.sandbox.registry import KernelRegistry
 
         if backend == "docker":
-            from datadesk.sandbox.docker import ALIVE_CACHE_S, DockerKernel as kernel_cls
+            from datadesk.sandbox.backends.docker.container import ALIVE_CACHE_S, DockerKernel as kernel_cls
 
             def alive_label(self_: Any) -> str:
                 stale = (self_._container is not None
                          and time.monotonic() - self_._alive[0] >= ALIVE_CACHE_S)
                 return "is_alive: docker inspect" if stale else "is_alive: cached"
         else:
-            from datadesk.sandbox.local import LocalKernel as kernel_cls
+            from datadesk.sandbox.backends.local.process import LocalKernel as kernel_cls
 
             def alive_label(self_: Any) -> str:
                 return "is_alive"
@@ -267,7 +267,7 @@ class Bench:
         """Remove containers of this benchmark's data dirs (normally none: rt.stop removed them)."""
         if self.backend != "docker":
             return
-        from datadesk.sandbox.docker import DockerSandbox
+        from datadesk.sandbox.backends.docker.container import DockerSandbox
         from datadesk.settings import SandboxSettings
 
         for home in self.homes:
@@ -337,7 +337,7 @@ class Bench:
 
             gap_s = 1.2
             if self.backend == "docker":
-                from datadesk.sandbox.docker import ALIVE_CACHE_S
+                from datadesk.sandbox.backends.docker.container import ALIVE_CACHE_S
                 gap_s = ALIVE_CACHE_S + 0.2
             g, pg = [], []
             for _ in range(runs):

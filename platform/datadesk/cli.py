@@ -58,7 +58,7 @@ def local_sandbox_problem(settings: Settings) -> str | None:
 def cmd_sandbox(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from datadesk.sandbox.image import build_image
+    from datadesk.sandbox.backends.docker.image import build_image
 
     context = Path(args.context) if args.context else Path(__file__).resolve().parents[2] / "sandbox_image"
     try:
@@ -288,7 +288,7 @@ def _remove_user_containers(settings: Settings, uid: str) -> int:
     if settings.sandbox.backend != "docker" or not kernels:
         return len(kernels)
     try:
-        from datadesk.sandbox.docker import DockerSandbox
+        from datadesk.sandbox.backends.docker.container import DockerSandbox
 
         sandbox = DockerSandbox(settings.sandbox, settings.home)
         for kid in kernels:

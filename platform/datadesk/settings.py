@@ -161,7 +161,7 @@ class SandboxSettings(msgspec.Struct, forbid_unknown_fields=True):
     # docker backend: each kernel runs as its own uid = gid from this range, used by no host account
     docker_uid_base: int = 1_900_000_000
     docker_uid_count: int = 65_536
-    # backend "gateway": kernels on a Jupyter Kernel Gateway / Enterprise Gateway (sandbox/gateway.py)
+    # backend "gateway": kernels on a Jupyter Kernel Gateway / Enterprise Gateway (sandbox/backends/gateway/)
     gateway_url: str = ""
     gateway_token: str = ""  # also DATADESK_GATEWAY_TOKEN; sent as `Authorization: token ...` only
     gateway_kernel_name: str = "python3"

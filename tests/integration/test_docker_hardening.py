@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from datadesk.sandbox import confinement
-from datadesk.sandbox.confinement import (
+from datadesk.sandbox.backends.docker import confinement
+from datadesk.sandbox.backends.docker.confinement import (
     ConfinementError, EngineConfinement, KernelDirs, check_id_range, id_range_conflicts, read_acl,
 )
 from datadesk.sandbox.messaging import CONNECTION_FILE, socket_paths
@@ -242,7 +242,7 @@ def test_a_non_root_app_reaches_its_kernel_and_nobody_else_does() -> None:
         import asyncio, json, os, subprocess, sys
         from pathlib import Path
         from datadesk.sandbox.base import KernelPlacement
-        from datadesk.sandbox.docker import DockerSandbox
+        from datadesk.sandbox.backends.docker.container import DockerSandbox
         from datadesk.settings import SandboxSettings
         async def main(root, warm_up=False):
             sb = DockerSandbox(SandboxSettings(backend="docker"), root / "home")

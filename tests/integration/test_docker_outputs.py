@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from datadesk.sandbox.docker import DockerKernel
+from datadesk.sandbox.backends.docker.container import DockerKernel
 from tests.integration.test_sandbox import ctx, make_rt, py, run_with
 
 pytestmark = pytest.mark.docker

@@ -401,7 +401,7 @@ def test_an_unreachable_gateway_is_sandbox_unavailable(home: Path) -> None:
     ({"gateway_kernel_name": "a b"}, "sandbox.gateway_kernel_name"),
 ])
 def test_bad_gateway_settings_are_named(tmp_path: Path, change: dict, words: str) -> None:
-    from datadesk.sandbox.gateway import GatewayConfig
+    from datadesk.sandbox.backends.gateway.remote import GatewayConfig
 
     sb = SandboxSettings(**{"backend": "gateway", "gateway_url": "http://gw:8888", **change})
     with pytest.raises(SettingsError, match=re.escape(words)):
@@ -409,7 +409,7 @@ def test_bad_gateway_settings_are_named(tmp_path: Path, change: dict, words: str
 
 
 def test_the_token_comes_from_the_environment_and_maps_paths(tmp_path: Path) -> None:
-    from datadesk.sandbox.gateway import GatewayConfig
+    from datadesk.sandbox.backends.gateway.remote import GatewayConfig
 
     s = load_settings({"DATADESK_HOME": str(tmp_path), "DATADESK_GATEWAY_TOKEN": "from-env"})
     assert s.sandbox.gateway_token == "from-env"
@@ -450,7 +450,7 @@ def test_the_kernel_pod_template_renders_locked_down_with_what_datadesk_sends(tm
     import jinja2
     import yaml
     from datadesk.sandbox.base import KernelPlacement
-    from datadesk.sandbox.gateway import GatewayKernel, GatewaySandbox
+    from datadesk.sandbox.backends.gateway.remote import GatewayKernel, GatewaySandbox
 
     docs = _manifests()
     app_toml = tomllib.loads(_find(docs, "ConfigMap", "datadesk-config")["data"]["datadesk.toml"])
@@ -519,7 +519,7 @@ def test_kernels_have_no_api_token_no_rbac_and_no_egress() -> None:
 
 def test_orphan_sweep_stops_only_kernels_whose_owner_worker_is_gone(gateway: Gateway, home: Path) -> None:
     """A crashed worker's kernels are stopped; a live worker's (a fresh heartbeat) stay."""
-    from datadesk.sandbox.gateway import GatewaySandbox
+    from datadesk.sandbox.backends.gateway.remote import GatewaySandbox
     from datadesk.sandbox.ownership import Heartbeat, this_worker
 
     sb = msgspec.convert(gateway_settings(gateway, home, owner_stale_s=30), SandboxSettings)

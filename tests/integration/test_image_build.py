@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from datadesk.sandbox.image import FALLBACK_BASE, BuildError, docker_build, run_build_cli
+from datadesk.sandbox.backends.docker.image import FALLBACK_BASE, BuildError, docker_build, run_build_cli
 
 pytestmark = pytest.mark.docker
 

@@ -261,7 +261,7 @@ def test_pooled_kernel_sees_only_its_threads_data_and_expired_paths_offer_requer
 def test_orphan_containers_of_an_earlier_run_are_removed(home: Path) -> None:
     import docker
 
-    from datadesk.sandbox.docker import DockerSandbox
+    from datadesk.sandbox.backends.docker.container import DockerSandbox
     from datadesk.settings import SandboxSettings
 
     client = docker.from_env()

@@ -228,7 +228,7 @@ def test_the_local_backend_refuses_every_kernel_start_once_two_users_can_execute
     assert not first.is_error and "[]" in first.content, first.content  # the app's environment is not there
     assert second.is_error and "2 users can execute code" in second.content and "docker" in second.content
     # with the explicit opt-out the same start goes ahead
-    from datadesk.sandbox.local import LocalSandbox
+    from datadesk.sandbox.backends.local.process import LocalSandbox
     from datadesk.settings import SandboxSettings
 
     assert LocalSandbox(SandboxSettings(backend="local"), home).sharing_problem()

@@ -261,7 +261,7 @@ def test_docker_kernels_carry_their_owner_and_the_sweep_spares_live_workers(home
     whose owner is gone, never the kernels of a live worker."""
     import docker
 
-    from datadesk.sandbox.docker import DockerSandbox
+    from datadesk.sandbox.backends.docker.container import DockerSandbox
     from datadesk.settings import SandboxSettings
 
     _, token = UserStore(Layout(home)).add("alice", ["demo"], ["code_execution"])

@@ -27,8 +27,8 @@ from datadesk.sandbox.execution import (
     strip_ansi,
     trim_traceback,
 )
-from datadesk.sandbox import landlock
-from datadesk.sandbox.local import LocalKernel, LocalSandbox
+from datadesk.sandbox.backends.local import landlock
+from datadesk.sandbox.backends.local.process import LocalKernel, LocalSandbox
 from datadesk.sandbox.messaging import write_connection_file
 
 SECRETS = {"DATADESK_LLM_API_KEY": "sk-secret", "OPENAI_API_KEY": "sk-openai-secret"}
@@ -372,7 +372,7 @@ def test_kill_9_reports_died_and_restart_clears_state(h: Harness) -> None:
 
 def test_memory_limit_gives_memory_error(caplog: pytest.LogCaptureFixture) -> None:
     root = _short_tmp()
-    caplog.set_level(logging.WARNING, logger="datadesk.sandbox.local")
+    caplog.set_level(logging.WARNING, logger="datadesk.sandbox.backends.local.process")
 
     async def main() -> None:
         k = LocalKernel(_placement(root), memory_bytes=1 << 30)

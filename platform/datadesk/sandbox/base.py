@@ -17,9 +17,10 @@ restarted (`execution.PendingExecution`). Output reaches `on_output(stream,
 text)` as it is printed and what the sandbox does about the execution reaches
 `on_status(message)`; both are plain callbacks that must not block.
 
-`local.py`, `docker.py` and `gateway.py` each implement both halves; building
-results from Jupyter messages is shared (`execution.py`). Pooling and caps
-live one level up, in `registry.py`; culling in `reaper.py`.
+The backends in `backends/` (`local/process.py`, `docker/container.py`,
+`gateway/remote.py`) each implement both halves; building results from Jupyter
+messages is shared (`execution.py`). Pooling and caps live one level up, in
+`registry.py`; culling in `reaper.py`.
 
 This package imports nothing above domain, settings and store.
 

@@ -1,7 +1,7 @@
 """One execute request's result and the wait for it, whatever carries the messages.
 
 Transport-independent: the ZMQ `messaging.KernelChannel` and the websocket
-`gateway_channel.GatewayChannel` both build on it.
+`backends/gateway/channel.GatewayChannel` both build on it.
 
 - `ExecutionCollector`: turns one request's iopub messages and shell reply into
   an `ExecutionResult` (stream output capped head + tail by `_OutputCapper`,
@@ -263,7 +263,7 @@ class _OutputCapper:
 class ExecutionCollector:
     """The result of one execute request, built from the kernel's messages.
 
-    Transport-agnostic (ZMQ in messaging.py, a websocket in gateway_channel.py):
+    Transport-agnostic (ZMQ in messaging.py, a websocket in backends/gateway/channel.py):
     the caller feeds the iopub messages whose parent is the request (`on_iopub`
     says when the kernel went idle) and the shell reply, then calls `finish`. Stream output
     is capped head + tail with the full text in a file under `run_dir`; PNG

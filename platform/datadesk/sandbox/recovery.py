@@ -1,5 +1,5 @@
 """One execution on a thread's kernel and what follows it, so that the next call always works:
-the `KernelRecovery` mixin of the registry.
+`KernelRecovery`, which holds the registry that made it and ends a kernel through its `forget`.
 
 - The deadline (`timeout_s`, from when the code is sent) is the backend's: there it interrupts
   the code and, when the kernel is not idle within `execution.INTERRUPT_GRACE_S`, restarts it
@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any, Awaitable, TypeVar
+from typing import Awaitable, Protocol, TypeVar
 
 from datadesk.sandbox.base import ExecutionResult, OnOutput, OnStatus
 from datadesk.sandbox.execution import INTERRUPT_GRACE_S, tell_status
@@ -52,15 +52,22 @@ async def run_to_end(step: Awaitable[T]) -> T | None:
                 return None if task.cancelled() else task.result()
 
 
+class RecoveryOwner(Protocol):
+    """What recovery uses of the registry that holds it (`registry.KernelRegistry`)."""
+
+    async def forget(self, key: SessionKey, session: KernelSession, notice: str) -> None:
+        """End the session's kernel; the next call's fresh kernel is announced with `notice`."""
+
+
 class KernelRecovery:
-    """The registry's execution of one cell and its recovery (mixed into KernelRegistry)."""
+    """The registry's execution of one cell and its recovery."""
 
-    # from KernelRegistry: `_forget(key, session, notice)` ends the kernel and keeps the notice
-    _forget: Any
+    def __init__(self, registry: RecoveryOwner) -> None:
+        self.registry = registry
 
-    async def _run(self, key: SessionKey, session: KernelSession, code: str, timeout: float,
-                   artifacts_dir: Path | None, on_output: OnOutput | None = None,
-                   on_status: OnStatus | None = None) -> ExecutionResult:
+    async def run(self, key: SessionKey, session: KernelSession, code: str, timeout: float,
+                  artifacts_dir: Path | None, on_output: OnOutput | None = None,
+                  on_status: OnStatus | None = None) -> ExecutionResult:
         """One execution on the session's kernel (caller holds it); after a timeout, a death, a
         cancel or a kernel left unusable, the kernel is made usable again or shut down."""
         if isinstance(session.seen_outputs, SeenOutputs):
@@ -91,7 +98,7 @@ class KernelRecovery:
             reason = await kernel.death_reason()
             result.status = "died"
             result.note = f"The Python kernel died ({reason}). {GONE}"
-            await self._forget(key, session, f"the previous one stopped: {reason}")
+            await self.registry.forget(key, session, f"the previous one stopped: {reason}")
             return result
         problem = await self._unusable(session, result)
         if problem:
@@ -118,7 +125,7 @@ class KernelRecovery:
                        on_status: OnStatus | None) -> None:
         tell_status(on_status, f"shutting the kernel down: {problem}")
         log.info("kernel %s of %s replaced: %s", session.placement.kernel_id, key, problem)
-        await self._forget(key, session, f"the previous one was shut down because {problem}")
+        await self.registry.forget(key, session, f"the previous one was shut down because {problem}")
 
     async def _after_timeout(self, key: SessionKey, session: KernelSession, on_status: OnStatus | None) -> str:
         """The interrupt was sent and the kernel went idle (the backend says so): if it does not

@@ -1,7 +1,9 @@
 """The kernel registry: one warm kernel per (workspace, user, thread), a small pool,
 caps per user and in total, shared by every app worker of the host. The session
-and execution records are in sessions.py; culling (the reaper: idle and lifetime
-limits, orphans) is the `KernelReaper` mixin in reaper.py.
+and execution records are in sessions.py. Two collaborators hold the registry and
+work through it: `KernelReaper` (reaper.py: culling by idle and lifetime limits,
+orphans) and `KernelRecovery` (recovery.py: one execution and what follows a
+timeout, a death or a cancel).
 
 Culling lives at this level, not in the backends. After a reclaim or a crash the
 next execution starts a fresh kernel and says so, so the model never assumes old
@@ -51,7 +53,7 @@ from datadesk.sandbox.base import (
 from datadesk.sandbox.execution import INTERRUPT_GRACE_S
 from datadesk.sandbox.kerneltable import KernelRecord, KernelTable, SessionKey
 from datadesk.sandbox.ownership import Heartbeat, acquire_async, owner_alive, this_worker, try_lock
-from datadesk.sandbox.reaper import REAPER_LOCK, KernelReaper
+from datadesk.sandbox.reaper import KernelReaper
 from datadesk.sandbox.recovery import KernelRecovery
 from datadesk.sandbox.sessions import (
     ORPHAN_NOTICE, SEEN_FILE, ExecutionReport, KernelSession, SeenOutputs, fresh_kernel_notice,
@@ -61,7 +63,7 @@ from datadesk.settings import SandboxSettings
 log = logging.getLogger(__name__)
 
 
-class KernelRegistry(KernelReaper, KernelRecovery):
+class KernelRegistry:
     """The kernels this worker started or reaches, over the host's kernel table; `backend`
     makes, reaches and cleans up the kernels themselves."""
 
@@ -80,6 +82,8 @@ class KernelRegistry(KernelReaper, KernelRecovery):
         self._health: tuple[bool, str] = (True, "")
         self.slots_root = self.home / "sandbox" / "slots"
         self.run_root = self._run_root()
+        self.reaper = KernelReaper(self)
+        self.recovery = KernelRecovery(self)
 
     def _run_root(self) -> Path:
         """A directory whose socket paths stay under the unix-socket limit (~107 bytes)."""
@@ -104,11 +108,9 @@ class KernelRegistry(KernelReaper, KernelRecovery):
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
         self.heartbeat.start()  # before any container carries this worker's id
-        with try_lock(self.home / "sandbox" / REAPER_LOCK) as got:
-            if got:  # orphans of an earlier run (or a crashed worker) go now
-                await self._reap_host(time.time())
+        await self.reaper.reap_host(time.time())  # orphans of an earlier run (or a crashed worker) go now
         await asyncio.to_thread(self.refresh_health)
-        self._tasks.append(asyncio.create_task(self._reaper(), name="kernel-reaper"))
+        self._tasks.append(asyncio.create_task(self.reaper.run(), name="kernel-reaper"))
         self._fill_pool()
 
     async def stop(self) -> None:
@@ -123,18 +125,25 @@ class KernelRegistry(KernelReaper, KernelRecovery):
         self._tasks.clear()
         for key, session in list(self.sessions.items()):
             if session.kernel.attached:
-                await self._let_go(session)
+                await self.let_go(session)
                 continue
             rec = self.table.load(key)
-            await self._dispose(session)
-            if self._same_kernel(rec, session):
+            await self.dispose(session)
+            if self.same_kernel(rec, session):
                 self._save_gone(rec, ORPHAN_NOTICE)
         for session in self.pool:
-            await self._dispose(session)
+            await self.dispose(session)
             self.table.remove_pool(session.placement.kernel_id)
         self.sessions.clear()
         self.pool.clear()
         await self.heartbeat.stop()
+
+    async def reap_once(self, now: float | None = None) -> list[tuple[SessionKey, str]]:
+        """One reaper round (reaper.py), then the pool refilled; the (thread, reason) of each
+        kernel reclaimed."""
+        reclaimed = await self.reaper.reap_once(time.time() if now is None else now)
+        self._fill_pool()
+        return reclaimed
 
     def refresh_health(self) -> tuple[bool, str]:
         """Ask the backend now (engine, image, gateway); kept for `health` until the next round."""
@@ -172,7 +181,7 @@ class KernelRegistry(KernelReaper, KernelRecovery):
         self.table.save(KernelRecord(workspace=key[0], user=key[1], thread=key[2], backend=self.backend.name,
                                      notice=reason, had_kernel=True))
 
-    def _same_kernel(self, rec: KernelRecord | None, session: KernelSession) -> bool:
+    def same_kernel(self, rec: KernelRecord | None, session: KernelSession) -> bool:
         """Whether the record still names this session's kernel (same id, same process/container:
         a kernel another worker restarted keeps its id but not its pid or container)."""
         if rec is None or rec.kernel_id != session.placement.kernel_id:
@@ -214,6 +223,11 @@ class KernelRegistry(KernelReaper, KernelRecovery):
                 flock.release()
         finally:
             local.release()
+
+    def forget_idle_locks(self) -> None:
+        """Drop the in-process locks of threads that have no session here and no waiter."""
+        for key in [k for k, lk in self._key_locks.items() if not lk.locked() and k not in self.sessions]:
+            del self._key_locks[key]
 
     # -- kernels -------------------------------------------------------------------
     def _placement(self) -> KernelPlacement:
@@ -266,7 +280,7 @@ class KernelRegistry(KernelReaper, KernelRecovery):
             self.pool.append(session)
         except BaseException as exc:
             if session is not None and session not in self.pool:
-                await self._dispose(session)  # cancelled mid warm-up (shutdown): never leak it
+                await self.dispose(session)  # cancelled mid warm-up (shutdown): never leak it
             if placement is not None and (session is None or session not in self.pool):
                 self.table.remove_pool(placement.kernel_id)
             if not isinstance(exc, Exception):
@@ -298,7 +312,7 @@ class KernelRegistry(KernelReaper, KernelRecovery):
                 if await candidate.kernel.is_alive():
                     session = candidate
                 else:
-                    await self._dispose(candidate)
+                    await self.dispose(candidate)
             now = time.time()
             if session is not None:
                 self.table.save(self._record(key, session.placement, session.kernel, session.started_at, now))
@@ -333,7 +347,7 @@ class KernelRegistry(KernelReaper, KernelRecovery):
         while self.pool:
             session = self.pool.pop()
             self.table.remove_pool(session.placement.kernel_id)
-            await self._dispose(session)
+            await self.dispose(session)
 
     async def _make_room(self, key: SessionKey) -> None:
         """Under the create lock: reclaim what the per-user and global caps need (every worker's
@@ -352,11 +366,11 @@ class KernelRegistry(KernelReaper, KernelRecovery):
         if self.pool:
             victim = self.pool.pop()
             self.table.remove_pool(victim.placement.kernel_id)
-            await self._dispose(victim)
+            await self.dispose(victim)
             return
         for rec in (r for r in records if r.key is None):  # another worker's spare kernel
             self.table.remove_pool(rec.kernel_id or "")
-            await self._end_record(rec)
+            await self.end_record(rec)
             return
         if not await self._reclaim_lru([r for r in records if r.key is not None],
                                        "the server's kernel limit was reached"):
@@ -369,11 +383,11 @@ class KernelRegistry(KernelReaper, KernelRecovery):
         stale = self.settings.owner_stale_s
         order = sorted(candidates, key=lambda r: (owner_alive(self.home, r.owner, stale), r.last_used))
         for rec in order:
-            if rec.key is not None and await self._reclaim_if_idle(rec.key, f"the previous one was reclaimed: {reason}"):
+            if rec.key is not None and await self.reclaim_if_idle(rec.key, f"the previous one was reclaimed: {reason}"):
                 return True
         return False
 
-    async def _reclaim_if_idle(self, key: SessionKey, notice: str, kernel_id: str | None = None) -> bool:
+    async def reclaim_if_idle(self, key: SessionKey, notice: str, kernel_id: str | None = None) -> bool:
         """End the thread's kernel unless an execution holds it (its lock, timeout 0). True when
         it is gone (also when it was already)."""
         local = self._key_locks.get(key)
@@ -401,15 +415,15 @@ class KernelRegistry(KernelReaper, KernelRecovery):
         """End the thread's kernel (caller holds its key lock): through this worker's session when
         the record names it, else through the record (after letting a stale session go)."""
         session = self.sessions.pop(key, None)
-        if session is not None and self._same_kernel(rec, session):
-            await self._dispose(session)
+        if session is not None and self.same_kernel(rec, session):
+            await self.dispose(session)
             return
         if session is not None:
-            await self._let_go(session)
+            await self.let_go(session)
         if rec is not None and rec.kernel_id:
-            await self._end_record(rec)
+            await self.end_record(rec)
 
-    async def _end_record(self, rec: KernelRecord) -> None:
+    async def end_record(self, rec: KernelRecord) -> None:
         """Stop a kernel known only by its record (another worker's, or an orphan)."""
         try:
             kernel = await self.backend.attach(rec.placement, rec.locator, connect=False)
@@ -421,30 +435,31 @@ class KernelRegistry(KernelReaper, KernelRecovery):
             if d is not None and (d.is_relative_to(self.slots_root) or d.is_relative_to(self.run_root)):
                 shutil.rmtree(d, ignore_errors=True)
 
-    async def _let_go(self, session: KernelSession) -> None:
+    async def let_go(self, session: KernelSession) -> None:
         """Drop a connection the table no longer backs: close it; end the kernel only when it is
         ours and still runs (nobody else did)."""
         kernel = session.kernel
         if not kernel.attached and await kernel.is_alive():
-            await self._dispose(session)
+            await self.dispose(session)
             return
         try:
             await kernel.detach()
         except Exception as exc:
             log.debug("closing a connection to kernel %s: %s", session.placement.kernel_id, exc)
 
-    async def _forget(self, key: SessionKey, session: KernelSession, notice: str) -> None:
+    async def forget(self, key: SessionKey, session: KernelSession, notice: str) -> None:
         """The session's kernel died or was restarted away: end it and note why."""
         if self.sessions.get(key) is session:
             del self.sessions[key]
         rec = self.table.load(key)
-        if rec is not None and rec.kernel_id and not self._same_kernel(rec, session):
-            await self._let_go(session)  # the table already names another kernel
+        if rec is not None and rec.kernel_id and not self.same_kernel(rec, session):
+            await self.let_go(session)  # the table already names another kernel
             return
-        await self._dispose(session)
+        await self.dispose(session)
         self._save_gone(rec, notice, key)
 
-    async def _dispose(self, session: KernelSession) -> None:
+    async def dispose(self, session: KernelSession) -> None:
+        """Shut the session's kernel down and remove its slot and socket directory."""
         await self._dispose_kernel(session.kernel)
 
     async def _dispose_kernel(self, kernel: Kernel) -> None:
@@ -465,16 +480,16 @@ class KernelRegistry(KernelReaper, KernelRecovery):
             raise SandboxUnavailable(f"the Python sandbox is unavailable: {why}")
         rec = self.table.load(key)
         session = self.sessions.get(key)
-        if session is not None and not self._same_kernel(rec, session):
+        if session is not None and not self.same_kernel(rec, session):
             # reclaimed, replaced or cleared meanwhile (maybe by another worker): never use it
             del self.sessions[key]
-            await self._let_go(session)
+            await self.let_go(session)
             session = None
         if session is None and rec is not None and rec.kernel_id:
             session = await self._reach(key, rec)
         if session is not None and not await session.kernel.is_alive():
             reason = await session.kernel.death_reason()
-            await self._forget(key, session, f"the previous one stopped: {reason}")
+            await self.forget(key, session, f"the previous one stopped: {reason}")
             session = None
         notices: list[str] = []
         if session is None:
@@ -491,18 +506,18 @@ class KernelRegistry(KernelReaper, KernelRecovery):
         for the notice) when its owner is gone or it cannot be reached."""
         if not owner_alive(self.home, rec.owner, self.settings.owner_stale_s):
             log.info("kernel %s of %s is an orphan (worker %s is gone): ending it", rec.kernel_id, key, rec.owner)
-            await self._end_record(rec)
+            await self.end_record(rec)
             self._save_gone(rec, ORPHAN_NOTICE)
             return None
         if rec.backend and rec.backend != self.backend.name:
-            await self._end_record(rec)
+            await self.end_record(rec)
             self._save_gone(rec, "the previous one ran in another server worker, which this one cannot reach")
             return None
         try:
             kernel = await self.backend.attach(rec.placement, rec.locator)
         except Exception as exc:
             log.warning("cannot reach kernel %s of worker %s: %s", rec.kernel_id, rec.owner, exc)
-            await self._end_record(rec)
+            await self.end_record(rec)
             self._save_gone(rec, f"the previous one could not be reached from this server worker: {exc}")
             return None
         kernel.started_at = rec.started_at
@@ -526,7 +541,7 @@ class KernelRegistry(KernelReaper, KernelRecovery):
         async with self._hold(key, self._busy_wait_s):
             session, notices = await self._warm_session(key)
             async with session.lock:
-                result = await self._run(key, session, code, timeout, artifacts_dir, on_output, on_status)
+                result = await self.recovery.run(key, session, code, timeout, artifacts_dir, on_output, on_status)
                 report = ExecutionReport(result=result, notices=notices)
                 if self.sessions.get(key) is session:
                     await self._read_outputs(session, report)

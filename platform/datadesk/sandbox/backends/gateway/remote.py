@@ -10,7 +10,7 @@ which prints handshake headers, is kept off).
 
 Files: the kernel's slot sits on a volume the app and the kernels both
 mount; the settings, the path mapping between the two sides and the probe
-that proves it at each start are in `gateway_config.py`. Code is rewritten
+that proves it at each start are in `config.py`. Code is rewritten
 so `/data/...` and `/outputs/...` literals name the kernel-side paths
 (`rewrite_paths`), and the kernel's working directory is its outputs dir.
 Outputs are read app-side from the slot, never following a link (files.py).
@@ -18,7 +18,7 @@ Outputs are read app-side from the slot, never following a link (files.py).
 The registry above is unchanged: caps, the reaper (15 min idle, 4 h total),
 fresh-kernel notices. A kernel the gateway restarted on its own (it died) is
 reported dead, so the registry starts a fresh one and says so. Messages travel
-through `gateway_channel.GatewayChannel`.
+through `channel.GatewayChannel`.
 
 Which gateway kernel serves which slot is kept in `<home>/sandbox/gateway-kernels/`
 (with the owning worker): another worker can `attach` to it, and kernels
@@ -48,8 +48,8 @@ from datadesk.sandbox.base import (
     SandboxUnavailable,
 )
 from datadesk.sandbox.execution import INTERRUPT_GRACE_S, ChannelProbe, tell_status
-from datadesk.sandbox.gateway_channel import GatewayChannel
-from datadesk.sandbox.gateway_config import GatewayConfig, http_problem, prove_mapping, status_problem
+from datadesk.sandbox.backends.gateway.channel import GatewayChannel
+from datadesk.sandbox.backends.gateway.config import GatewayConfig, http_problem, prove_mapping, status_problem
 from datadesk.sandbox.ownership import owner_alive, this_worker
 from datadesk.settings import SandboxSettings
 from datadesk.store.files import read_json_object, write_json
@@ -304,7 +304,7 @@ class GatewayKernel(ChannelProbe, Kernel):
         await channel.connect(self.settings.start_timeout_s)
 
     async def _setup(self) -> None:
-        """Prove the path mapping, then cwd = outputs and plain tracebacks (`gateway_config.prove_mapping`)."""
+        """Prove the path mapping, then cwd = outputs and plain tracebacks (`config.prove_mapping`)."""
         assert self._channel is not None
         await prove_mapping(self._channel, self.config, self.placement.data_dir, self.kernel_data,
                             self.kernel_outputs, self.settings.start_timeout_s, self.interrupt)

@@ -31,7 +31,7 @@ from datadesk.settings import SandboxSettings, SettingsError
 
 if TYPE_CHECKING:
     from datadesk.sandbox.execution import OnTimeout
-    from datadesk.sandbox.gateway_channel import GatewayChannel
+    from datadesk.sandbox.backends.gateway.channel import GatewayChannel
 
 PROBE_FILE = ".datadesk-probe"
 

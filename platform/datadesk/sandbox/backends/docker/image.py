@@ -1,6 +1,6 @@
 """Build the kernel image for the docker sandbox backend (DESIGN.md section 7).
 
-    python -m datadesk.sandbox.image [--force] [--base IMAGE] [--print-tag]
+    python -m datadesk.sandbox.backends.docker.image [--force] [--base IMAGE] [--print-tag]
     sandbox_image/build.sh [same options]
 
 The image is built without any network inside Docker:
@@ -55,7 +55,7 @@ WHEEL_PLATFORMS = (
 )
 WHEEL_ABIS = ("cp311", "abi3", "none")
 LAYOUT_VERSION = 1  # bump when the build logic changes the image
-SECCOMP_FILE = "seccomp.json"  # the kernels' seccomp profile (see sandbox/confinement.py)
+SECCOMP_FILE = "seccomp.json"  # the kernels' seccomp profile (see confinement.py)
 HASHED_FILES = ("Dockerfile", "requirements.txt", ".dockerignore", SECCOMP_FILE)
 
 DEBIAN_SUITE = "bookworm"
@@ -81,8 +81,8 @@ def default_context_dir() -> Path:
     env = os.environ.get("DATADESK_SANDBOX_CONTEXT")
     if env:
         return Path(env)
-    # platform/datadesk/sandbox/image.py -> repo root is parents[3]
-    return Path(__file__).resolve().parents[3] / "sandbox_image"
+    # platform/datadesk/sandbox/backends/docker/image.py -> repo root is parents[5]
+    return Path(__file__).resolve().parents[5] / "sandbox_image"
 
 
 def image_tag(context_dir: Path | None = None) -> str:
@@ -450,7 +450,7 @@ def run_build_cli(build: Callable[[], str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m datadesk.sandbox.image",
+        prog="python -m datadesk.sandbox.backends.docker.image",
         description="Build the DataDesk kernel image (datadesk-sandbox:<hash>).",
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if the tag exists (no layer cache)")

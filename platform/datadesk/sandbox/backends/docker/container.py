@@ -47,7 +47,7 @@ from datadesk.sandbox.base import (
     ExecutionResult, Kernel, KernelLocator, KernelPlacement, OnOutput, OnStatus, SandboxBackend, SandboxError,
     SandboxUnavailable,
 )
-from datadesk.sandbox.confinement import UID_LABEL, ConfinementError, EngineConfinement, KernelDirs, container_uid
+from datadesk.sandbox.backends.docker.confinement import UID_LABEL, ConfinementError, EngineConfinement, KernelDirs, container_uid
 from datadesk.sandbox.execution import ChannelProbe, tell_status
 from datadesk.sandbox.files import LISTING_FORMAT, OutputFile, plan_outputs, read_outputs_tar
 from datadesk.sandbox.messaging import (

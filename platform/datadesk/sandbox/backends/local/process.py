@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from datadesk.sandbox import landlock
+from datadesk.sandbox.backends.local import landlock
 
 from datadesk.sandbox.base import (
     ExecutionResult,
