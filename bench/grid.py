@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "platform"))
 
-from datadesk.offload.grid import Filter, GridReader, GridView  # noqa: E402
+from datadesk.offload.grid.pages import Filter, GridReader, GridView  # noqa: E402
 from datadesk.store.sqllimits import SQLLimits  # noqa: E402
 
 

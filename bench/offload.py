@@ -225,7 +225,7 @@ def case_write_table(home: Path, repeat: int) -> dict[str, Any]:
 
     import pyarrow.parquet as pq
 
-    from datadesk.offload.sink import ParquetSink
+    from datadesk.offload.parquet.writer import ParquetSink
 
     # The sink's default compression is what the pipeline writes with.
     sink_compression = inspect.signature(ParquetSink).parameters["compression"].default
@@ -307,8 +307,8 @@ def case_breakdown(home: Path) -> dict[str, Any]:
     """Where the duckdb case's time goes, part by part (one process, hot caches)."""
     from datadesk.domain.artifacts import ArtifactOrigin
     from datadesk.offload import preview
-    from datadesk.offload.sink import file_digest
-    from datadesk.offload.sink import ParquetSink
+    from datadesk.offload.parquet.writer import file_digest
+    from datadesk.offload.parquet.writer import ParquetSink
     from datadesk.domain.tools import TabularStream
     from datadesk.llm.tokens import count_tokens
 

@@ -36,8 +36,8 @@ def measure(shape: str, rows: int, tmp: Path) -> dict:
     import pyarrow.parquet as pq
 
     from bench.shapes_data import SHAPES
-    from datadesk.offload.pyrepr import exact_batches
-    from datadesk.offload.shapes import parse_text
+    from datadesk.offload.readers.pyrepr.exact import exact_batches
+    from datadesk.offload.source_cut import parse_text
 
     text = SHAPES[shape](rows)
     gc.collect()

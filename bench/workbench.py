@@ -45,7 +45,7 @@ from datadesk.chat.export import ThreadDocument  # noqa: E402
 from datadesk.chat.notebook import notebook_for, write_bundle  # noqa: E402
 from datadesk.domain.artifacts import ArtifactOrigin  # noqa: E402
 from datadesk.domain.records import Record, ToolCall, record_meta, ToolRecordMeta, ArtifactRef, OutputFile  # noqa: E402
-from datadesk.offload.store import ArtifactStore  # noqa: E402
+from datadesk.offload.artifacts.store import ArtifactStore  # noqa: E402
 from datadesk.store.layout import Layout  # noqa: E402
 from datadesk.store.search import ThreadSearch  # noqa: E402
 from datadesk.store.threads import Thread, ThreadStore  # noqa: E402

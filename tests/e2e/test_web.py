@@ -240,7 +240,7 @@ def test_expired_artifact_rerun_from_the_card(server, page) -> None:
 
 def _expire(home: Path, aid: str) -> None:
     """Expire an artifact the way the TTL sweeper does (data file gone, tombstone kept)."""
-    from datadesk.offload.store import ArtifactStore
+    from datadesk.offload.artifacts.store import ArtifactStore
     from datadesk.store.layout import Layout
 
     store = ArtifactStore(Layout(home))

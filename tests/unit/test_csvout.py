@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datadesk.offload.csvout import CSVEncoder, CSVError, escape_formulas, keep_formulas, parquet_csv
+from datadesk.offload.grid.csv_download import CSVEncoder, CSVError, escape_formulas, keep_formulas, parquet_csv
 
 
 def _write(table: pa.Table, keep: bool = False) -> list[list[str]]:

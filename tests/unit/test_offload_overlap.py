@@ -18,10 +18,10 @@ import pytest
 from datadesk.chat.runtime import Runtime
 from datadesk.domain.tools import TabularStream
 from datadesk.llm.scripted import ScriptedModel
-from datadesk.offload.overlap import ReadAhead
+from datadesk.offload.readahead import ReadAhead
 from datadesk.offload.pipeline import OffloadCapability
-from datadesk.offload.sink import ParquetSink
-from datadesk.offload.tailhash import TailHasher
+from datadesk.offload.parquet.writer import ParquetSink
+from datadesk.offload.parquet.tail_hash import TailHasher
 from datadesk.offload.worker import WriteCancelled, WriteJob
 from datadesk.settings import OffloadSettings, SandboxSettings, Settings
 from datadesk.store.threads import Thread
@@ -217,7 +217,7 @@ def test_a_sink_with_many_row_groups_publishes_the_hash_of_its_file(tmp_path: Pa
 
 
 def test_row_groups_grow_from_a_small_first_one(tmp_path: Path, monkeypatch) -> None:
-    import datadesk.offload.sink as sink_mod
+    import datadesk.offload.parquet.writer as sink_mod
 
     monkeypatch.setattr(sink_mod, "ROW_GROUP_FIRST_BYTES", 1 << 16)
     monkeypatch.setattr(sink_mod, "ROW_GROUP_BYTES", 1 << 20)
@@ -339,7 +339,7 @@ def test_ordered_map_keeps_the_order_and_stops_early() -> None:
     import threading
     import time
 
-    from datadesk.offload.overlap import ordered_map
+    from datadesk.offload.readahead import ordered_map
 
     started: list[int] = []
     lock = threading.Lock()
@@ -359,7 +359,7 @@ def test_ordered_map_keeps_the_order_and_stops_early() -> None:
 
 
 def test_ordered_map_raises_the_pieces_error_in_order() -> None:
-    from datadesk.offload.overlap import ordered_map
+    from datadesk.offload.readahead import ordered_map
 
     def work(i: int) -> int:
         if i == 3:

@@ -139,7 +139,7 @@ def test_byte_ceiling_marks_partial_with_exact_rows(home: Path) -> None:
 
 
 def test_disk_full_gives_truncated_form_and_leaves_nothing(rt: Runtime, monkeypatch) -> None:
-    import datadesk.offload.sink as sink_mod
+    import datadesk.offload.parquet.writer as sink_mod
 
     real = sink_mod.ParquetSink.add
 
@@ -279,7 +279,7 @@ def test_an_artifact_published_just_before_the_cancel_is_removed(rt: Runtime) ->
     """The cancel arrives after the metadata was written: the artifact is removed again."""
     import threading
 
-    from datadesk.offload.store import new_artifact_id
+    from datadesk.offload.artifacts.store import new_artifact_id
     from datadesk.offload.worker import run_job
 
     c = ctx(rt)
@@ -309,7 +309,7 @@ def test_an_artifact_published_just_before_the_cancel_is_removed(rt: Runtime) ->
 
 
 def test_a_write_cancelled_before_it_starts_writes_nothing(rt: Runtime) -> None:
-    from datadesk.offload.store import new_artifact_id
+    from datadesk.offload.artifacts.store import new_artifact_id
     from datadesk.offload.worker import WriteCancelled, WriteJob
 
     c = ctx(rt)

@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from datadesk.offload.columns import TabularParseError
-from datadesk.offload.pyrepr import looks_like_repr_rows, repr_batches
+from datadesk.offload.readers.columns import TabularParseError
+from datadesk.offload.readers.pyrepr.exact import looks_like_repr_rows, repr_batches
 
 
 def rows(text: str) -> list[dict]:

@@ -12,8 +12,8 @@ import pytest
 from datadesk.domain.artifacts import ArtifactOrigin
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload.pipeline import OffloadPipeline
-from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
-from datadesk.offload.store import ArtifactStore, new_artifact_id
+from datadesk.offload.artifacts.quota import ArtifactQuota, QuotaExceeded
+from datadesk.offload.artifacts.store import ArtifactStore, new_artifact_id
 from datadesk.settings import OffloadSettings
 from datadesk.store.layout import Layout
 from datadesk.store.threads import Thread
@@ -140,7 +140,7 @@ def test_stale_temp_files_and_orphan_data_are_swept_fresh_ones_are_not(tmp_path:
     """A crash leaves a sink's temp folder, an upload or paste staging file, an atomic-write temp
     and a data file renamed in without its metadata: swept once older than the safe age, and
     never while young (being written); artifacts, their metadata and other files stay."""
-    from datadesk.offload.tempfiles import TEMP_MAX_AGE_S, sweep_temp_files
+    from datadesk.offload.artifacts.tempfiles import TEMP_MAX_AGE_S, sweep_temp_files
 
     w = World(tmp_path)
     kept = w.add("alice", "t1", 100)
@@ -170,7 +170,7 @@ def test_stale_temp_files_and_orphan_data_are_swept_fresh_ones_are_not(tmp_path:
 
 
 def test_the_periodic_sweep_round_removes_crash_leftovers(tmp_path: Path) -> None:
-    from datadesk.offload.tempfiles import TEMP_MAX_AGE_S
+    from datadesk.offload.artifacts.tempfiles import TEMP_MAX_AGE_S
 
     w = World(tmp_path)
     adir = w.thread("alice", "t1").artifacts_dir
@@ -191,7 +191,7 @@ def test_a_dead_writers_temp_files_go_at_once_anywhere_in_the_workspaces(tmp_pat
     import tempfile
     import textwrap
 
-    from datadesk.offload.tempfiles import sweep_temp_files
+    from datadesk.offload.artifacts.tempfiles import sweep_temp_files
     from datadesk.store.tempnames import temp_prefix
 
     w = World(tmp_path)
@@ -238,7 +238,7 @@ def test_a_dead_writers_temp_files_go_at_once_outside_the_workspaces_too(tmp_pat
     import tempfile
     import textwrap
 
-    from datadesk.offload.tempfiles import TEMP_MAX_AGE_S, sweep_temp_files
+    from datadesk.offload.artifacts.tempfiles import TEMP_MAX_AGE_S, sweep_temp_files
     from datadesk.store.tempnames import temp_prefix
 
     w = World(tmp_path)

@@ -9,7 +9,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from datadesk.offload import shapes_json
+from datadesk.offload.readers.json import locate as shapes_json
 
 
 def _table(text: str) -> tuple[pa.Table, bool]:
@@ -69,7 +69,7 @@ def test_non_ascii_and_bytes_input() -> None:
 
 
 def test_not_json_after_the_array_is_refused_as_before() -> None:
-    from datadesk.offload.columns import TabularParseError
+    from datadesk.offload.readers.columns import TabularParseError
 
     with pytest.raises(TabularParseError, match="invalid JSON"):
         shapes_json.locate('[{"a": 1}, {"a": 2}] and then some prose')
@@ -77,7 +77,7 @@ def test_not_json_after_the_array_is_refused_as_before() -> None:
 
 
 def test_a_missing_comma_between_objects_is_not_a_table() -> None:
-    from datadesk.offload.columns import TabularParseError
+    from datadesk.offload.readers.columns import TabularParseError
 
     for text in ('[{"a":1}{"a":2}]', '[{"a":1},{"a":2}{"a":3}]', '[\n{"a": 1},\n{"a": 2}\n{"a": 3}\n]'):
         with pytest.raises(TabularParseError, match="invalid JSON"):
@@ -91,7 +91,7 @@ def test_separators_of_several_forms_are_read_exactly() -> None:
 
 
 def test_a_stream_that_stops_mid_way_goes_on_exactly_from_that_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datadesk.offload import shapes_fast
+    from datadesk.offload.readers.json import pieces as shapes_fast
 
     monkeypatch.setattr(shapes_fast, "PIECE_BYTES", 64 << 10)  # many pieces: the stream breaks at a later one
     n = 40_000
@@ -109,7 +109,7 @@ def test_a_stream_that_stops_mid_way_goes_on_exactly_from_that_row(monkeypatch: 
 
 
 def test_a_column_whose_type_moves_on_keeps_the_fast_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datadesk.offload import shapes_fast
+    from datadesk.offload.readers.json import pieces as shapes_fast
 
     monkeypatch.setattr(shapes_fast, "PIECE_BYTES", 64 << 10)
     monkeypatch.setattr(shapes_fast, "FIRST_BYTES", 64 << 10)
@@ -123,7 +123,7 @@ def test_a_column_whose_type_moves_on_keeps_the_fast_read(monkeypatch: pytest.Mo
     assert prices[19_999] == 19_999 and prices[20_000] == 20_000.5
 
 def test_the_stream_holds_a_few_pieces_not_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datadesk.offload import shapes_fast
+    from datadesk.offload.readers.json import pieces as shapes_fast
 
     monkeypatch.setattr(shapes_fast, "PIECE_BYTES", 256 << 10)
     rows = [{"id": i, "pad": "x" * 40} for i in range(60_000)]

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from bench.shapes_data import SHAPES
-from datadesk.offload import shapes_reprfast
-from datadesk.offload.columns import TabularParseError
-from datadesk.offload.pyrepr import exact_batches, repr_batches
+from datadesk.offload.readers.pyrepr import pyarrow_csv_engine as shapes_reprfast
+from datadesk.offload.readers.columns import TabularParseError
+from datadesk.offload.readers.pyrepr.exact import exact_batches, repr_batches
 
 
 @pytest.fixture(autouse=True)
@@ -116,13 +116,13 @@ def test_keys_in_another_order_in_a_later_chunk_keep_their_values() -> None:
 
 @pytest.fixture
 def tiny_json_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datadesk.offload import shapes_repr
+    from datadesk.offload.readers.pyrepr import json_engine as shapes_repr
 
     monkeypatch.setattr(shapes_repr, "CHUNK_CHARS", 200)
 
 
 def test_quotes_and_backslashes_go_to_json_in_pieces(tiny_json_chunks: None) -> None:
-    from datadesk.offload import shapes_repr
+    from datadesk.offload.readers.pyrepr import json_engine as shapes_repr
 
     names = ["O'Brien), (x", 'say "hi"), (', "back\\slash ]", "plain"]
     rows = [repr((i, names[i % 4], Decimal(f"{i}.5"), [i, i + 1] if i % 2 else None)) for i in range(150)]

@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datadesk.offload import shapes_reprcols, shapes_reprfast
-from datadesk.offload.pyrepr import exact_batches, repr_batches
-from datadesk.offload.sink import ParquetSink
+from datadesk.offload.readers.pyrepr import columns as shapes_reprcols
+from datadesk.offload.readers.pyrepr import pyarrow_csv_engine as shapes_reprfast
+from datadesk.offload.readers.pyrepr.exact import exact_batches, repr_batches
+from datadesk.offload.parquet.writer import ParquetSink
 
 UTC = dt.timezone.utc
 
@@ -151,7 +152,7 @@ def test_values_that_only_look_like_numbers_stay_exact() -> None:
 def test_nan_and_infinities_are_floats_on_every_path(text: str) -> None:
     """repr(float("nan")) is the bare name `nan` (pandas' missing values): a float, never a
     reason to keep the table as text."""
-    from datadesk.offload.shapes import parse_text
+    from datadesk.offload.source_cut import parse_text
 
     stream = parse_text(text)
     assert stream is not None

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from datadesk.offload.sink import ParquetSink, display_type
-from datadesk.offload.tabular import csv_batches, json_batches
+from datadesk.offload.parquet.writer import ParquetSink, display_type
+from datadesk.offload.readers.sniff import csv_batches, json_batches
 
 UTC = dt.timezone.utc
 
@@ -207,7 +207,7 @@ def test_unwritable_directory(tmp_path: Path, monkeypatch):
             assert list(ro.iterdir()) == []
         finally:
             ro.chmod(0o755)
-    import datadesk.offload.sink as sink_mod
+    import datadesk.offload.parquet.writer as sink_mod
 
     def denied(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied")

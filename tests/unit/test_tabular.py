@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datadesk.offload import jsonrows
-from datadesk.offload.tabular import (TabularParseError, csv_batches, detect_text, file_batches,
+from datadesk.offload.readers.json import stdlib_engine as jsonrows
+from datadesk.offload.readers.sniff import (TabularParseError, csv_batches, detect_text, file_batches,
                                       json_batches, records_to_batch, rows_to_batch, sniff_file,
                                       unique_names)
 

@@ -273,8 +273,8 @@ def test_a_summary_job_runs_once_across_processes(tmp_path: Path) -> None:
 SWEEPER = """
     import sys
     from pathlib import Path
-    from datadesk.offload.quota import ArtifactQuota
-    from datadesk.offload.store import ArtifactStore
+    from datadesk.offload.artifacts.quota import ArtifactQuota
+    from datadesk.offload.artifacts.store import ArtifactStore
     from datadesk.settings import OffloadSettings
     from datadesk.store.layout import Layout
 

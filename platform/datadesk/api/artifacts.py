@@ -25,10 +25,10 @@ from datadesk.api.security import SANDBOX_CSP
 from datadesk.chat.runtime import Runtime
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.users import User
-from datadesk.offload.csvout import FORMULA_PARAM, CSVError, keep_formulas, parquet_csv
-from datadesk.offload.grid import Column, GridError, GridLimit, GridReader, GridView, parse_request
-from datadesk.offload.requery import expired_message
-from datadesk.offload.store import regular_file
+from datadesk.offload.grid.csv_download import FORMULA_PARAM, CSVError, keep_formulas, parquet_csv
+from datadesk.offload.grid.pages import Column, GridError, GridLimit, GridReader, GridView, parse_request
+from datadesk.offload.artifacts.expired import expired_message
+from datadesk.offload.artifacts.store import regular_file
 from datadesk.sandbox.files import read_regular
 from datadesk.store.files import not_saved
 from datadesk.store.sqllimits import SQLLimits

@@ -22,7 +22,7 @@ from datadesk.chat.turns import TooManyTurns, TurnConflict
 from datadesk.domain.ids import InvalidId
 from datadesk.domain.tools import ToolError
 from datadesk.memory.store import DuplicateFact, FactNotFound, FactStateError, MemoryInputError
-from datadesk.offload.store import ArtifactNotFound
+from datadesk.offload.artifacts.store import ArtifactNotFound
 from datadesk.offload.uploads import UploadError, UploadTooLarge
 from datadesk.store.admission import Busy
 from datadesk.store.diskspace import DiskLow

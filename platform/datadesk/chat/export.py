@@ -32,7 +32,7 @@ import msgspec
 
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.records import Record, ToolCall
-from datadesk.offload.store import ArtifactStore
+from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.store.threads import Thread
 
 MAX_RESULT_CHARS = 4_000  # a tool result's head in Markdown and HTML (the notebook has the data)

@@ -24,9 +24,9 @@ from datadesk.llm.tokens import count_tokens
 from datadesk.memory.extraction import MemoryExtractor
 from datadesk.memory.store import MemoryStore, memory_access
 from datadesk.offload.pipeline import OffloadPipeline
-from datadesk.offload.quota import ArtifactQuota
-from datadesk.offload.store import ArtifactNotFound, ArtifactStore
-from datadesk.offload.tempfiles import sweep_temp_files
+from datadesk.offload.artifacts.quota import ArtifactQuota
+from datadesk.offload.artifacts.store import ArtifactNotFound, ArtifactStore
+from datadesk.offload.artifacts.tempfiles import sweep_temp_files
 from datadesk.store.diskspace import DiskRoom
 from datadesk.sandbox.backends import build_kernel_registry
 from datadesk.sandbox.files import read_regular

@@ -37,12 +37,13 @@ import pyarrow as pa
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin, ColumnSchema
 from datadesk.domain.records import ArtifactRef, ToolRecordMeta, short_arguments
 from datadesk.domain.tools import TabularStream, ToolResult, ToolSpec
-from datadesk.offload import preview, shapes
-from datadesk.offload.sink import ROW_GROUP_BYTES, ParquetSink
-from datadesk.offload.store import ArtifactStore, new_artifact_id
-from datadesk.offload.overlap import ReadAhead
-from datadesk.offload.pyrepr import looks_like_repr_rows, repr_batches
-from datadesk.offload.tabular import TabularParseError, csv_batches, detect_text, json_batches
+from datadesk.offload import preview
+from datadesk.offload import source_cut as shapes
+from datadesk.offload.parquet.writer import ROW_GROUP_BYTES, ParquetSink
+from datadesk.offload.artifacts.store import ArtifactStore, new_artifact_id
+from datadesk.offload.readahead import ReadAhead
+from datadesk.offload.readers.pyrepr.exact import looks_like_repr_rows, repr_batches
+from datadesk.offload.readers.sniff import TabularParseError, csv_batches, detect_text, json_batches
 from datadesk.offload.worker import PROGRESS_INTERVAL_S, WriteCancelled, WriteJob, run_job
 from datadesk.settings import OffloadSettings
 from datadesk.store.files import not_saved, write_atomic

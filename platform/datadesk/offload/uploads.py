@@ -20,10 +20,10 @@ import pyarrow as pa
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.tools import TabularStream
 from datadesk.offload.pipeline import OffloadPipeline
-from datadesk.offload.sink import file_digest
-from datadesk.offload.store import new_artifact_id
-from datadesk.offload.columns import LimitExceeded, UploadLimits
-from datadesk.offload.tabular import TabularParseError, file_batches, sniff_file
+from datadesk.offload.parquet.writer import file_digest
+from datadesk.offload.artifacts.store import new_artifact_id
+from datadesk.offload.readers.columns import LimitExceeded, UploadLimits
+from datadesk.offload.readers.sniff import TabularParseError, file_batches, sniff_file
 from datadesk.offload.worker import WriteJob, run_job
 from datadesk.store.threads import Thread
 

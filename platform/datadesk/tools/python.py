@@ -21,8 +21,8 @@ import msgspec
 
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.records import OutputFile, ToolRecordMeta
-from datadesk.offload.quota import ArtifactQuota, QuotaExceeded
-from datadesk.offload.store import ArtifactStore
+from datadesk.offload.artifacts.quota import ArtifactQuota, QuotaExceeded
+from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.sandbox.base import ExecutionResult, SandboxError
 from datadesk.sandbox.execution import strip_ansi, trim_traceback
 from datadesk.sandbox.files import read_regular

@@ -14,8 +14,8 @@ import logging
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.records import RequeryReport
 from datadesk.offload.pipeline import OffloadPipeline
-from datadesk.offload.requery import describe_origin, expired_message, iso_time
-from datadesk.offload.store import ArtifactNotFound, ArtifactStore
+from datadesk.offload.artifacts.expired import describe_origin, expired_message, iso_time
+from datadesk.offload.artifacts.store import ArtifactNotFound, ArtifactStore
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from datadesk.domain.ids import ID_PATTERN
-from datadesk.offload.store import ArtifactStore
+from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.store.tempnames import owner_dead
 
 log = logging.getLogger(__name__)

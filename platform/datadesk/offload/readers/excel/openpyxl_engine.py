@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from datadesk.offload.columns import LimitExceeded, TabularParseError, UploadLimits, human, rows_to_batch
+from datadesk.offload.readers.columns import LimitExceeded, TabularParseError, UploadLimits, human, rows_to_batch
 
 EXCEL_MAX_ROWS = 1_048_576
 EXCEL_MAX_COLUMNS = 16_384
@@ -166,7 +166,7 @@ def _in_child(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimi
             "limits": {"unpacked_bytes": limits.unpacked_bytes, "zip_ratio": limits.zip_ratio, "rows": limits.rows,
                        "columns": limits.columns, "cell_bytes": limits.cell_bytes,
                        "seconds": max(0.0, limits.deadline - time.monotonic()) if limits.deadline else limits.seconds}}
-    root = str(Path(__file__).resolve().parents[2])  # the directory holding the datadesk package
+    root = str(Path(__file__).resolve().parents[4])  # the directory holding the datadesk package
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": root}  # not the app's secrets
 
     def bound() -> None:
@@ -174,7 +174,7 @@ def _in_child(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimi
         cpu = int(limits.seconds) + 5
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 
-    proc = subprocess.Popen([sys.executable, "-m", "datadesk.offload.excel", json.dumps(spec)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "datadesk.offload.readers.excel.openpyxl_engine", json.dumps(spec)], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             preexec_fn=bound, start_new_session=True)
     try:

@@ -30,12 +30,12 @@ import pyarrow as pa
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.sources import SourceHints
 from datadesk.domain.tools import TabularStream, ToolResult
-from datadesk.offload import shapes_json
-from datadesk.offload.columns import TabularParseError
-from datadesk.offload.csvfile import csv_batches
-from datadesk.offload.pyrepr import repr_batches
-from datadesk.offload.shapes_repr import looks_like_repr
-from datadesk.offload.shapes_text import csv_has_header, find_table, text_batches
+from datadesk.offload.readers.json import locate as shapes_json
+from datadesk.offload.readers.columns import TabularParseError
+from datadesk.offload.readers.csv.pyarrow_engine import csv_batches
+from datadesk.offload.readers.pyrepr.exact import repr_batches
+from datadesk.offload.readers.pyrepr.json_engine import looks_like_repr
+from datadesk.offload.readers.text.locate import csv_has_header, find_table, text_batches
 
 BATCH_ROWS = 131_072
 MAX_META_CHARS = 2_000  # the source's metadata kept with the artifact and shown to the model
@@ -96,7 +96,7 @@ def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch], hints: SourceH
 def _formatted(batch: pa.RecordBatch, formats: dict[str, str] | None) -> pa.RecordBatch:
     if not formats:
         return batch
-    from datadesk.offload.shapes_types import sql_cast
+    from datadesk.offload.readers.casts import sql_cast
 
     sql = {"date": "DATE", "date-time": "TIMESTAMP WITH TIME ZONE", "integer": "BIGINT", "number": "DOUBLE",
            "boolean": "BOOLEAN"}

@@ -28,10 +28,10 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datadesk.offload import shapes_json
-from datadesk.offload.columns import TabularParseError
-from datadesk.offload.shapes_reprcols import decimal_column
-from datadesk.offload.shapes_types import python_column
+from datadesk.offload.readers.json import locate as shapes_json
+from datadesk.offload.readers.columns import TabularParseError
+from datadesk.offload.readers.pyrepr.columns import decimal_column
+from datadesk.offload.readers.casts import python_column
 
 DATE, DATETIME, TIME, UTC = -987654321001, -987654321002, -987654321003, -987654321010
 _TAG_INTS = (DATE, DATETIME, TIME)

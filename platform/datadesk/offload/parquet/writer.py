@@ -26,8 +26,8 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datadesk.offload.columns import unique_names
-from datadesk.offload.sinkutil import (
+from datadesk.offload.readers.columns import unique_names
+from datadesk.offload.parquet.schema import (
     Segment, cast_for_union, display_type, fit_batch, merge_schemas, unify_types, writer_options,
 )
 from datadesk.store.tempnames import temp_prefix

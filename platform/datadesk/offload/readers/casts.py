@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datadesk.offload.columns import infer_array, nan_as_missing, temporal
+from datadesk.offload.readers.columns import infer_array, nan_as_missing, temporal
 
 _ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, ValueError, TypeError)
 _NULL_WORDS = pa.array(["", "NULL", "null", "None", "NaT", "<NA>", "N/A", "n/a"])

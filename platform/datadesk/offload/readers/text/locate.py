@@ -18,8 +18,8 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datadesk.offload.columns import TabularParseError, unique_names
-from datadesk.offload.shapes_types import text_column
+from datadesk.offload.readers.columns import TabularParseError, unique_names
+from datadesk.offload.readers.casts import text_column
 
 _MD_RULE = re.compile(r"\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*\Z")
 _BOX_RULE = re.compile(r"\s*[+|├┌└╞╒╘╔╚╠╟┼┬┴─═╤╧╪┤┐┘╡╕╛╗╝╣╢\-=]+\s*\Z")

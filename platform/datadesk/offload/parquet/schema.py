@@ -10,8 +10,8 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datadesk.offload.columns import text_array
-from datadesk.offload.tailhash import TailHasher
+from datadesk.offload.readers.columns import text_array
+from datadesk.offload.parquet.tail_hash import TailHasher
 
 _CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 

@@ -33,12 +33,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from datadesk.offload.columns import TabularParseError, unique_names
-from datadesk.offload.overlap import ReadAhead, ordered_map
-from datadesk.offload.shapes_reprcols import columns, comma_call, decimal_column, first_keys, list_column, time_column
-from datadesk.offload.shapes_repr import stream_typed
-from datadesk.offload.shapes_types import json_strings
-from datadesk.offload.sinkutil import cast_for_union, unify_types
+from datadesk.offload.readers.columns import TabularParseError, unique_names
+from datadesk.offload.readahead import ReadAhead, ordered_map
+from datadesk.offload.readers.pyrepr.columns import columns, comma_call, decimal_column, first_keys, list_column, time_column
+from datadesk.offload.readers.pyrepr.json_engine import stream_typed
+from datadesk.offload.readers.casts import json_strings
+from datadesk.offload.parquet.schema import cast_for_union, unify_types
 
 _SEP = "\x00"
 _STR = "\x02"  # marks a string's content in the CSV (a quoted '123' stays the text "123")
@@ -454,7 +454,7 @@ def dict_json(text: str) -> pa.Buffer | None:
 
     The rewrites run over every piece at once; the strings' pieces are then taken back as
     they were (a parity mask), so no string is ever changed."""
-    from datadesk.offload.shapes_repr import _REWRITES
+    from datadesk.offload.readers.pyrepr.json_engine import _REWRITES
 
     if '"' in text or "\\" in text or "\x01" in text:
         return None

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from datadesk.offload.columns import LimitExceeded, TabularParseError, UploadLimits, human, unique_names
+from datadesk.offload.readers.columns import LimitExceeded, TabularParseError, UploadLimits, human, unique_names
 
 Source = str | bytes | Path
 

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import msgspec
 import pyarrow as pa
 
-from datadesk.offload.columns import TabularParseError, records_to_batch, rows_to_batch
+from datadesk.offload.readers.columns import TabularParseError, records_to_batch, rows_to_batch
 
 _WS = re.compile(r"[ \t\n\r]*")
 # Module-level so tests can count decoding steps (streaming check).

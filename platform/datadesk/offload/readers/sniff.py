@@ -20,11 +20,11 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datadesk.offload.columns import (TabularParseError, UploadLimits, cell_text, infer_array,
+from datadesk.offload.readers.columns import (TabularParseError, UploadLimits, cell_text, infer_array,
                                       records_to_batch, rows_to_batch, unique_names)
-from datadesk.offload.csvfile import csv_batches
-from datadesk.offload.excel import xlsx_batches
-from datadesk.offload.jsonrows import json_batches
+from datadesk.offload.readers.csv.pyarrow_engine import csv_batches
+from datadesk.offload.readers.excel.openpyxl_engine import xlsx_batches
+from datadesk.offload.readers.json.stdlib_engine import json_batches
 
 __all__ = [
     "TabularParseError", "cell_text", "csv_batches", "detect_text", "file_batches",

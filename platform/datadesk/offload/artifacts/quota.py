@@ -20,8 +20,8 @@ from typing import Iterable
 from filelock import FileLock, Timeout
 
 from datadesk.domain.artifacts import Artifact
-from datadesk.offload.store import ArtifactStore
-from datadesk.offload.tempfiles import sweep_temp_files
+from datadesk.offload.artifacts.store import ArtifactStore
+from datadesk.offload.artifacts.tempfiles import sweep_temp_files
 from datadesk.settings import OffloadSettings
 from datadesk.store.threads import Thread
 

@@ -20,8 +20,8 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from datadesk.offload.columns import TabularParseError, records_to_batch, rows_to_batch, unique_names
-from datadesk.offload.shapes_types import python_column
+from datadesk.offload.readers.columns import TabularParseError, records_to_batch, rows_to_batch, unique_names
+from datadesk.offload.readers.casts import python_column
 
 _TOKEN = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[()\[\]]""", re.S)
 
@@ -127,9 +127,9 @@ PARSE_CHUNK = 1_000  # tuples per ast.parse call: CPython's compile slows down o
 def repr_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
     """Typed batches of a Python-repr table: the C-speed conversion to JSON (`shapes_repr`)
     when it can be exact, else the `ast` path below, which names what it refuses."""
-    from datadesk.offload import shapes_json
-    from datadesk.offload.shapes_repr import ReprUnsupported, json_chunks, resolve_tags, to_json
-    from datadesk.offload.shapes_reprfast import dict_batches, dict_json, tuple_batches
+    from datadesk.offload.readers.json import locate as shapes_json
+    from datadesk.offload.readers.pyrepr.json_engine import ReprUnsupported, json_chunks, resolve_tags, to_json
+    from datadesk.offload.readers.pyrepr.pyarrow_csv_engine import dict_batches, dict_json, tuple_batches
 
     fast = tuple_batches(text, batch_rows, repr_batches) or dict_batches(text, batch_rows, repr_batches)  # chunked
     if fast is None:  # quotes or backslashes in strings, nesting ...: to JSON, piece by piece

@@ -34,7 +34,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from datadesk.offload.csvout import CSV_BATCH_ROWS, CSVEncoder, CSVError, one_line, stream
+from datadesk.offload.grid.csv_download import CSV_BATCH_ROWS, CSVEncoder, CSVError, one_line, stream
 from datadesk.store.sqllimits import SQLLimits, limit_message
 
 log = logging.getLogger(__name__)

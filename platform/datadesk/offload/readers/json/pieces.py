@@ -29,8 +29,8 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from datadesk.offload.overlap import ordered_map
-from datadesk.offload.shapes_types import typed_table_strings
+from datadesk.offload.readahead import ordered_map
+from datadesk.offload.readers.casts import typed_table_strings
 
 PIECE_BYTES = 2 << 20  # text per piece (about 12,000 rows of 8 columns)
 FIRST_BYTES = 512 << 10  # the first piece, read before the others start (it teaches the types)

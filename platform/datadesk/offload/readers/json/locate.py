@@ -28,9 +28,10 @@ import msgspec
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from datadesk.offload.columns import TabularParseError, records_to_batch, unique_names, _has_empty_struct, _nesting
-from datadesk.offload import shapes_fast, shapes_fastrows
-from datadesk.offload.shapes_types import python_column, sql_cast, typed_table_strings
+from datadesk.offload.readers.columns import TabularParseError, records_to_batch, unique_names, _has_empty_struct, _nesting
+from datadesk.offload.readers.json import pieces as shapes_fast
+from datadesk.offload.readers.json import pyarrow_csv_engine as shapes_fastrows
+from datadesk.offload.readers.casts import python_column, sql_cast, typed_table_strings
 
 CHUNK_ROWS = 131_072  # rows per chunk handed to pyarrow (one chunk in memory at a time)
 _BLOCK = 1 << 20

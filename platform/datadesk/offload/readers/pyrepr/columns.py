@@ -26,7 +26,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datadesk.offload.columns import TabularParseError
+from datadesk.offload.readers.columns import TabularParseError
 
 _FORBIDDEN = ('"', "\\", "\x00", "\x01", "\x02")
 _FLOAT = r"^-?(\d+(\.\d*)?([eE][-+]?\d+)?|nan|inf)$"

@@ -1,0 +1,1 @@
+"""The result grid: pages of an artifact's full data, and CSV downloads."""

@@ -1,0 +1,1 @@
+"""The Parquet sink: batches streamed into one typed Parquet file, safely."""

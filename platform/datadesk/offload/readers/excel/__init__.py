@@ -1,0 +1,1 @@
+"""Excel workbooks (.xlsx)."""

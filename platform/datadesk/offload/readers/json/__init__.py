@@ -1,0 +1,1 @@
+"""JSON: where the rows are, and the engines that read them."""

@@ -1,0 +1,1 @@
+"""Python reprs of tables (`str(cursor.fetchall())` ...), never with `eval`."""

@@ -1,0 +1,1 @@
+"""Tables drawn in text: Markdown, ASCII boxes, psql, fixed-width columns."""
