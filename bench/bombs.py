@@ -37,7 +37,7 @@ import json, sys
 from pathlib import Path
 import msgspec, uvicorn
 from datadesk.api.app import create_app
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.llm.scripted import ScriptedModel, ScriptStep, tool_step
 from datadesk.settings import Settings
 from datadesk.store.demo import create_demo_warehouse

@@ -162,7 +162,7 @@ def _mb(n: int | float) -> float:
 
 
 def _runtime(home: Path):
-    from datadesk.chat.runtime import Runtime
+    from datadesk.composition import Runtime
     from datadesk.llm.scripted import ScriptedModel
     from datadesk.llm.tokens import count_tokens
     from datadesk.settings import Settings

@@ -32,7 +32,7 @@ import httpx  # noqa: E402
 
 from datadesk.api import threads as api_threads  # noqa: E402
 from datadesk.api.render import markdown_html  # noqa: E402
-from datadesk.chat.runtime import Runtime  # noqa: E402
+from datadesk.composition import Runtime  # noqa: E402
 from datadesk.llm.scripted import ScriptedModel, ScriptStep  # noqa: E402
 from datadesk.settings import SandboxSettings, Settings, SummarySettings  # noqa: E402
 from datadesk.store.layout import Layout  # noqa: E402

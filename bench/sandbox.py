@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT / "platform"))
 
 import msgspec  # noqa: E402
 
-from datadesk.chat.runtime import Runtime  # noqa: E402
+from datadesk.composition import Runtime  # noqa: E402
 from datadesk.llm.scripted import ScriptedModel  # noqa: E402
 from datadesk.settings import Settings  # noqa: E402
 from datadesk.store.threads import Thread  # noqa: E402

@@ -113,7 +113,7 @@ def _ours(info: dict[str, Any], kind: str, table: str, out: Path) -> dict[str, A
 
     import msgspec
 
-    from datadesk.chat.runtime import Runtime
+    from datadesk.composition import Runtime
     from datadesk.llm.scripted import ScriptedModel
     from datadesk.offload.pipeline import OffloadCapability
     from datadesk.settings import Settings

@@ -39,7 +39,7 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "platform"))
 
-from datadesk.chat.runtime import Runtime  # noqa: E402
+from datadesk.composition import Runtime  # noqa: E402
 from datadesk.domain.records import Record  # noqa: E402
 from datadesk.llm.base import ModelDelta  # noqa: E402
 from datadesk.llm.scripted import ScriptedModel, ScriptStep, tool_step  # noqa: E402

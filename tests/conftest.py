@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import msgspec
 import pytest
 
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.llm.base import ChatModel
 from datadesk.settings import Settings
 from datadesk.store.layout import Layout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.settings import Settings
 from datadesk.store.threads import Thread

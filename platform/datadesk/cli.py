@@ -75,7 +75,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from datadesk.api.app import create_app
     from datadesk.api.auth import RedactSecrets
-    from datadesk.chat.runtime import Runtime
+    from datadesk.composition import Runtime
 
     if args.host:
         settings.server.host = args.host
@@ -222,7 +222,7 @@ def worker_app():
     """The app factory each worker of `serve --workers N` imports (uvicorn `factory=True`)."""
     from datadesk.api.app import create_app
     from datadesk.api.auth import RedactSecrets
-    from datadesk.chat.runtime import Runtime
+    from datadesk.composition import Runtime
     from datadesk.llm.tokens import count_tokens
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -8,7 +8,7 @@ code: it answers that this is a test sandbox.
 from __future__ import annotations
 
 from datadesk.chat.policy import PYTHON_TOOL
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.tools.registry import ToolResult, ToolSpec
 
 

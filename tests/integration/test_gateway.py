@@ -27,7 +27,7 @@ import httpx
 import msgspec
 import pytest
 
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.domain.artifacts import ArtifactOrigin
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from datadesk.sandbox.base import SandboxUnavailable

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from litestar.testing import TestClient
 
-from datadesk.chat.attachments import UploadStopped
+from datadesk.threads.attachments import UploadStopped
 from datadesk.chat.turns import TurnConflict
 from datadesk.llm.scripted import ScriptedModel
 from tests.fakes.sandbox import FakeSandbox

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.offload.pipeline import OffloadCapability
 from datadesk.settings import OffloadSettings, SandboxSettings, Settings

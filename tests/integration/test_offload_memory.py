@@ -86,7 +86,7 @@ def maxrss():
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload.pipeline import OffloadCapability

@@ -17,7 +17,7 @@ import duckdb
 import httpx
 import pytest
 
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from datadesk.settings import Settings
 from tests.conftest import parse_sse, serve_app, until

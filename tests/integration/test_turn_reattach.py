@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import httpx
 import msgspec
 
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.llm.scripted import ScriptedModel, ScriptStep, tool_step
 from datadesk.tools.registry import ToolResult, ToolSpec
 from tests.conftest import Harness, serve_app, wait_until

@@ -23,7 +23,7 @@ def test_every_environment_variable_is_documented() -> None:
 
 
 def test_every_builtin_tool_is_documented(tmp_path: Path) -> None:
-    from datadesk.chat.runtime import Runtime
+    from datadesk.composition import Runtime
     from datadesk.llm.scripted import ScriptedModel
     from datadesk.settings import Settings
 

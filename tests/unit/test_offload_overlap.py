@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.domain.tools import TabularStream
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.offload.readahead import ReadAhead

@@ -13,7 +13,7 @@ import pytest
 
 from bench.shapes_data import TRUNCATED
 from datadesk.api.artifacts import artifact_out
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.domain.sources import SourceHints
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.llm.tokens import count_tokens

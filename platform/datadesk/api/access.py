@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from litestar.exceptions import NotFoundException
 
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.ids import check_id
 from datadesk.domain.users import User

@@ -1,5 +1,5 @@
 """The HTTP app: controllers, dependencies, middleware and error handlers over one `Runtime`
-(the composition root of the services, in chat/runtime.py)."""
+(the composition root of the services, in composition.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from datadesk.api.security import LoginFailures, LoginLimiter, SecurityMiddlewar
 from datadesk.api.session import SessionController
 from datadesk.api.threads import ThreadController
 from datadesk.api.taskstate import TaskStateController
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"

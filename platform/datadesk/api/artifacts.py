@@ -22,7 +22,7 @@ from datadesk.api.access import find_artifact, find_thread
 from datadesk.api.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import data_uri, markdown_html, report_page, sanitize
 from datadesk.api.security import SANDBOX_CSP
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.users import User
 from datadesk.offload.grid.csv_download import FORMULA_PARAM, CSVError, keep_formulas, parquet_csv

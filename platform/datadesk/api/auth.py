@@ -11,7 +11,7 @@ from litestar import Request
 from litestar.di import NamedDependency
 from litestar.exceptions import ClientException, HTTPException, NotAuthorizedException
 
-from datadesk.chat.runtime import Runtime
+from datadesk.composition import Runtime
 from datadesk.domain.redaction import redact
 from datadesk.domain.users import User
 

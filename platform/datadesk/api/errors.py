@@ -17,7 +17,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from datadesk.api.security import APP_CSP, EXTRA_HEADERS
-from datadesk.chat.attachments import MessageTooLong
+from datadesk.threads.attachments import MessageTooLong
 from datadesk.chat.turns import TooManyTurns, TurnConflict
 from datadesk.domain.ids import InvalidId
 from datadesk.domain.tools import ToolError

@@ -1,5 +1,5 @@
 """`GET /api/threads/{tid}/export?format=`: a thread as Markdown, a printable HTML page, a Jupyter
-notebook, or a zip of the notebook with the thread's data (chat/export.py builds them).
+notebook, or a zip of the notebook with the thread's data (threads/export.py builds them).
 
 The HTML page is self-contained: every turn, the SQL and code highlighted, tool results, charts
 embedded as `data:` images, and a print stylesheet that lets the browser paginate (no fixed
@@ -29,8 +29,8 @@ from litestar.response import Stream
 from datadesk.api.access import find_thread
 from datadesk.api.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import code_html, markdown_html, plain_html, tool_html
-from datadesk.chat.export import MAX_RESULT_CHARS, Entry, ThreadDocument, call_source, safe_name
-from datadesk.chat.notebook import notebook_for, write_bundle
+from datadesk.threads.export import MAX_RESULT_CHARS, Entry, ThreadDocument, call_source, safe_name
+from datadesk.threads.notebook import notebook_for, write_bundle
 
 FORMATS = ("md", "html", "ipynb", "zip")
 EMBEDDED_IMAGES = ("png", "jpeg", "gif", "webp")  # never SVG (it could carry script)

@@ -43,7 +43,7 @@ PREVIEW_CHARS = 16_000  # the tool card shows the whole preview the model got (<
 
 @dataclass(frozen=True)
 class TurnServices:
-    """Exactly what a turn uses, handed over by the composition root (chat/runtime.py)."""
+    """Exactly what a turn uses, handed over by the composition root (composition.py)."""
 
     model: ChatModel
     requests: RequestAssembler  # builds each step's request, records its manifest

@@ -5,13 +5,13 @@ and each tool call with its result), with the thread's artifacts at hand. From i
 
 - `to_markdown()`: every turn, the SQL and code of each call, its result head, charts
   embedded as `data:` images, so one file holds the whole conversation;
-- `notebook_for(doc)` (chat/notebook.py): nbformat 4 (the tests check it with
+- `notebook_for(doc)` (threads/notebook.py): nbformat 4 (the tests check it with
   `nbformat.validate`). A first code cell maps the thread's artifacts (`./data`, the
   sandbox's `/data`) and defines `sql_result(sql, artifact=...)`: it re-runs a query against
   the DuckDB file named by `DATADESK_WAREHOUSE`, else reads the result DataDesk saved. Each
   SQL call becomes a cell that reproduces its result; each python call a cell with its code
   (`/data` and `/outputs` read as `./data` and `./outputs`) and the outputs it had;
-- `write_bundle(doc, path)` (chat/notebook.py): a zip of `notebook.ipynb`, `thread.md`,
+- `write_bundle(doc, path)` (threads/notebook.py): a zip of `notebook.ipynb`, `thread.md`,
   `data/` (every available artifact file, as the kernel saw `/data`) and `README.txt`, so the
   analysis reruns outside DataDesk.
 

@@ -1,4 +1,4 @@
-"""A thread as a Jupyter notebook (nbformat 4.5), built as plain JSON (see chat/export.py).
+"""A thread as a Jupyter notebook (nbformat 4.5), built as plain JSON (see threads/export.py).
 
 The first code cell makes the notebook rerun outside DataDesk: it maps the thread's artifacts in
 `./data` (the sandbox's `/data`), creates `./outputs`, and defines `sql_result`, which re-runs a
@@ -14,7 +14,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from datadesk.chat.export import Entry, ThreadDocument, call_source, python_sections, safe_name, sandbox_paths_to_local
+from datadesk.threads.export import (Entry, ThreadDocument, call_source, python_sections, safe_name,
+                                     sandbox_paths_to_local)
 from datadesk.llm.scripted import parse_tool_result
 
 MAX_BUNDLE_BYTES = 2 << 30  # data files in one zip (artifacts are bounded by the quotas anyway)

@@ -6,12 +6,9 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from datadesk.chat.attachments import Attachments
-from datadesk.chat.lifecycle import ThreadLifecycle
 from datadesk.chat.loop import TurnServices
 from datadesk.chat.policy import TurnPolicy, spawner
 from datadesk.chat.recovery import CutOffTurns
-from datadesk.chat.requery import UserRequery
 from datadesk.chat.turns import TurnRegistry
 from datadesk.context.builder import ContextBuilder
 from datadesk.context.calibration import Calibration
@@ -42,6 +39,9 @@ from datadesk.store.workspaces import Workspaces
 from datadesk.summary.service import SummaryService
 from datadesk.summary.store import SummaryStore
 from datadesk.summary.summarizer import Summarizer
+from datadesk.threads.attachments import Attachments
+from datadesk.threads.lifecycle import ThreadLifecycle
+from datadesk.threads.requery import UserRequery
 from datadesk.tools.artifacts import register_artifact_tools
 from datadesk.tools.history import register_compact_tool, register_history_tools
 from datadesk.tools.mcp import MCPManager
