@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from datadesk.api import threads as api_threads  # noqa: E402
+from datadesk.api.controllers import threads as api_threads  # noqa: E402
 from datadesk.api.render import markdown_html  # noqa: E402
 from datadesk.composition import Runtime  # noqa: E402
 from datadesk.llm.scripted import ScriptedModel, ScriptStep  # noqa: E402

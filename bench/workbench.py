@@ -9,7 +9,7 @@
    once), then warm query latency p50/p95/max over a rare word, a common word, a prefix, a
    phrase and a two-word query, and a search right after one more append (the append hook
    plus the sync check of 100 threads).
-2. Export (threads/export.py, threads/notebook.py, api/export.py): a 50-turn thread (each turn: a
+2. Export (threads/export.py, threads/notebook.py, api/controllers/export.py): a 50-turn thread (each turn: a
    question, an SQL call with an offloaded Parquet result, a python call with its output and a
    PNG chart, an answer) exported to Markdown, HTML, the notebook and the zip; p50/max of the
    wall time of each, reading the log and the artifacts included.
@@ -40,7 +40,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from datadesk.api.export import thread_html  # noqa: E402
+from datadesk.api.controllers.export import thread_html  # noqa: E402
 from datadesk.threads.export import ThreadDocument  # noqa: E402
 from datadesk.threads.notebook import notebook_for, write_bundle  # noqa: E402
 from datadesk.domain.artifacts import ArtifactOrigin  # noqa: E402

@@ -74,7 +74,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from datadesk.api.app import create_app
-    from datadesk.api.auth import RedactSecrets
+    from datadesk.api.guards.auth import RedactSecrets
     from datadesk.composition import Runtime
 
     if args.host:
@@ -221,7 +221,7 @@ def worker_settings(env=None) -> Settings:
 def worker_app():
     """The app factory each worker of `serve --workers N` imports (uvicorn `factory=True`)."""
     from datadesk.api.app import create_app
-    from datadesk.api.auth import RedactSecrets
+    from datadesk.api.guards.auth import RedactSecrets
     from datadesk.composition import Runtime
     from datadesk.llm.tokens import count_tokens
 

@@ -177,7 +177,8 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
     max_body_bytes: int = 1_048_576
     public_url: str | None = None
     trusted_proxies: list[str] = msgspec.field(default_factory=list)  # IPs/CIDRs whose X-Forwarded-For counts
-    # per-user request limits (api/ratelimit.py), per worker; unauthenticated: per client address; 0: off
+    # per-user request limits (api/guards/ratelimit.py), per worker; unauthenticated: per client
+    # address; 0: off
     requests_per_minute_per_user: int = 600  # sustained rate of a user's token bucket
     request_burst_per_user: int = 200  # the bucket's size: what a page load or a quick burst may spend at once
     requests_in_flight_per_user: int = 32  # a user's requests being answered at once (event streams apart)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from litestar.testing import TestClient
 
-from datadesk.api.auth import RedactSecrets, redact
+from datadesk.api.guards.auth import RedactSecrets, redact
 from datadesk.llm.scripted import ScriptedModel
 from tests.conftest import parse_sse
 

@@ -1,4 +1,4 @@
-"""Exporting a thread (threads/export.py, threads/notebook.py, api/export.py): a real analysis thread
+"""Exporting a thread (threads/export.py, threads/notebook.py, api/controllers/export.py): a real analysis thread
 (the demo's offloaded SQL + python with charts and reports, run by the local sandbox), exported
 as Markdown, HTML, a notebook (valid nbformat 4) and a zip whose notebook reruns with nbclient on
 the local ipykernel against the exported artifacts, giving the same numbers."""

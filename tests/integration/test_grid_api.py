@@ -179,7 +179,7 @@ def test_odd_column_names_are_quoted(grid_env, tmp_path) -> None:
 
 
 def test_download_names_from_the_title_or_the_query(grid_env) -> None:
-    from datadesk.api.artifacts import attachment_header, download_stem
+    from datadesk.api.controllers.artifacts import attachment_header, download_stem
     from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 
     h, client, aid, _ = grid_env

@@ -7,7 +7,7 @@ import json
 import pytest
 from litestar.testing import TestClient
 
-from datadesk.api.memory import MemoryController
+from datadesk.api.controllers.memory import MemoryController
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.memory.model import Provenance
 from datadesk.memory.store import MemoryStore

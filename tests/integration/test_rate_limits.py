@@ -15,7 +15,7 @@ import httpx
 import pytest
 from litestar.testing import TestClient
 
-from datadesk.api.ratelimit import Counters, Principals, TokenBuckets
+from datadesk.api.guards.ratelimit import Counters, Principals, TokenBuckets
 from datadesk.llm.scripted import ScriptedModel
 from tests.conftest import serve_app, wait_until
 

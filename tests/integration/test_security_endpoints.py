@@ -127,7 +127,7 @@ def _big_thread(h, client, answers: int, chars: int) -> str:
 def test_many_long_answers_render_within_a_budget_newest_first(env) -> None:
     """80 answers of 20 KB (a Markdown table each): a page of them rendered whole took 42 s of CPU
     at limit=1000; past the budget the older ones come as plain text (the whole text, escaped)."""
-    from datadesk.api.threads import RENDER_BUDGET_CHARS
+    from datadesk.api.controllers.threads import RENDER_BUDGET_CHARS
 
     h, client, _, _, _ = env
     tid = _big_thread(h, client, 80, 20_000)
@@ -143,7 +143,7 @@ def test_many_long_answers_render_within_a_budget_newest_first(env) -> None:
 
 
 def test_the_html_export_of_a_large_thread_is_bounded_and_complete(env) -> None:
-    from datadesk.api.export import RENDER_BUDGET_CHARS
+    from datadesk.api.controllers.export import RENDER_BUDGET_CHARS
 
     h, client, _, _, _ = env
     tid = _big_thread(h, client, 80, 20_000)
@@ -346,7 +346,7 @@ def test_a_notebook_cell_of_an_inline_result_with_nulls_and_booleans_runs(env) -
 def test_a_page_of_huge_records_is_cut_to_a_size_and_the_rest_loads_earlier(env) -> None:
     """limit=1000 of 20 KB answers was one 24 MB response (1000 x 300 KB: 300 MB); the text of one
     page is bounded, has_more says there is more and before= fetches it."""
-    from datadesk.api.threads import PAGE_CHARS
+    from datadesk.api.controllers.threads import PAGE_CHARS
 
     h, client, _, _, _ = env
     tid = _big_thread(h, client, 250, 40_000)  # 500 records, ~10 MB of text

@@ -173,7 +173,7 @@ def test_login_failures_lock_out_only_the_guessing_client_behind_a_trusted_proxy
 
 
 def test_client_address_takes_the_rightmost_untrusted_hop() -> None:
-    from datadesk.api.security import _networks, client_address
+    from datadesk.api.guards.security import _networks, client_address
 
     trusted = _networks(["10.0.0.0/8", "::1"])
     scope = {"client": ("10.1.2.3", 1), "headers": [(b"x-forwarded-for", b"1.1.1.1, 2.2.2.2, 10.9.9.9")]}

@@ -158,7 +158,7 @@ def test_failed_logins_count_per_account(harness_factory) -> None:
 
 
 def test_an_accounts_owner_from_a_clean_address_still_logs_in() -> None:
-    from datadesk.api.security import LoginFailures
+    from datadesk.api.guards.security import LoginFailures
 
     f = LoginFailures(per_minute=10, per_account=3, trusted_proxies=[])
     for addr in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):  # a guesser spread over addresses

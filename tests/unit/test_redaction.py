@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from datadesk.api.auth import redact as auth_redact
+from datadesk.api.guards.auth import redact as auth_redact
 from datadesk.domain.redaction import REDACTED, find_secrets, redact
 from datadesk.memory.secrets import redact_secrets
 from datadesk.tools.mcp_config import redact as mcp_redact

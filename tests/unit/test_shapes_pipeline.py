@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.shapes_data import TRUNCATED
-from datadesk.api.artifacts import artifact_out
+from datadesk.api.controllers.artifacts import artifact_out
 from datadesk.composition import Runtime
 from datadesk.domain.sources import SourceHints
 from datadesk.llm.scripted import ScriptedModel

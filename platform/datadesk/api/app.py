@@ -16,18 +16,18 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.static_files import create_static_files_router
 
 from datadesk import __version__
-from datadesk.api.artifacts import ArtifactController
-from datadesk.api.auth import guard_request, provide_runtime, provide_user
+from datadesk.api.controllers.artifacts import ArtifactController
+from datadesk.api.controllers.export import ExportController
+from datadesk.api.controllers.memory import MemoryController
+from datadesk.api.controllers.search import SearchController
+from datadesk.api.controllers.session import SessionController
+from datadesk.api.controllers.taskstate import TaskStateController
+from datadesk.api.controllers.threads import ThreadController
+from datadesk.api.controllers.workspace import WorkspaceController
 from datadesk.api.errors import exception_handlers
-from datadesk.api.export import ExportController
-from datadesk.api.memory import MemoryController
-from datadesk.api.ratelimit import Limits, Principals, RateLimiter, user_lookup
-from datadesk.api.search import SearchController
-from datadesk.api.workspace import WorkspaceController
-from datadesk.api.security import LoginFailures, LoginLimiter, SecurityMiddleware, load_key
-from datadesk.api.session import SessionController
-from datadesk.api.threads import ThreadController
-from datadesk.api.taskstate import TaskStateController
+from datadesk.api.guards.auth import guard_request, provide_runtime, provide_user
+from datadesk.api.guards.ratelimit import Limits, Principals, RateLimiter, user_lookup
+from datadesk.api.guards.security import LoginFailures, LoginLimiter, SecurityMiddleware, load_key
 from datadesk.composition import Runtime
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def create_app(rt: Runtime) -> Litestar:
     auth = rt.settings.auth
     login_failures = LoginFailures(auth.login_attempts_per_minute, auth.login_attempts_per_account,
                                    rt.settings.server.trusted_proxies)
-    # every user's share of this worker (api/ratelimit.py): a request budget and in-flight caps
+    # every user's share of this worker (api/guards/ratelimit.py): a request budget and in-flight caps
     limits = Limits(rt.settings.server)
     principals = Principals(user_lookup(rt.users), rt.settings.server.trusted_proxies)
     app = Litestar(

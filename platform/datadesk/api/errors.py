@@ -16,7 +16,7 @@ from urllib.parse import unquote
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from datadesk.api.security import APP_CSP, EXTRA_HEADERS
+from datadesk.api.guards.security import APP_CSP, EXTRA_HEADERS
 from datadesk.threads.attachments import MessageTooLong
 from datadesk.chat.turns import TooManyTurns, TurnConflict
 from datadesk.domain.ids import InvalidId

@@ -16,5 +16,5 @@ user's `memory` permission, and the user's own switch in the memory panel
   user's own messages (off by default).
 
 The tools (`remember`, `forget`) live in `datadesk.tools.memory`, the panel
-API in `datadesk.api.memory`.
+API in `datadesk.api.controllers.memory`.
 """

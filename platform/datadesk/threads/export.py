@@ -15,7 +15,7 @@ and each tool call with its result), with the thread's artifacts at hand. From i
   `data/` (every available artifact file, as the kernel saw `/data`) and `README.txt`, so the
   analysis reruns outside DataDesk.
 
-The HTML page is rendered in api/export.py (it needs the API's sanitizing Markdown renderer).
+The HTML page is rendered in api/controllers/export.py (it needs the API's sanitizing Markdown renderer).
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ from litestar.exceptions import ClientException, HTTPException
 from litestar.params import FromPath, FromQuery
 from litestar.response import Response, Stream
 
-from datadesk.api.access import find_artifact, find_thread
-from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.api.guards.access import find_artifact, find_thread
+from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import data_uri, markdown_html, report_page, sanitize
-from datadesk.api.security import SANDBOX_CSP
+from datadesk.api.guards.security import SANDBOX_CSP
 from datadesk.composition import Runtime
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.users import User

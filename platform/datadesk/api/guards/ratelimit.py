@@ -31,8 +31,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from datadesk.api.auth import SESSION_COOKIE
-from datadesk.api.security import ASGIApp, Scope, _answer, _cookie, _header, _networks, client_address
+from datadesk.api.guards.auth import SESSION_COOKIE
+from datadesk.api.guards.security import ASGIApp, Scope, _answer, _cookie, _header, _networks, client_address
 from datadesk.settings import ServerSettings
 
 log = logging.getLogger(__name__)

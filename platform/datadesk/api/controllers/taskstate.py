@@ -18,8 +18,8 @@ from litestar import Controller, delete, get, post
 from litestar.exceptions import ClientException, NotFoundException
 from litestar.params import FromPath, JSONBody
 
-from datadesk.api.access import find_thread
-from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.api.guards.access import find_thread
+from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.context.taskstate import TaskItemNotFound, TaskStateError
 from datadesk.domain.ids import check_id
 

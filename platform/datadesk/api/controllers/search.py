@@ -10,8 +10,8 @@ from litestar import Controller, get
 from litestar.exceptions import ClientException
 from litestar.params import QueryParameter
 
-from datadesk.api.access import member_workspace
-from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.api.guards.access import member_workspace
+from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.store.search import MAX_LIMIT, BadSearchQuery, ThreadSearch
 from datadesk.store.threads import Thread
 

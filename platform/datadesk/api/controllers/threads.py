@@ -17,8 +17,8 @@ from litestar.exceptions import ClientException, NotFoundException
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
-from datadesk.api.access import find_thread, member_workspace
-from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.api.guards.access import find_thread, member_workspace
+from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.offloop import run_off_loop
 from datadesk.api.render import LiveMarkdown, markdown_html, model_img_src, plain_html, tool_html, tool_input_html
 from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut, ThreadPatch
@@ -164,7 +164,7 @@ class ThreadController(Controller):
         cancelled = await rt.turns.cancel(handle.id)
         return {"cancelled": cancelled, "thread": handle.id}
 
-    # `stream`: an event stream, counted by api/ratelimit.py against server.streams_per_user
+    # `stream`: an event stream, counted by api/guards/ratelimit.py against server.streams_per_user
     @post("/{tid:str}/messages", status_code=200, request_max_body_size=MAX_MESSAGE_BYTES,
           opt={"stream": True, "strict_query": True})
     async def post_message(self, tid: FromPath[str], data: JSONBody[NewMessage], user: CurrentUser, rt: RuntimeDep,

@@ -26,8 +26,8 @@ from litestar.exceptions import ClientException, HTTPException
 from litestar.params import FromPath, QueryParameter
 from litestar.response import Stream
 
-from datadesk.api.access import find_thread
-from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.api.guards.access import find_thread
+from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import code_html, markdown_html, plain_html, tool_html
 from datadesk.threads.export import MAX_RESULT_CHARS, Entry, ThreadDocument, call_source, safe_name
 from datadesk.threads.notebook import notebook_for, write_bundle

@@ -17,9 +17,9 @@ from litestar.exceptions import ClientException, NotAuthorizedException, TooMany
 from litestar.response import Redirect, Response
 
 from datadesk import __version__
-from datadesk.api.auth import SESSION_COOKIE, CurrentUser, RuntimeDep
+from datadesk.api.guards.auth import SESSION_COOKIE, CurrentUser, RuntimeDep
 from datadesk.api.schemas import Login, MeOut
-from datadesk.api.security import csrf_token
+from datadesk.api.guards.security import csrf_token
 from datadesk.store.users import credential_account
 
 
@@ -91,7 +91,7 @@ def _bad_link_page() -> Response[str]:
 
 def _account_guard(request: Request, credential: str) -> str | None:
     """The account `credential` names; 429 when that account is under attack and this address
-    has failed too (api/security.py LoginFailures)."""
+    has failed too (api/guards/security.py LoginFailures)."""
     failures = request.app.state.login_failures
     account = credential_account(credential)
     refused = failures.account_refusal(account, failures.address(request.scope))

@@ -11,8 +11,8 @@ from litestar import Controller, get
 from litestar.exceptions import PermissionDeniedException
 from litestar.params import FromQuery
 
-from datadesk.api.access import member_workspace
-from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.api.guards.access import member_workspace
+from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.sources.config import MASK, SourceConfig, masked_config
 from datadesk.store.warehouse import SQLError
 

@@ -20,8 +20,8 @@ from litestar import Controller, delete, get, post, put
 from litestar.exceptions import PermissionDeniedException
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from datadesk.api.access import member_workspace
-from datadesk.api.auth import CurrentUser, RuntimeDep
+from datadesk.api.guards.access import member_workspace
+from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.domain.ids import check_id
 from datadesk.domain.users import User
 from datadesk.memory.model import STATUSES, Fact

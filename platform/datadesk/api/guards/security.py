@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable
 
 import msgspec
 
-from datadesk.api.auth import SESSION_COOKIE
+from datadesk.api.guards.auth import SESSION_COOKIE
 
 CSRF_HEADER = b"x-csrf-token"
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
