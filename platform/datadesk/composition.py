@@ -44,8 +44,8 @@ from datadesk.threads.lifecycle import ThreadLifecycle
 from datadesk.threads.requery import UserRequery
 from datadesk.tools.artifacts import register_artifact_tools
 from datadesk.tools.history import register_compact_tool, register_history_tools
-from datadesk.tools.mcp import MCPManager
-from datadesk.tools.mcp_config import workspace_servers
+from datadesk.tools.mcp.manager import MCPManager
+from datadesk.tools.mcp.config import workspace_servers
 from datadesk.tools.memory import memory_gate, register_memory_tools
 from datadesk.tools.python import PythonTool, register_python_tool
 from datadesk.tools.registry import ToolContext, ToolRegistry

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from datadesk.tools.mcp import MCPManager, MCPServerConfig, exposed_tool_name, mask, masked_config
+from datadesk.tools.mcp.manager import MCPManager, MCPServerConfig, exposed_tool_name, mask, masked_config
 from datadesk.store.threads import Thread
 from datadesk.tools.registry import ToolContext, ToolRegistry, ToolResult
 

@@ -38,7 +38,7 @@ from datadesk.llm.scripted import ScriptedModel
 from datadesk.offload.pipeline import OffloadCapability
 from datadesk.settings import OffloadSettings, SandboxSettings, Settings
 from datadesk.store.threads import Thread
-from datadesk.tools.mcp import MCPManager, MCPServerConfig
+from datadesk.tools.mcp.manager import MCPManager, MCPServerConfig
 from datadesk.tools.registry import ToolContext, ToolRegistry
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import pytest
 from datadesk.api.guards.auth import redact as auth_redact
 from datadesk.domain.redaction import REDACTED, find_secrets, redact
 from datadesk.memory.secrets import redact_secrets
-from datadesk.tools.mcp_config import redact as mcp_redact
+from datadesk.tools.mcp.config import redact as mcp_redact
 
 # what the access-log filter and the MCP stderr filter each removed before they were one rule
 LOG_LINES = {

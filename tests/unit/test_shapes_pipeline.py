@@ -20,7 +20,7 @@ from datadesk.llm.tokens import count_tokens
 from datadesk.offload.pipeline import OffloadCapability
 from datadesk.settings import SandboxSettings, Settings
 from datadesk.store.threads import Thread
-from datadesk.tools.mcp_shapes import column_formats, input_hints
+from datadesk.tools.mcp.shapes import column_formats, input_hints
 from datadesk.tools.registry import ToolContext, ToolResult, ToolSpec
 
 YES = OffloadCapability(True)
@@ -115,7 +115,7 @@ def test_source_truncation_is_said_when_nothing_can_be_saved(rt: Runtime) -> Non
 
 
 def test_cap_documented_in_the_description() -> None:
-    from datadesk.tools.mcp_shapes import described_cap, source_hints
+    from datadesk.tools.mcp.shapes import described_cap, source_hints
 
     assert described_cap("Run a query. Returns at most 1,000 rows.") == 1000
     assert described_cap("Lists tables") is None

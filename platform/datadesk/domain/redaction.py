@@ -1,7 +1,7 @@
 """Secrets in text: one set of credential shapes, and the one rule that removes them.
 
 Every layer that must keep a secret out of what it writes uses this module: access
-logs (`api.guards.auth.RedactSecrets`), MCP stderr and status (`tools.mcp_config`), LLM
+logs (`api.guards.auth.RedactSecrets`), MCP stderr and status (`tools.mcp.config`), LLM
 error messages (`llm.client`) and long-term memory (`memory.secrets`).
 
 Two kinds of pattern:

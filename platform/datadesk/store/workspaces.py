@@ -3,7 +3,7 @@
 Keys (documented in the README): `name`, `prompt`, `warehouse` (a DuckDB file
 inside the workspace, optional), `[views]` (Parquet/CSV files or globs inside
 the workspace's data folder, exposed as SQL views), `[mcp.<server>]` (MCP
-servers; validated by tools/mcp.py), `[sources.<name>]` (analysts' databases; validated by
+servers; validated by tools/mcp/manager.py), `[sources.<name>]` (analysts' databases; validated by
 datadesk.sources, a bad one is listed as misconfigured), `[tool_permissions]` (extra permission a
 tool needs here), `disabled_tools`, and the feature flags `memory`,
 `memory_extraction`, `auto_requery`. A bad file fails with the file, the key

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import anyio
 
-from datadesk.tools.mcp_config import _MAX_STDERR_LINE, redact
+from datadesk.tools.mcp.config import _MAX_STDERR_LINE, redact
 
 
 def warm_sdk_imports() -> None:

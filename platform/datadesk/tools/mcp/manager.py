@@ -42,12 +42,12 @@ import anyio
 import anyio.to_thread
 
 from datadesk.domain.records import ToolRecordMeta
-from datadesk.tools.mcp_config import (  # noqa: F401  (re-exported: the public names live here too)
+from datadesk.tools.mcp.config import (  # noqa: F401  (re-exported: the public names live here too)
     _ENV_REF, _SECRET_KEY, _BACKOFF_MAX_S, _HEALTHY_S, _MAX_DESCRIPTION, _MAX_STDERR_LINE, _PASSED_ENV, MCPConfigError, MCPServerConfig,
     _describe, exposed_tool_name, mask, masked_config, redact, resolve_values,
 )
-from datadesk.tools.mcp_io import _StderrPipe, _WatchedStream, warm_sdk_imports
-from datadesk.tools.mcp_shapes import source_hints
+from datadesk.tools.mcp.streams import _StderrPipe, _WatchedStream, warm_sdk_imports
+from datadesk.tools.mcp.shapes import source_hints
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class MCPManager:
         if cfg.command is not None:
             from mcp import StdioServerParameters
 
-            from datadesk.tools.mcp_stdio import bounded_stdio_client
+            from datadesk.tools.mcp.stdio import bounded_stdio_client
 
             child_env = {k: os.environ[k] for k in _PASSED_ENV if os.environ.get(k)}
             child_env.update(env)
@@ -262,7 +262,7 @@ class MCPManager:
             pipe = _StderrPipe(srv.log, srv.secrets)
             srv.stderr = pipe
             try:
-                # our bounded transport (tools/mcp_stdio.py), not the SDK's unbounded stdio_client
+                # our bounded transport (tools/mcp/stdio.py), not the SDK's unbounded stdio_client
                 async with bounded_stdio_client(params, pipe.writer, max_bytes=self.result_max_bytes,
                                                 line_timeout_s=cfg.timeout_s, logger=srv.log) as (read, write, t):
                     pipe.close_writer()
@@ -273,7 +273,7 @@ class MCPManager:
         else:
             from mcp.client.streamable_http import streamable_http_client
 
-            from datadesk.tools.mcp_http import bounded_http_client
+            from datadesk.tools.mcp.http import bounded_http_client
 
             srv.stderr = None
             limit = self.result_max_bytes
@@ -431,7 +431,7 @@ class MCPManager:
         from mcp import MCPError
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-        from datadesk.tools.mcp_stdio import LIMIT_SETTING, too_large_text
+        from datadesk.tools.mcp.stdio import LIMIT_SETTING, too_large_text
 
         info = srv.tools.get(exposed)
         if info is None:

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 import httpx2
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from datadesk.tools.mcp_stdio import too_large_text
+from datadesk.tools.mcp.stdio import too_large_text
 
 
 class ResponseTooLarge(httpx2.StreamError, httpx2.SSEError):

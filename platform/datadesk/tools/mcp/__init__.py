@@ -1,0 +1,5 @@
+"""MCP servers' tools in the registry: the client manager (`manager.py`: one task per server,
+tools registered per workspace), its configuration (`config.py`: `[mcp.<server>]`, secrets,
+tool names), the bounded transports (`stdio.py`, `http.py`), their stream helpers
+(`streams.py`: stderr to the log, the end of a connection noticed) and what a tool's schemas
+say about its tabular results (`shapes.py`)."""
