@@ -86,3 +86,4 @@ def test_skills_catalog_load_skill_and_tool_permissions(harness_factory, home) -
     assert "load_skill" not in [t["function"]["name"] for t in model.tools_seen[-1]]  # bob is no admin
     assert {s["name"] for s in view["skills"]} == {"monthly-energy-report", "chart-style"}
     assert view["data"]["tables"] and view["tool_permissions"] == {"load_skill": "admin"}
+    assert view["disk"]["min_free_mb"] == 100 and view["disk"]["low"] is False  # the admin sees the disk

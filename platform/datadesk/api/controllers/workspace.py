@@ -59,6 +59,7 @@ class WorkspaceController(Controller):
             "sources": [{**st, "config": shown_config(st["name"], cfg.sources.get(st["name"], {}))}
                         for st in await asyncio.to_thread(rt.sources.get(ws).statuses, True)],
             "mcp": rt.mcp_status(ws),
+            "disk": await asyncio.to_thread(rt.disk.status),  # free space against store.min_free_mb
             "skills": [{"name": s.name, "description": s.description} for s in rt.skills.skills(ws)],
             "flags": {"memory": cfg.memory, "memory_extraction": cfg.memory_extraction,
                       "auto_requery": rt.auto_requery(ws)},
