@@ -5,16 +5,12 @@ a failure once it runs is logged and cuts the response (a real server: no clean 
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
 import logging
-import threading
-import time
 from decimal import Decimal
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pyarrow as pa
@@ -24,7 +20,7 @@ from litestar.testing import TestClient
 
 from datadesk.domain.artifacts import ArtifactOrigin
 from datadesk.llm.scripted import ScriptedModel
-from tests.conftest import free_port, make_harness
+from tests.conftest import make_harness, serve_app
 
 FORMULAS = ["=HYPERLINK(\"http://x\")", "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)", "\tx", "\ry", "plain", None]
 ESCAPED = ["'=HYPERLINK(\"http://x\")", "'+1+cmd|' /C calc'!A0", "'-2+3", "'@SUM(A1)", "'\tx", "'\ry", "plain", ""]
@@ -154,26 +150,6 @@ def test_a_table_that_cannot_be_written_is_an_error_status_not_an_empty_200(env)
         assert r.status_code == 200 and r.text == '"id","point","items","attrs","raw"\n'
 
 
-@contextlib.contextmanager
-def live_server(app) -> Iterator[str]:
-    """The app on a real uvicorn in a thread (chunked responses as a browser gets them)."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
 def _cut(url: str, headers: dict) -> tuple[int, int]:
     """(status, bytes received) of a download the server cuts: httpx must see it incomplete."""
     got = 0
@@ -206,7 +182,7 @@ class _Logged(logging.Handler):
 
 def test_a_failure_mid_stream_is_logged_and_cuts_the_download(home: Path) -> None:
     h = make_harness(home, ScriptedModel(then="ok"), offload={"stream_timeout_s": 0.03})
-    with live_server(h.app()) as base, _Logged("datadesk.offload") as logged:
+    with serve_app(h.app()) as base, _Logged("datadesk.offload") as logged:
         tid = httpx.post(f"{base}/api/threads", json={}, headers=h.auth("alice")).json()["id"]
         aid, path = _parquet_artifact(h, tid, _long(), row_group_size=100_000, use_dictionary=False)
         _damage_row_group(path, 2)  # the first batches read, the third row group does not
