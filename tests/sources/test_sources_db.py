@@ -12,14 +12,12 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from litestar.testing import TestClient
 
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from datadesk.sources.registry import SourceSet
-from datadesk.sources.session import SourceDown
 from datadesk.store.layout import Layout
 from datadesk.store.warehouse import QueryControl, SQLCancelled, SQLError, SQLRefused, SQLTimeout
 from tests.conftest import make_harness, parse_sse
