@@ -83,6 +83,8 @@ def settings_toml(run_dir: str, budget: int = 1_500) -> str:
     return f"""
 [chat]
 max_turns_per_user = 20
+[server]
+streams_per_user = 40  # 12 clients of one user stream at once here; the per-user cap is not under test
 [sandbox]
 backend = "local"
 pool_size = 1
