@@ -2,7 +2,7 @@
 on a free 127.0.0.1 port as their own system user, loaded with test data, stopped by PID.
 
 Each server starts once per test run (session fixtures in tests/sources/conftest.py). Two
-logins, as the README tells an admin to set them up: `analyst` may only read (SELECT on the
+logins, as docs/sources-and-mcp.md tells an admin to set them up: `analyst` may only read (SELECT on the
 tables, no CREATE or TEMP, no FILE), and `owner` owns the tables (it could write). A source on
 `owner` needs `allow_write_privileges = true`; a refused write through it proves the read-only
 transaction or the statement check, not a missing grant. Passwords are random per run, so a
@@ -142,7 +142,7 @@ ANALYZE;
 """
 
 
-# the README's read-only login (the `hidden` schema is readable too: `schemas` is the app's boundary)
+# the read-only login of docs/sources-and-mcp.md (the `hidden` schema is readable too: `schemas` is the app's boundary)
 PG_READ_ONLY = """
 REVOKE ALL ON DATABASE sales FROM PUBLIC;
 GRANT CONNECT ON DATABASE sales TO analyst;

@@ -3,7 +3,7 @@
 Precedence: explicit constructor values (tests) > environment > TOML file >
 defaults. The TOML file is `$DATADESK_CONFIG`, else `$DATADESK_HOME/datadesk.toml`
 if it exists. Its tables mirror the sub-settings: `[llm]`, `[chat]`, `[context]`,
-`[sql]`, `[limits]`, `[offload]`, `[sandbox]`, `[server]`, `[auth]`. Every field is documented in the README (a test checks).
+`[sql]`, `[limits]`, `[offload]`, `[sandbox]`, `[server]`, `[auth]`. Every field has its own heading in docs/reference.md (a test checks).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ class SettingsError(ValueError):
     """A bad setting: names the source (file or variable), the key and what is wrong."""
 
 
-# Environment variables that map to one setting each (documented in the README).
+# Environment variables that map to one setting each (documented in docs/reference.md).
 ENV_VARS: dict[str, tuple[str, str]] = {
     "DATADESK_LLM_BASE_URL": ("llm", "base_url"),
     "DATADESK_LLM_API_KEY": ("llm", "api_key"),

@@ -40,7 +40,7 @@ class SourceConfigError(ValueError):
 
 
 class SourceConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """One `[sources.<name>]` table (see the module docstring; every key is in the README)."""
+    """One `[sources.<name>]` table (see the module docstring; every key is in docs/sources-and-mcp.md)."""
 
     url: str = ""
     password: str = ""  # "${env:VAR}" only

@@ -133,7 +133,7 @@ def refusal(source: str, user: str, capabilities: list[str]) -> SourceRefused:
     """The error of a login that may write, naming what it may do and the setting that accepts it."""
     return SourceRefused(
         f"source {source!r} is refused: its login {user!r} may do more than read ({describe(capabilities)}). "
-        f"Give the source a read-only login (the README's 'A read-only login' shows the GRANT lines), or "
+        f"Give the source a read-only login (docs/sources-and-mcp.md, 'A read-only login', shows the GRANT lines), or "
         f"set allow_write_privileges = true in [sources.{source}] to accept it (every query still runs "
         "read-only)")
 

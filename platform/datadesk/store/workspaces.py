@@ -1,6 +1,6 @@
 """Workspaces: `workspace.toml` and the demo workspace bootstrap.
 
-Keys (documented in the README): `name`, `prompt`, `warehouse` (a DuckDB file
+Keys (documented in docs/sources-and-mcp.md): `name`, `prompt`, `warehouse` (a DuckDB file
 inside the workspace, optional), `[views]` (Parquet/CSV files or globs inside
 the workspace's data folder, exposed as SQL views), `[mcp.<server>]` (MCP
 servers; validated by tools/mcp/manager.py), `[sources.<name>]` (analysts' databases; validated by
