@@ -37,7 +37,7 @@ def measure(shape: str, rows: int, tmp: Path) -> dict:
 
     from bench.shapes_data import SHAPES
     from datadesk.offload.readers.pyrepr.exact import exact_batches
-    from datadesk.offload.source_cut import parse_text
+    from datadesk.offload.readers import parse_text
 
     text = SHAPES[shape](rows)
     gc.collect()

@@ -2,7 +2,7 @@
 
     from bench.shapes_data import SHAPES, expected
     text = SHAPES["repr_dicts"](1_000_000)        # what a tool would return
-    stream = datadesk.offload.shapes.parse_text(text)   # the parse entry point
+    stream = datadesk.offload.readers.parse_text(text)  # the parse entry point
 
 Every shape holds the same deterministic rows (row i):
     id      int        i

@@ -25,7 +25,7 @@ from tests.integration.test_limits_uploads import (_NS, inline, num, shared_stri
 
 CHILD = r"""
 import json, resource, sys, time
-from datadesk.offload.readers.sniff import file_batches, sniff_file
+from datadesk.offload.readers import file_batches, sniff_file
 from datadesk.threads.attachments import upload_limits
 from datadesk.settings import OffloadSettings
 t0 = time.monotonic()

@@ -1,4 +1,4 @@
-"""offload/csvout.py: how each Arrow type is written to a CSV download, the formula rule on text
+"""offload/grid/csv_download.py: how each Arrow type is written to a CSV download, the formula rule on text
 cells only, and the `formulas` parameter (issue 24)."""
 
 from __future__ import annotations

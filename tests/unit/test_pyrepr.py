@@ -6,8 +6,9 @@ import datetime as dt
 
 import pytest
 
-from datadesk.offload.readers.columns import TabularParseError
-from datadesk.offload.readers.pyrepr.exact import looks_like_repr_rows, repr_batches
+from datadesk.offload.readers.errors import TabularParseError
+from datadesk.offload.readers import repr_batches
+from datadesk.offload.readers.pyrepr.exact import looks_like_repr_rows
 
 
 def rows(text: str) -> list[dict]:

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.shapes_data import POSITIONAL, SHAPES, TRUNCATED, expected
-from datadesk.offload.source_cut import judge, parse_text
+from datadesk.offload.readers import parse_text
+from datadesk.offload.source_cut import judge
 from datadesk.offload.parquet.writer import ParquetSink
 
 N = 2_500  # more than one chunk of the text-table readers at small batch sizes below
@@ -113,8 +114,8 @@ def test_not_a_table(text: str) -> None:
 
 
 def test_repr_is_never_evaluated_and_refusals_name_the_value() -> None:
-    from datadesk.offload.readers.columns import TabularParseError
-    from datadesk.offload.readers.pyrepr.exact import repr_batches
+    from datadesk.offload.readers.errors import TabularParseError
+    from datadesk.offload.readers import repr_batches
 
     with pytest.raises(TabularParseError, match="unsupported value"):
         list(repr_batches("[{'a': __import__('os').system('true')}]"))
@@ -141,7 +142,7 @@ def test_big_integers_are_not_rounded() -> None:
 
 
 def test_ragged_text_table_names_the_line() -> None:
-    from datadesk.offload.readers.columns import TabularParseError
+    from datadesk.offload.readers.errors import TabularParseError
 
     stream = parse_text("| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n")
     assert stream is not None
@@ -169,7 +170,8 @@ def test_repr_strings_stay_strings_whatever_they_look_like(text: str) -> None:
 
 
 def test_repr_fast_paths_match_the_exact_path() -> None:
-    from datadesk.offload.readers.pyrepr.exact import exact_batches, repr_batches
+    from datadesk.offload.readers import repr_batches
+    from datadesk.offload.readers.pyrepr.exact import exact_batches
 
     for shape in ("repr_tuples", "repr_dicts"):
         text = SHAPES[shape](300)

@@ -1,4 +1,4 @@
-"""The one-pass pyarrow read of a JSON array of objects (`offload/shapes_fast.py`): every
+"""The one-pass pyarrow read of a JSON array of objects (`offload/readers/json/pieces.py`): every
 separator form, values that look like separators, and whatever it cannot read exactly
 going to the row-by-row path with no value changed."""
 
@@ -9,13 +9,15 @@ import json
 import pyarrow as pa
 import pytest
 
-from datadesk.offload.readers.json import locate as shapes_json
+from datadesk.offload.readers import json_rows
+from datadesk.offload.readers.json import pyarrow_csv_engine
+from datadesk.offload.readers.json.locate import locate
 
 
 def _table(text: str) -> tuple[pa.Table, bool]:
-    found = shapes_json.locate(text)
+    found = locate(text)
     fast = found.stream is not None
-    return pa.concat_tables([pa.Table.from_batches([b]) for b in shapes_json.batches(found)],
+    return pa.concat_tables([pa.Table.from_batches([b]) for b in json_rows(found)],
                             promote_options="permissive"), fast
 
 
@@ -69,19 +71,19 @@ def test_non_ascii_and_bytes_input() -> None:
 
 
 def test_not_json_after_the_array_is_refused_as_before() -> None:
-    from datadesk.offload.readers.columns import TabularParseError
+    from datadesk.offload.readers.errors import TabularParseError
 
     with pytest.raises(TabularParseError, match="invalid JSON"):
-        shapes_json.locate('[{"a": 1}, {"a": 2}] and then some prose')
+        locate('[{"a": 1}, {"a": 2}] and then some prose')
 
 
 
 def test_a_missing_comma_between_objects_is_not_a_table() -> None:
-    from datadesk.offload.readers.columns import TabularParseError
+    from datadesk.offload.readers.errors import TabularParseError
 
     for text in ('[{"a":1}{"a":2}]', '[{"a":1},{"a":2}{"a":3}]', '[\n{"a": 1},\n{"a": 2}\n{"a": 3}\n]'):
         with pytest.raises(TabularParseError, match="invalid JSON"):
-            list(shapes_json.batches(shapes_json.locate(text)))
+            list(json_rows(locate(text)))
 
 
 def test_separators_of_several_forms_are_read_exactly() -> None:
@@ -91,15 +93,15 @@ def test_separators_of_several_forms_are_read_exactly() -> None:
 
 
 def test_a_stream_that_stops_mid_way_goes_on_exactly_from_that_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datadesk.offload.readers.json import pieces as shapes_fast
+    from datadesk.offload.readers.json import pieces
 
-    monkeypatch.setattr(shapes_fast, "PIECE_BYTES", 64 << 10)  # many pieces: the stream breaks at a later one
+    monkeypatch.setattr(pieces, "PIECE_BYTES", 64 << 10)  # many pieces: the stream breaks at a later one
     n = 40_000
     rows = [{"id": i, "name": f"n{i}", "when": "2024-01-02"} for i in range(n)]
     rows[30_000]["name"] = 7  # a number where every earlier row had text
     rows[30_001]["extra"] = {"nested": [1, 2]}
-    found = shapes_json.locate(json.dumps(rows))
-    got = list(shapes_json.batches(found))
+    found = locate(json.dumps(rows))
+    got = list(json_rows(found))
     assert found.stream.broke and 0 < found.stream.rows < 30_000
     table = pa.concat_tables([pa.Table.from_batches([b]) for b in got], promote_options="permissive")
     assert table.num_rows == n and table.column("id").to_pylist() == list(range(n))
@@ -109,13 +111,13 @@ def test_a_stream_that_stops_mid_way_goes_on_exactly_from_that_row(monkeypatch: 
 
 
 def test_a_column_whose_type_moves_on_keeps_the_fast_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datadesk.offload.readers.json import pieces as shapes_fast
+    from datadesk.offload.readers.json import pieces
 
-    monkeypatch.setattr(shapes_fast, "PIECE_BYTES", 64 << 10)
-    monkeypatch.setattr(shapes_fast, "FIRST_BYTES", 64 << 10)
+    monkeypatch.setattr(pieces, "PIECE_BYTES", 64 << 10)
+    monkeypatch.setattr(pieces, "FIRST_BYTES", 64 << 10)
     rows = [{"id": i, "price": i if i < 20_000 else i + 0.5, "day": "2024-01-02"} for i in range(30_000)]
-    found = shapes_json.locate(json.dumps(rows))
-    got = list(shapes_json.batches(found))
+    found = locate(json.dumps(rows))
+    got = list(json_rows(found))
     assert not found.stream.broke and found.stream.rows == 30_000
     types = {str(b.schema.field("price").type) for b in got}
     assert types == {"int64", "double"} and {str(b.schema.field("day").type) for b in got} == {"date32[day]"}
@@ -123,18 +125,18 @@ def test_a_column_whose_type_moves_on_keeps_the_fast_read(monkeypatch: pytest.Mo
     assert prices[19_999] == 19_999 and prices[20_000] == 20_000.5
 
 def test_the_stream_holds_a_few_pieces_not_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datadesk.offload.readers.json import pieces as shapes_fast
+    from datadesk.offload.readers.json import pieces
 
-    monkeypatch.setattr(shapes_fast, "PIECE_BYTES", 256 << 10)
+    monkeypatch.setattr(pieces, "PIECE_BYTES", 256 << 10)
     rows = [{"id": i, "pad": "x" * 40} for i in range(60_000)]
-    found = shapes_json.locate(json.dumps(rows))
-    sizes = [b.num_rows for b in shapes_json.batches(found)]
+    found = locate(json.dumps(rows))
+    sizes = [b.num_rows for b in json_rows(found)]
     assert len(sizes) > 2 and max(sizes) < 60_000 and sum(sizes) == 60_000
 
-# ------------------------------------------------------------ arrays of arrays (shapes_fastrows)
+# ------------------------------------------------------------ arrays of arrays (pyarrow_csv_engine)
 
 def _fast_rows(text: str) -> bool:
-    return shapes_json._fast_arrays(shapes_json.locate(text), "column_") is not None
+    return pyarrow_csv_engine.arrays_table(locate(text)) is not None
 
 
 ARRAYS = [[i, i * 0.5, f"n,{i}", "2024-01-02", i % 2 == 0, None if i % 5 else "null"] for i in range(40)]
@@ -178,7 +180,7 @@ def test_an_envelope_of_objects_keeps_its_metadata_and_the_source_types() -> Non
     rows = [{"id": i, "price": f"{i}.50"} for i in range(30)]
     text = json.dumps({"columns": ["id", "price"], "columnTypes": ["BIGINT", "DECIMAL(10,2)"], "data": rows,
                        "next_cursor": "c2"})
-    found = shapes_json.locate(text)
+    found = locate(text)
     assert found.stream is not None and found.envelope["next_cursor"] == "c2" and found.path == "data"
-    table = pa.Table.from_batches(list(shapes_json.batches(found)))
+    table = pa.Table.from_batches(list(json_rows(found)))
     assert str(table.schema.field("price").type) == "decimal128(10, 2)" and table.num_rows == 30

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from datadesk.offload.source_cut import parse_text
+from datadesk.offload.readers import parse_text
 
 UTC = dt.timezone.utc
 

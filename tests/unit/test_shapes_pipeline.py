@@ -121,7 +121,8 @@ def test_cap_documented_in_the_description() -> None:
     assert described_cap("Lists tables") is None
     hints = source_hints({"type": "object", "properties": {}}, None, None, "Search; up to 50 results")
     assert hints is not None and hints.caps == {"(its description)": 50}
-    from datadesk.offload.source_cut import judge, parse_text
+    from datadesk.offload.readers import parse_text
+    from datadesk.offload.source_cut import judge
 
     stream = parse_text(json.dumps([{"a": i} for i in range(50)]), hints)
     verdict = judge(stream.facts, 50)

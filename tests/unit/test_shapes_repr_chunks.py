@@ -11,14 +11,15 @@ import pyarrow as pa
 import pytest
 
 from bench.shapes_data import SHAPES
-from datadesk.offload.readers.pyrepr import pyarrow_csv_engine as shapes_reprfast
-from datadesk.offload.readers.columns import TabularParseError
-from datadesk.offload.readers.pyrepr.exact import exact_batches, repr_batches
+from datadesk.offload.readers.pyrepr import pyarrow_csv_engine
+from datadesk.offload.readers.errors import TabularParseError
+from datadesk.offload.readers import Rest, repr_batches
+from datadesk.offload.readers.pyrepr.exact import exact_batches
 
 
 @pytest.fixture(autouse=True)
 def tiny_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shapes_reprfast, "CHUNK_BYTES", 300)
+    monkeypatch.setattr(pyarrow_csv_engine, "CHUNK_BYTES", 300)
 
 
 def _both(text: str) -> tuple[pa.Table, pa.Table, int]:
@@ -116,18 +117,18 @@ def test_keys_in_another_order_in_a_later_chunk_keep_their_values() -> None:
 
 @pytest.fixture
 def tiny_json_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datadesk.offload.readers.pyrepr import json_engine as shapes_repr
+    from datadesk.offload.readers.pyrepr import json_engine
 
-    monkeypatch.setattr(shapes_repr, "CHUNK_CHARS", 200)
+    monkeypatch.setattr(json_engine, "CHUNK_CHARS", 200)
 
 
 def test_quotes_and_backslashes_go_to_json_in_pieces(tiny_json_chunks: None) -> None:
-    from datadesk.offload.readers.pyrepr import json_engine as shapes_repr
+    from datadesk.offload.readers.pyrepr import json_engine
 
     names = ["O'Brien), (x", 'say "hi"), (', "back\\slash ]", "plain"]
     rows = [repr((i, names[i % 4], Decimal(f"{i}.5"), [i, i + 1] if i % 2 else None)) for i in range(150)]
     text = "[" + ", ".join(rows) + "]"
-    assert shapes_repr.json_chunks(text, 7, exact_batches) is not None
+    assert json_engine.piece_batches(text, 7, Rest.of("python repr", 7)) is not None
     fast, exact, n = _both(text)
     assert n > 20 and fast.num_rows == 150 and fast.to_pylist() == exact.to_pylist()
     assert fast["col_2"][0].as_py() == "O'Brien), (x" and fast["col_2"][1].as_py() == 'say "hi"), ('

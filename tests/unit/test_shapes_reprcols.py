@@ -1,5 +1,5 @@
 """Rows of a Python repr of dicts, and the lists of a dict of lists, read column by column
-(`offload/shapes_reprcols.py`): each case is checked against the exact `ast` path on the same
+(`offload/repr_columns.py`): each case is checked against the exact `ast` path on the same
 text (rows, order, values, types), with chunks small enough that the text is cut many times,
 and with a check that the column reader really read the chunks it should."""
 
@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datadesk.offload.readers.pyrepr import columns as shapes_reprcols
-from datadesk.offload.readers.pyrepr import pyarrow_csv_engine as shapes_reprfast
-from datadesk.offload.readers.pyrepr.exact import exact_batches, repr_batches
+from datadesk.offload.readers.pyrepr import columns as repr_columns
+from datadesk.offload.readers.pyrepr import pyarrow_csv_engine
+from datadesk.offload.readers import repr_batches
+from datadesk.offload.readers.pyrepr.exact import exact_batches
 from datadesk.offload.parquet.writer import ParquetSink
 
 UTC = dt.timezone.utc
@@ -26,14 +27,14 @@ UTC = dt.timezone.utc
 @pytest.fixture
 def read_by_columns(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Tiny chunks; counts the chunks the column reader read and those it left to the CSV rewrite."""
-    monkeypatch.setattr(shapes_reprfast, "CHUNK_BYTES", 400)
+    monkeypatch.setattr(pyarrow_csv_engine, "CHUNK_BYTES", 400)
     seen = {"read": 0, "left": 0}
-    for name, fn in (("columns", shapes_reprcols.columns), ("list_column", shapes_reprcols.list_column)):
+    for name, fn in (("columns", repr_columns.columns), ("list_column", repr_columns.list_column)):
         def spy(*args, _fn=fn):
             out = _fn(*args)
             seen["read" if out is not None else "left"] += 1
             return out
-        monkeypatch.setattr(shapes_reprfast, name, spy)
+        monkeypatch.setattr(pyarrow_csv_engine, name, spy)
     return seen
 
 
@@ -86,7 +87,7 @@ def test_rows_that_do_not_fit_keep_every_value(read_by_columns: dict[str, int], 
     rows = [_row(i) for i in range(200)]
     late = rows[150]
     if change == "string_none":  # in every other row: chunks of several rows mix both layouts
-        monkeypatch.setattr(shapes_reprfast, "CHUNK_BYTES", 2000)
+        monkeypatch.setattr(pyarrow_csv_engine, "CHUNK_BYTES", 2000)
         for i in range(150, 170, 2):
             rows[i]["name"] = None
     elif change == "extra_key":
@@ -127,18 +128,18 @@ def test_a_dict_of_lists_with_nones_among_strings_and_calls(read_by_columns: dic
 
 
 def test_values_that_only_look_like_numbers_stay_exact() -> None:
-    assert shapes_reprcols.list_column("1, 2, 0x10") is None
-    assert shapes_reprcols.list_column("1.5, NaN") is None
-    assert shapes_reprcols.list_column("True, 1") is None
-    assert shapes_reprcols.list_column("datetime.datetime(2024, 1, 1, 0, 0, tzinfo=zoneinfo.ZoneInfo(key='X'))") is None
-    assert shapes_reprcols.list_column("99999999999999999999, 1") is None
-    assert shapes_reprcols.list_column("1, 2, None").to_pylist() == [1, 2, None]
-    floats = shapes_reprcols.list_column("1.5, inf, -inf, nan, None").to_pylist()  # repr(float("inf")) ...
+    assert repr_columns.list_column("1, 2, 0x10") is None
+    assert repr_columns.list_column("1.5, NaN") is None
+    assert repr_columns.list_column("True, 1") is None
+    assert repr_columns.list_column("datetime.datetime(2024, 1, 1, 0, 0, tzinfo=zoneinfo.ZoneInfo(key='X'))") is None
+    assert repr_columns.list_column("99999999999999999999, 1") is None
+    assert repr_columns.list_column("1, 2, None").to_pylist() == [1, 2, None]
+    floats = repr_columns.list_column("1.5, inf, -inf, nan, None").to_pylist()  # repr(float("inf")) ...
     assert floats[:3] == [1.5, math.inf, -math.inf] and math.isnan(floats[3]) and floats[4] is None
-    assert shapes_reprcols.columns("{'a': 1, 'b': 'x'}, {'a': 2, 'b': 'y'}", ["a", "b"]).to_pylist() == \
+    assert repr_columns.columns("{'a': 1, 'b': 'x'}, {'a': 2, 'b': 'y'}", ["a", "b"]).to_pylist() == \
         [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
-    assert shapes_reprcols.columns("{'a': 1, 'b': 'x'}, {'a': 2, 'c': 'y'}", ["a", "b"]) is None
-    assert shapes_reprcols.columns("{'a': 1, 'b': 'x'}, {'b': 'y', 'a': 2}", ["a", "b"]) is None
+    assert repr_columns.columns("{'a': 1, 'b': 'x'}, {'a': 2, 'c': 'y'}", ["a", "b"]) is None
+    assert repr_columns.columns("{'a': 1, 'b': 'x'}, {'b': 'y', 'a': 2}", ["a", "b"]) is None
 
 
 @pytest.mark.parametrize("text", [
@@ -152,7 +153,7 @@ def test_values_that_only_look_like_numbers_stay_exact() -> None:
 def test_nan_and_infinities_are_floats_on_every_path(text: str) -> None:
     """repr(float("nan")) is the bare name `nan` (pandas' missing values): a float, never a
     reason to keep the table as text."""
-    from datadesk.offload.source_cut import parse_text
+    from datadesk.offload.readers import parse_text
 
     stream = parse_text(text)
     assert stream is not None

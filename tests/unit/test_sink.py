@@ -15,8 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from datadesk.offload.parquet.writer import ParquetSink, display_type
-from datadesk.offload.readers.sniff import csv_batches, json_batches
+from datadesk.offload.parquet.schema import display_type
+
+from datadesk.offload.parquet.writer import ParquetSink
+from datadesk.offload.readers.csv.pyarrow_engine import csv_batches
+from datadesk.offload.readers.json.stdlib_engine import json_batches
 
 UTC = dt.timezone.utc
 

@@ -12,10 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datadesk.offload.readers.json import stdlib_engine as jsonrows
-from datadesk.offload.readers.sniff import (TabularParseError, csv_batches, detect_text, file_batches,
-                                      json_batches, records_to_batch, rows_to_batch, sniff_file,
-                                      unique_names)
+from datadesk.offload.readers.json import stdlib_engine
+from datadesk.offload.readers import detect_text, file_batches, sniff_file
+from datadesk.offload.readers.columns import records_to_batch, rows_to_batch, unique_names
+from datadesk.offload.readers.csv.pyarrow_engine import csv_batches
+from datadesk.offload.readers.errors import TabularParseError
+from datadesk.offload.readers.json.stdlib_engine import json_batches
 
 
 def _table(batches) -> pa.Table:
@@ -187,20 +189,20 @@ def test_json_errors(text, match):
 def test_json_array_is_streamed(monkeypatch):
     """The first batch comes out after one bounded run (~1 MB) is decoded, not the whole array."""
     decoded = {"chars": 0, "calls": 0}
-    real = jsonrows.msgspec.json.decode
+    real = stdlib_engine.msgspec.json.decode
 
     def counting(buf, *a, **kw):
         decoded["chars"] += len(buf)
         decoded["calls"] += 1
         return real(buf, *a, **kw)
 
-    monkeypatch.setattr(jsonrows.msgspec.json, "decode", counting)
+    monkeypatch.setattr(stdlib_engine.msgspec.json, "decode", counting)
     text = "[" + ",".join('{"i": %d, "s": "v%d"}' % (i, i) for i in range(200_000)) + "]"
-    assert len(text) > 3 * jsonrows.FAST_CHUNK_CHARS
+    assert len(text) > 3 * stdlib_engine.FAST_CHUNK_CHARS
     gen = json_batches(text, batch_rows=1000)
     first = next(gen)
     assert first.num_rows == 1000
-    assert decoded["chars"] <= jsonrows.FAST_CHUNK_CHARS + 2  # one run, not the whole text
+    assert decoded["chars"] <= stdlib_engine.FAST_CHUNK_CHARS + 2  # one run, not the whole text
     rest = sum(b.num_rows for b in gen)
     assert first.num_rows + rest == 200_000
     assert decoded["calls"] >= 3 and decoded["chars"] <= len(text) + 2 * decoded["calls"]

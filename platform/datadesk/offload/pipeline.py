@@ -12,7 +12,7 @@ For each tool result:
 Writing runs in a worker thread, batch by batch, so neither the event loop
 nor the app's memory carries the whole result; the source (a DuckDB stream, a
 text parser) is read ahead in a second thread, a bounded queue in between
-(`offload/overlap.py`), so reading and Parquet encoding overlap. The pipeline knows nothing of
+(`offload/readahead.py`), so reading and Parquet encoding overlap. The pipeline knows nothing of
 the tool layer: it gets the `Thread` to write into, the artifact's origin
 (who, which call), the epoch the work started in and a plain progress callback.
 
@@ -29,7 +29,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import msgspec
 import pyarrow as pa
@@ -37,13 +37,12 @@ import pyarrow as pa
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin, ColumnSchema
 from datadesk.domain.records import ArtifactRef, ToolRecordMeta, short_arguments
 from datadesk.domain.tools import TabularStream, ToolResult, ToolSpec
-from datadesk.offload import preview
-from datadesk.offload import source_cut as shapes
-from datadesk.offload.parquet.writer import ROW_GROUP_BYTES, ParquetSink
+from datadesk.offload import preview, source_cut
 from datadesk.offload.artifacts.store import ArtifactStore, new_artifact_id
+from datadesk.offload.parquet.writer import ROW_GROUP_BYTES, ParquetSink
 from datadesk.offload.readahead import ReadAhead
-from datadesk.offload.readers.pyrepr.exact import looks_like_repr_rows, repr_batches
-from datadesk.offload.readers.sniff import TabularParseError, csv_batches, detect_text, json_batches
+from datadesk.offload.readers import result_stream
+from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.worker import PROGRESS_INTERVAL_S, WriteCancelled, WriteJob, run_job
 from datadesk.settings import OffloadSettings
 from datadesk.store.files import not_saved, write_atomic
@@ -66,38 +65,14 @@ class OffloadOutcome:
     artifact: Artifact | None = None
 
 
-def text_tabular_stream(text: str) -> TabularStream | None:
-    """A stream of batches when `text` looks tabular (JSON records, columns+rows, CSV, TSV)."""
-    kind = detect_text(text)
-    if looks_like_repr_rows(text):  # e.g. str(cursor.fetchall()) from an MCP server
-        gen = repr_batches(text)
-    elif kind == "json":
-        gen = json_batches(text)
-    elif kind in ("csv", "tsv"):
-        gen = csv_batches(text, delimiter="\t" if kind == "tsv" else ",")
-    else:
-        return None
-    # Pull the first batch now: a parse error here means "not tabular after all".
-    try:
-        first = next(gen)
-    except StopIteration:
-        return TabularStream(None, iter(()))
-    return TabularStream(first.schema, _chain(first, gen))
-
-
 def result_table(result: ToolResult) -> TabularStream | None:
     """The result as a tabular stream: its own, or its text when that parses as a table."""
     if result.table is not None:
         return result.table
     try:
-        return shapes.result_stream(result)  # every shape of issue 17 (offload/shapes.py)
+        return result_stream(result)  # every shape of issue 17, in the order of readers.ORDER
     except TabularParseError:
         return None
-
-
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    yield first
-    yield from rest
 
 
 def column_schema(schema: pa.Schema) -> list[ColumnSchema]:
@@ -235,7 +210,7 @@ class OffloadPipeline:
                             "ceiling; writing stopped") if res.partial else None,
             requeried_at=now if existing else None,
         )
-        art = shapes.annotate(art, table)  # shape, source metadata, "partial (by the source)"
+        art = source_cut.annotate(art, table)  # shape, source metadata, "partial (by the source)"
         self._publish(thread, art, epoch, job, existing)
         return art, head_table, res.schema
 
@@ -269,7 +244,7 @@ class OffloadPipeline:
             return ToolResult(content=preview.render_empty(schema, "query"), meta=_with(result, rows=0))
         content = preview.render_truncated_table(schema or pa.schema([]), rows, total, reason,
                                                  self.settings.threshold_chars)
-        content += shapes.truncation_note(table, total)  # issue 17: the source's own cut, said
+        content += source_cut.truncation_note(table, total)  # issue 17: the source's own cut, said
         return ToolResult(content=content, meta=_with(result, rows=total, truncated=True))
 
     def _text(self, result: ToolResult, thread: Thread, origin: ArtifactOrigin, cap: OffloadCapability,

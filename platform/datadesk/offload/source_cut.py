@@ -1,184 +1,31 @@
-"""Every common shape of tabular tool output -> typed record batches, plus what the source
-said about its result (issue 17). The one entry point for the offload pipeline and the bench.
+"""What the source said beside its rows (issue 17): its own cut of the result, and the
+metadata kept with the artifact.
 
-    parse_text(text, hints)   -> ShapedStream | None   (None: not a table)
-    result_stream(result)     -> the stream of a ToolResult (structured content first)
-    annotate(artifact, table) -> the artifact with shape, source metadata and the
-                                 source's own truncation ("partial (by the source)")
-
-Shapes: JSON (arrays of objects / arrays with or without a header row, `{columns, rows}`,
-envelopes `{data|rows|results|items: [...], ...}`, NDJSON, dicts of lists, nested objects
-as structs; `shapes_json`), Python reprs (`shapes_repr`, exact fallback `pyrepr`), CSV/TSV
-with or without a header (`csvfile`), Markdown, ASCII-box, psql and fixed-width tables and
-any of these inside prose (`shapes_text`). Never `eval`.
+    annotate(artifact, table)   -> the artifact with its shape, the source's metadata and the
+                                   source's own truncation ("partial (by the source)")
+    truncation_note(table, rows) -> for a result shown truncated: the line saying the source cut it
 
 Truncation said by the source: a flag (`truncated`, `has_more`, `limited`, ...), a cursor
 (`next_cursor`, `nextPageToken`, ...), a total larger than the rows, a warning or a prose line
 that says so, or exactly as many rows as a documented cap (the tool's `limit`-like argument).
+What the readers found beside the rows (`readers/base.py`: `SourceFacts`) is what is judged.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
-from typing import Any, Iterator
-
-import msgspec
-import pyarrow as pa
+from dataclasses import dataclass
+from typing import Any
 
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.sources import SourceHints
-from datadesk.domain.tools import TabularStream, ToolResult
-from datadesk.offload.readers.json import locate as shapes_json
-from datadesk.offload.readers.columns import TabularParseError
-from datadesk.offload.readers.csv.pyarrow_engine import csv_batches
-from datadesk.offload.readers.pyrepr.exact import repr_batches
-from datadesk.offload.readers.pyrepr.json_engine import looks_like_repr
-from datadesk.offload.readers.text.locate import csv_has_header, find_table, text_batches
+from datadesk.domain.tools import TabularStream
+from datadesk.offload.readers.base import SourceFacts
 
-BATCH_ROWS = 131_072
 MAX_META_CHARS = 2_000  # the source's metadata kept with the artifact and shown to the model
 MAX_VALUE_CHARS = 300
 MAX_WORDS_CHARS = 600
-
-
-@dataclass
-class SourceFacts:
-    """What came with the rows: the shape, the envelope's other keys, prose around a table."""
-
-    shape: str
-    envelope: dict[str, Any] = field(default_factory=dict)
-    prose: list[str] = field(default_factory=list)
-    hints: SourceHints | None = None
-
-
-class ShapedStream(TabularStream):
-    """A tabular stream that knows its shape and what its source said beside the rows."""
-
-    def __init__(self, schema: pa.Schema | None, batches: Iterator[pa.RecordBatch], facts: SourceFacts) -> None:
-        super().__init__(schema, batches)
-        self.facts = facts
-
-
-# ------------------------------------------------------------------------ parsing
-
-def parse_text(text: str, hints: SourceHints | None = None, batch_rows: int = BATCH_ROWS) -> ShapedStream | None:
-    """The table in `text`, whatever its shape, or None when there is none.
-
-    The first batch is read now (a parse error there means "not a table"); the rest streams.
-    Errors further on raise TabularParseError naming the place."""
-    try:
-        gen, facts = _open(text.lstrip("\ufeff"), batch_rows)
-    except TabularParseError:
-        return None
-    if gen is None:
-        return None
-    facts.hints = hints
-    try:
-        first = next(gen)
-    except StopIteration:
-        return ShapedStream(None, iter(()), facts)
-    except TabularParseError:
-        return None
-    if first.num_columns == 0:
-        return None
-    return ShapedStream(first.schema, _chain(first, gen, hints), facts)
-
-
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch], hints: SourceHints | None) -> Iterator[pa.RecordBatch]:
-    formats = hints.column_formats if hints is not None else None
-    yield _formatted(first, formats)
-    for batch in rest:
-        yield _formatted(batch, formats)
-
-
-def _formatted(batch: pa.RecordBatch, formats: dict[str, str] | None) -> pa.RecordBatch:
-    if not formats:
-        return batch
-    from datadesk.offload.readers.casts import sql_cast
-
-    sql = {"date": "DATE", "date-time": "TIMESTAMP WITH TIME ZONE", "integer": "BIGINT", "number": "DOUBLE",
-           "boolean": "BOOLEAN"}
-    arrays = [sql_cast(col, sql.get(formats.get(name, ""))) if formats.get(name) in sql else col
-              for name, col in zip(batch.schema.names, batch.columns)]
-    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
-
-
-def _open(text: str, batch_rows: int) -> tuple[Iterator[pa.RecordBatch] | None, SourceFacts]:
-    head = text.lstrip()[:1]
-    if head in ("[", "{", "("):
-        try:
-            return _structured_text(text, batch_rows, [])
-        except TabularParseError:
-            pass  # perhaps JSON followed by prose: found below
-    lines = text.splitlines()
-    table = find_table(lines)
-    if table is None:
-        raise TabularParseError("no table found in the text")
-    prose = [ln for ln in table.before + table.after if ln.strip()]
-    if table.kind == "json":
-        body = "\n".join(lines[table.start:table.end])
-        return _structured_text(body, batch_rows, prose)
-    if table.kind in ("csv", "tsv"):
-        body = text if not prose else "\n".join(lines[table.start:table.end])
-        delim = "\t" if table.kind == "tsv" else ","
-        header = csv_has_header("\n".join(lines[table.start:table.start + 200]), delim)
-        shape = f"{table.kind.upper()} {'with a header row' if header else 'without a header row'}"
-        return csv_batches(body, delim, header=header), SourceFacts(shape + (" in prose" if prose else ""),
-                                                                   prose=prose)
-    facts = SourceFacts(table.shape + (" in prose" if prose else ""), prose=prose)
-    return text_batches(lines, table, batch_rows), facts
-
-
-def _structured_text(text: str, batch_rows: int, prose: list[str]) -> tuple[Iterator[pa.RecordBatch], SourceFacts]:
-    if looks_like_repr(text):
-        kind = _repr_kind(text)
-        return repr_batches(text, batch_rows), SourceFacts(f"Python repr of {kind}" + (" in prose" if prose else ""),
-                                                          prose=prose)
-    found = shapes_json.locate(text)
-    facts = SourceFacts(found.shape + (" in prose" if prose else ""), envelope=found.envelope, prose=prose)
-    return shapes_json.batches(found, batch_rows), facts
-
-
-def _repr_kind(text: str) -> str:
-    head = text.lstrip()[:3]
-    if head.startswith("{"):
-        return "a dict of lists"
-    outer = "a tuple" if head[0] == "(" else "a list"
-    inner = {"(": "tuples", "{": "dicts", "[": "lists", "]": "nothing (empty)"}.get(head[1:2], "values")
-    return f"{outer} of {inner}"
-
-
-def result_stream(result: ToolResult, batch_rows: int = BATCH_ROWS) -> TabularStream | None:
-    """The table of a tool result: its own stream, its structured content, or its text."""
-    if result.table is not None:
-        return result.table
-    hints = result.source
-    structured = hints.structured if hints is not None else None
-    if structured is not None:
-        table = _structured(structured, hints, batch_rows)
-        if table is not None:
-            return table
-    return parse_text(result.content, hints, batch_rows)
-
-
-def _structured(value: Any, hints: SourceHints, batch_rows: int) -> ShapedStream | None:
-    if isinstance(value, dict) and len(value) == 1 and isinstance(next(iter(value.values())), str):
-        return parse_text(next(iter(value.values())), hints, batch_rows)  # {"result": "<the text>"}
-    if not isinstance(value, (dict, list)):
-        return None
-    try:
-        data = msgspec.json.encode(value)
-    except (TypeError, ValueError, OverflowError):
-        data = json.dumps(value, default=str).encode()
-    table = parse_text(data.decode("utf-8"), hints, batch_rows)
-    if table is not None:
-        table.facts.shape = f"structured content: {table.facts.shape}"
-    return table
-
-
-# ------------------------------------------------------------------- truncation
 
 _FLAG_KEYS = {"truncated", "istruncated", "hasmore", "more", "limited", "partial", "incomplete",
               "moreavailable", "hasnext", "hasnextpage", "resultstruncated", "rowstruncated", "capped"}

@@ -22,8 +22,10 @@ from datadesk.domain.tools import TabularStream
 from datadesk.offload.pipeline import OffloadPipeline
 from datadesk.offload.parquet.writer import file_digest
 from datadesk.offload.artifacts.store import new_artifact_id
-from datadesk.offload.readers.columns import LimitExceeded, UploadLimits
-from datadesk.offload.readers.sniff import TabularParseError, file_batches, sniff_file
+from datadesk.offload.readers.errors import LimitExceeded
+from datadesk.offload.readers.limits import UploadLimits
+from datadesk.offload.readers import file_batches, sniff_file
+from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.worker import WriteJob, run_job
 from datadesk.store.threads import Thread
 

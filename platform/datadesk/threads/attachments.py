@@ -32,10 +32,11 @@ from datadesk.domain.records import Record, UserRecordMeta, record_meta
 from datadesk.domain.users import User
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload import preview
-from datadesk.offload.readers.columns import UploadLimits
+from datadesk.offload.readers.limits import UploadLimits
 from datadesk.offload.pipeline import OffloadCapability, OffloadPipeline
 from datadesk.offload.artifacts.quota import ArtifactQuota
-from datadesk.offload.readers.sniff import TabularParseError, detect_text
+from datadesk.offload.readers import detect_text
+from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.uploads import IMAGES, UploadError, ingest_upload_async
 from datadesk.settings import OffloadSettings
 from datadesk.store.admission import MemoryGuard, QuerySlots

@@ -427,7 +427,7 @@ class GridReader:
         return str(self._error(exc)) if isinstance(exc, duckdb.Error) else one_line(exc)
 
     def csv(self, path: Path, columns: Sequence[Column], view: GridView, keep: bool = False) -> Iterator[bytes]:
-        """Every row of the view as CSV (header first), streamed in batches (see offload/csvout.py;
+        """Every row of the view as CSV (header first), streamed in batches (see offload/grid/csv_download.py;
         `keep`: formula-like text cells as they are). This runs once the response has started:
         a failure is logged and raised, so the download is cut rather than ended cleanly."""
         sql, params = self._csv_sql(path, columns, view)

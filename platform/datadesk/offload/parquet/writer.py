@@ -26,13 +26,14 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from datadesk.offload.parquet.encoding import writer_options
+from datadesk.offload.parquet.schema import fit_batch, merge_schemas
+from datadesk.offload.parquet.segment import Segment
+from datadesk.offload.readers.casts import CAST_ERRORS, cast_for_union, unify_types
 from datadesk.offload.readers.columns import unique_names
-from datadesk.offload.parquet.schema import (
-    Segment, cast_for_union, display_type, fit_batch, merge_schemas, unify_types, writer_options,
-)
 from datadesk.store.tempnames import temp_prefix
 
-__all__ = ["ParquetSink", "SinkResult", "display_type"]
+__all__ = ["ParquetSink", "SinkResult"]
 
 # A row group is written when this much Arrow data is pending (or `row_group_rows` rows): it
 # bounds memory by a constant, not by the result. Large row groups encode faster (fewer,
@@ -321,7 +322,7 @@ def _rewrite(segments: list[Segment], schema: pa.Schema, out: Path, compression:
                     col = batch.column(field.name)
                     try:
                         arrays.append(cast_for_union(col, field.type))
-                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                    except CAST_ERRORS:
                         raise _CastFailed(field.name) from None
                 writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
 

@@ -11,6 +11,9 @@ leaves the column as text, so no value is ever lost or silently changed.
 - `sql_cast`: a column the source described with a SQL type name
   (`columnTypes: ["DECIMAL(10,2)", "DATE", ...]`), cast to that type.
 - `python_column`: decoded Python values (Decimal, date, datetime, UUID ...).
+- `stream_typed`: a column keeps the type it had first in a stream, where that is lossless.
+- `merge_type`, `unify_types`, `cast_for_union`: one type for a column seen with several
+  (the Parquet writer unifies its segments by them; a reader joining pieces of a column too).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datadesk.offload.readers.columns import infer_array, nan_as_missing, temporal
+from datadesk.offload.readers.columns import infer_array, nan_as_missing, temporal, text_array
 
 _ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, ValueError, TypeError)
+CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 _NULL_WORDS = pa.array(["", "NULL", "null", "None", "NaT", "<NA>", "N/A", "n/a"])
 _BOOL_WORDS = pa.array(["true", "false", "True", "False", "TRUE", "FALSE"])
 _TS_US = pa.timestamp("us")
@@ -186,3 +190,116 @@ def typed_table_strings(table: pa.Table, columns: set[str] | None = None) -> pa.
         else:
             arrays.append(col)
     return pa.Table.from_arrays(arrays, names=table.column_names) if changed else table
+
+
+def sql_typed(out: list[pa.RecordBatch], types: list[Any]) -> list[pa.RecordBatch]:
+    """Each batch with its columns cast to the SQL types the source named (`sql_cast`), in order."""
+    fixed = []
+    for b in out:
+        arrays = [sql_cast(col, t) if i < len(types) else col for i, (col, t) in
+                  enumerate(zip(b.columns, list(types) + [None] * (b.num_columns - len(types))))]
+        fixed.append(pa.RecordBatch.from_arrays(arrays, names=b.schema.names))
+    return fixed
+
+
+def stream_typed(batch: pa.RecordBatch, types: dict[str, pa.DataType]) -> pa.RecordBatch:
+    """The batch with each column in the type it had first in the stream when the cast is
+    lossless (decimal(5, 2) -> decimal(6, 2), null -> T); else as it is (the sink unifies)."""
+    arrays, changed = [], False
+    for name, col in zip(batch.schema.names, batch.columns):
+        want = types.setdefault(name, col.type)
+        if pa.types.is_null(want) and not pa.types.is_null(col.type):
+            types[name] = want = col.type
+        if col.type != want and not _fits(col, want) and pa.types.is_decimal(col.type) \
+                and pa.types.is_decimal(want):  # grown: to 18 digits (then 38), not one more each chunk
+            digits = max(col.type.precision - col.type.scale, want.precision - want.scale)
+            scale = max(col.type.scale, want.scale)
+            types[name] = want = pa.decimal128(min(38, max(18 if want.precision < 18 else 38, digits + scale)), scale)
+        if col.type != want and _fits(col, want):
+            col, changed = col.cast(want), True
+        arrays.append(col)
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names) if changed else batch
+
+
+def _fits(col: pa.Array, want: pa.DataType) -> bool:
+    t = col.type
+    if pa.types.is_null(t):
+        return True
+    if pa.types.is_decimal(t) and pa.types.is_decimal(want):
+        return t.scale <= want.scale and t.precision - t.scale <= want.precision - want.scale
+    return False
+
+
+# ---------------------------------------------------- one type for several
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def merge_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The narrowest type both `a` and `b` convert to without loss, or None."""
+    if a == b:
+        return a
+    if pa.types.is_null(a):
+        return b
+    if pa.types.is_null(b):
+        return a
+    if pa.types.is_integer(a) and pa.types.is_integer(b):
+        if pa.types.is_signed_integer(a) == pa.types.is_signed_integer(b):
+            return a if a.bit_width >= b.bit_width else b
+        return pa.int64() if max(a.bit_width, b.bit_width) < 64 else None
+    if (pa.types.is_integer(a) or pa.types.is_floating(a)) and (pa.types.is_integer(b) or pa.types.is_floating(b)):
+        return pa.float64()
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b) and a.tz == b.tz:
+        order = ["s", "ms", "us", "ns"]
+        return a if order.index(a.unit) >= order.index(b.unit) else b
+    if {a, b} <= {pa.string(), pa.large_string()}:
+        return pa.large_string()
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        fields = {a.field(i).name: a.field(i).type for i in range(a.num_fields)}
+        for i in range(b.num_fields):
+            f = b.field(i)
+            merged = merge_type(fields[f.name], f.type) if f.name in fields else f.type
+            if merged is None:
+                return None
+            fields[f.name] = merged
+        return pa.struct(list(fields.items()))
+    if _is_list(a) and _is_list(b) and type(a) is type(b):
+        value = merge_type(a.value_type, b.value_type)
+        return None if value is None else (pa.list_(value) if pa.types.is_list(a) else pa.large_list(value))
+    return None
+
+
+def unify_types(types: list[pa.DataType]) -> pa.DataType:
+    """One type for a column seen with several types; string as the last resort."""
+    result = types[0]
+    for t in types[1:]:
+        merged = merge_type(result, t)
+        if merged is None:
+            try:
+                merged = pa.unify_schemas([pa.schema([("x", result)]), pa.schema([("x", t)])],
+                                          promote_options="permissive").field("x").type
+            except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return pa.string()
+        result = merged
+    for t in types:  # every source type must actually cast to the result
+        if t != result and not pa.types.is_null(t):
+            try:
+                pa.array([], type=t).cast(result)
+            except CAST_ERRORS:
+                return pa.string()
+    return result
+
+
+def cast_for_union(col: pa.Array, target: pa.DataType) -> pa.Array:
+    """Convert one column to the unified type (raises Arrow errors when it can't)."""
+    if col.type == target:
+        return col
+    if pa.types.is_null(col.type):
+        return pa.nulls(len(col), target)
+    if pa.types.is_string(target) and not pa.types.is_large_string(col.type):
+        # Same text form as the JSON fallback (ISO dates, JSON for nested).
+        return text_array(col.to_pylist())
+    if pa.types.is_integer(col.type) and pa.types.is_floating(target):
+        return col.cast(target, safe=False)  # accepted precision loss past 2**53
+    return col.cast(target, safe=True)

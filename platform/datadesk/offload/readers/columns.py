@@ -1,6 +1,6 @@
-"""Row/record lists -> Arrow record batches, with per-column type inference.
+"""Python values (rows, records, one column) -> Arrow arrays, with per-column type inference.
 
-Shared by the JSON, Excel and (indirectly) sink code so that every source
+Shared by the JSON, Excel and repr readers and the Parquet writer so that every source
 gets the same rules: ints stay int64, floats float64, bools bool, ISO-8601
 strings become date32/timestamp, nested values keep struct/list types, and
 a column pyarrow cannot type (int + str, ...) falls back to text instead of
@@ -11,70 +11,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import time
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import pyarrow as pa
 
-
-class TabularParseError(ValueError):
-    """Raw data could not be read as a table; the message says where and why."""
-
-
-class LimitExceeded(TabularParseError):
-    """The file passed one of the upload limits; the message names the limit (HTTP 413)."""
-
-
-@dataclass(frozen=True)
-class UploadLimits:
-    """What one uploaded file may cost (the `offload.upload_max_*` settings), checked while it
-    streams: unpacked (inflated) size and compression ratio of an .xlsx, rows, columns, bytes
-    of one cell (a CSV record may hold 4 such cells) and wall-clock seconds."""
-
-    unpacked_bytes: int = 512 * 1024**2
-    zip_ratio: float = 200.0
-    rows: int = 10_000_000
-    columns: int = 4_096
-    cell_bytes: int = 1024**2
-    seconds: float = 300.0
-    memory_bytes: int = 0  # > 0: an .xlsx is parsed in a child process with this address space
-    deadline: float = 0.0  # time.monotonic() past which reading stops (0: not started)
-    check: Callable[[], None] | None = None  # raises when the read was cancelled
-
-    def started(self, check: Callable[[], None] | None = None) -> "UploadLimits":
-        return replace(self, deadline=time.monotonic() + self.seconds, check=check)
-
-    def tick(self) -> None:
-        """Call every few thousand rows: stops a cancelled or overlong read."""
-        if self.check is not None:
-            self.check()
-        if self.deadline and time.monotonic() > self.deadline:
-            raise LimitExceeded(f"reading the file took longer than the {self.seconds:g} s limit "
-                                "(offload.upload_max_seconds); upload a smaller file or split it")
-
-    def refuse_rows(self, limit: int | None = None) -> LimitExceeded:
-        if limit is not None and limit < self.rows:  # the format's own limit (Excel's grid)
-            return LimitExceeded(f"the sheet has more than {limit:,} rows, the most a worksheet can hold")
-        return LimitExceeded(f"the file has more than {self.rows:,} rows (offload.upload_max_rows); "
-                             "split it or upload a filtered extract")
-
-    def refuse_columns(self, n: int) -> LimitExceeded:
-        return LimitExceeded(f"a row has {n:,} columns, more than the {self.columns:,} allowed "
-                             "(offload.upload_max_columns)")
-
-    def refuse_cell(self, where: str) -> LimitExceeded:
-        return LimitExceeded(f"{where} is larger than the {human(self.cell_bytes)} cell limit "
-                             "(offload.upload_max_cell_bytes)")
-
-
-def human(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}".replace(".0 ", " ")
-        n /= 1024
-    return f"{n} GiB"  # pragma: no cover
-
+from datadesk.offload.readers.errors import TabularParseError
 
 # Parquet readers refuse schemas deeper than 100 nodes (and a list costs two
 # nodes). Deeper values are kept as JSON text so the file stays readable.

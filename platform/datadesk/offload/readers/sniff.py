@@ -1,10 +1,13 @@
-"""Raw data -> Arrow record batches with real types, streaming (DESIGN section 6).
+"""What an input is, by its content (never by a name), and where its rows are: the sniffs and
+locates of `ORDER` (`readers/__init__.py`).
 
-Entry points: `detect_text` / `sniff_file` say what something is (by content,
-never by name); `json_batches`, `csv_batches` and `file_batches` turn it into
-record batches; `rows_to_batch` / `records_to_batch` hold the shared
-per-column type inference. Errors are `TabularParseError` with a message
-that names the place (line, byte offset, sheet).
+- A file (an upload, a paste once staged): `FileHead` is what the sniffs read of it (its first
+  64 KiB, its last bytes, its size, its head decoded as text); magic numbers first, then
+  JSON, TSV and CSV by the text's beginning (first 20 records: most as wide as the first).
+- A tool's text: `TextProbe` holds it with its lines and the first table found in them
+  (`text.locate.find_table`); a Python repr and JSON by their first characters, then a table
+  in the lines (after up to 20 lines of prose): JSON or a repr in prose, CSV/TSV, a drawn one.
+  Each `locate_*` says where the rows are and what the model is told the shape was.
 """
 
 from __future__ import annotations
@@ -14,105 +17,113 @@ import csv
 import io
 import re
 import zipfile
+from functools import cached_property
 from pathlib import Path
-from typing import Iterator
+from typing import Callable
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from datadesk.offload.readers.columns import (TabularParseError, UploadLimits, cell_text, infer_array,
-                                      records_to_batch, rows_to_batch, unique_names)
-from datadesk.offload.readers.csv.pyarrow_engine import csv_batches
-from datadesk.offload.readers.excel.openpyxl_engine import xlsx_batches
-from datadesk.offload.readers.json.stdlib_engine import json_batches
-
-__all__ = [
-    "TabularParseError", "cell_text", "csv_batches", "detect_text", "file_batches",
-    "infer_array", "json_batches", "records_to_batch", "rows_to_batch", "sniff_file",
-    "unique_names", "xlsx_batches",
-]
+from datadesk.offload.readers.base import SourceFacts
+from datadesk.offload.readers.csv.header import csv_has_header
+from datadesk.offload.readers.csv.pyarrow_engine import DelimitedText
+from datadesk.offload.readers.json.locate import JsonRows, locate
+from datadesk.offload.readers.text.locate import TextTable, find_table
+from datadesk.offload.readers.text.pyarrow_engine import DrawnTable
 
 _SNIFF_CHARS = 64 * 1024
 _SNIFF_LINES = 20
 _WS = re.compile(r"[ \t\n\r]*")
 
 
-# --------------------------------------------------------------------- sniffing
+# ------------------------------------------------------------------------- files
 
-def detect_text(text: str) -> str:
-    """Classify text by its beginning: "json", "tsv", "csv" or "text".
+class FileHead:
+    """What the sniffs read of a file: its first 64 KiB (`data`), its last 4 bytes, its size and
+    the head as text (`text`: None when it looks binary or is an archive)."""
 
-    Looks at a bounded prefix only (64 KiB, first 20 records), never the
-    whole text.
-    """
-    return _detect(text[:_SNIFF_CHARS], complete=len(text) <= _SNIFF_CHARS)
+    def __init__(self, data: bytes, tail: bytes, size: int, text: str | None, complete: bool,
+                 path: Path | None = None) -> None:
+        self.data, self.tail, self.size, self.text, self.complete, self.path = data, tail, size, text, complete, path
 
+    @classmethod
+    def of_file(cls, path: Path) -> "FileHead":
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_CHARS)
+            size = f.seek(0, 2)
+            tail = b""
+            if size >= 8:
+                f.seek(size - 4)
+                tail = f.read(4)
+        complete = size <= len(head)
+        text = None if head[:4] == b"PK\x03\x04" else _text_prefix(head, complete)  # a zip is never text
+        return cls(head, tail, size, text.lstrip("\ufeff") if text is not None else None, complete, Path(path))
 
-def _detect(prefix: str, complete: bool) -> str:
-    prefix = prefix.lstrip("\ufeff")
-    pos = _WS.match(prefix).end()
-    if prefix[pos:pos + 1] in ("[", "{"):
-        return "json"
-    if not complete:  # the last line may be cut short
-        cut = prefix.rfind("\n")
-        prefix = prefix[:cut] if cut > 0 else prefix
-    for delimiter, kind in (("\t", "tsv"), (",", "csv")):
-        if delimiter not in prefix:
-            continue
-        try:
-            records = [r for r in csv.reader(io.StringIO(prefix), delimiter=delimiter) if r]
-        except csv.Error:
-            continue
-        sample = records[:_SNIFF_LINES]
-        # Most records as wide as the header: a table, even if one row is ragged
-        # (reading it then names the bad line instead of calling it "not a table").
-        if len(sample) >= 2 and len(sample[0]) >= 2:
-            same = sum(1 for r in sample if len(r) == len(sample[0]))
-            if same == len(sample) or (len(sample) >= 3 and same >= min(len(sample) - 1, 0.8 * len(sample))):
-                return kind
-    return "text"
+    @classmethod
+    def of_text(cls, text: str) -> "FileHead":
+        """A pasted text, sniffed as the file it will be saved as (only its text can match)."""
+        return cls(b"", b"", len(text), text[:_SNIFF_CHARS].lstrip("\ufeff"), len(text) <= _SNIFF_CHARS)
 
-
-_MAGIC = (
-    (b"\x89PNG\r\n\x1a\n", "png"),
-    (b"\xff\xd8\xff", "jpeg"),
-    (b"GIF87a", "gif"),
-    (b"GIF89a", "gif"),
-    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "xls"),  # OLE2: legacy Excel
-)
+    @cached_property
+    def records(self) -> str | None:
+        """The text without its last line when that may be cut short (the head of a longer file)."""
+        if self.text is None or self.complete:
+            return self.text
+        cut = self.text.rfind("\n")
+        return self.text[:cut] if cut > 0 else self.text
 
 
-def sniff_file(path: Path) -> str:
-    """Say what a file is by its bytes (the name is ignored).
+def is_parquet(head: FileHead) -> bool:
+    return head.size >= 12 and head.data[:4] == b"PAR1" and head.tail == b"PAR1"
 
-    One of "parquet", "xlsx", "xls", "png", "jpeg", "gif", "webp", "json",
-    "csv", "tsv" or "unknown" (binary, or text that is not a table).
-    """
-    with open(path, "rb") as f:
-        head = f.read(_SNIFF_CHARS)
-        size = f.seek(0, 2)
-        tail = b""
-        if size >= 8:
-            f.seek(size - 4)
-            tail = f.read(4)
-    if size >= 12 and head[:4] == b"PAR1" and tail == b"PAR1":
-        return "parquet"
-    for magic, kind in _MAGIC:
-        if head.startswith(magic):
-            return kind
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "webp"
-    if head[:4] == b"PK\x03\x04":
-        try:
-            with zipfile.ZipFile(path) as zf:
-                return "xlsx" if "xl/workbook.xml" in zf.namelist() else "unknown"
-        except (zipfile.BadZipFile, OSError):
-            return "unknown"
-    text = _text_prefix(head, complete=size <= len(head))
-    if text is None:
-        return "unknown"
-    kind = _detect(text, complete=size <= len(head))
-    return kind if kind in ("json", "csv", "tsv") else "unknown"
+
+def is_workbook(head: FileHead) -> bool:
+    """A zip holding `xl/workbook.xml` (an .xlsx); any other zip is nothing we read."""
+    if head.data[:4] != b"PK\x03\x04" or head.path is None:
+        return False
+    try:
+        with zipfile.ZipFile(head.path) as zf:
+            return "xl/workbook.xml" in zf.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def magic(*prefixes: bytes) -> Callable[[FileHead], bool]:
+    """The sniff of a format known by the bytes it starts with."""
+    return lambda head: head.data.startswith(prefixes)
+
+
+def is_webp(head: FileHead) -> bool:
+    return head.data[:4] == b"RIFF" and head.data[8:12] == b"WEBP"
+
+
+def is_json(head: FileHead) -> bool:
+    """Text whose first character (after white space) opens a JSON array or object."""
+    if head.text is None:
+        return False
+    pos = _WS.match(head.text).end()
+    return head.text[pos:pos + 1] in ("[", "{")
+
+
+def is_tsv(head: FileHead) -> bool:
+    return _delimited(head.records, "\t")
+
+
+def is_csv(head: FileHead) -> bool:
+    return _delimited(head.records, ",")
+
+
+def _delimited(prefix: str | None, delimiter: str) -> bool:
+    """Records split by `delimiter`, most as wide as the first: a table, even if one row is
+    ragged (reading it then names the bad line instead of calling it "not a table")."""
+    if prefix is None or delimiter not in prefix:
+        return False
+    try:
+        records = [r for r in csv.reader(io.StringIO(prefix), delimiter=delimiter) if r]
+    except csv.Error:
+        return False
+    sample = records[:_SNIFF_LINES]
+    if len(sample) >= 2 and len(sample[0]) >= 2:
+        same = sum(1 for r in sample if len(r) == len(sample[0]))
+        return same == len(sample) or (len(sample) >= 3 and same >= min(len(sample) - 1, 0.8 * len(sample)))
+    return False
 
 
 def _text_prefix(head: bytes, complete: bool) -> str | None:
@@ -136,60 +147,100 @@ def _text_prefix(head: bytes, complete: bool) -> str | None:
     return text
 
 
-# ------------------------------------------------------------------------ files
+# ------------------------------------------------------------------- a tool's text
 
-def file_batches(path: Path, fmt: str, batch_rows: int = 65_536, *, sheet: str | None = None,
-                 limits: UploadLimits | None = None) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]]:
-    """Open a file of a sniffed format: (schema when known up front, batches).
+class TextProbe:
+    """A tool's text as the sniffs look at it: its first character, its lines and the first table
+    found in them, each worked out once, when a sniff first asks. `prose`: the lines around it,
+    when it is a block found in prose."""
 
-    Parquet gives its schema (so an empty file still has columns); the
-    others infer types while reading and return None. Errors that can be
-    seen on opening (bad workbook, empty sheet, non-UTF-8 JSON) raise now.
-    `limits` (rows, columns, cell size, seconds, unpacked size) raise LimitExceeded.
-    """
-    path = Path(path)
-    limits = limits if limits is not None else UploadLimits().started()
-    if fmt == "parquet":
-        try:
-            pf = pq.ParquetFile(path)
-            schema = pf.schema_arrow
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise TabularParseError(f"not a readable Parquet file: {exc}") from None
-        if len(schema) > limits.columns:
-            raise limits.refuse_columns(len(schema))
-        if pf.metadata.num_rows > limits.rows:
-            raise limits.refuse_rows()
-        return schema, _parquet_batches(pf, batch_rows, limits)
-    if fmt in ("csv", "tsv"):
-        return None, csv_batches(path, "\t" if fmt == "tsv" else ",", limits=limits)
-    if fmt == "json":
-        data = path.read_bytes()
-        bom = 3 if data.startswith(codecs.BOM_UTF8) else 0
-        try:
-            text = data[bom:].decode("utf-8")
-        except UnicodeDecodeError as err:
-            at = bom + err.start
-            line = data.count(b"\n", 0, at) + 1
-            raise TabularParseError(f"file is not UTF-8 at byte {at} (line {line}, byte 0x{data[at]:02X}); "
-                                    "save it as UTF-8") from None
-        return None, json_batches(text, batch_rows)
-    if fmt == "xlsx":
-        return None, xlsx_batches(path, sheet, batch_rows, limits)
-    if fmt == "xls":
-        raise TabularParseError("legacy .xls is not supported; save as .xlsx")
-    raise TabularParseError(f"{fmt!r} is not a tabular format")
+    def __init__(self, text: str, prose: list[str] | None = None) -> None:
+        self.text = text
+        self.prose = prose or []
+
+    @cached_property
+    def head(self) -> str:
+        return self.text.lstrip()[:1]
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return self.text.splitlines()
+
+    @cached_property
+    def table(self) -> TextTable | None:
+        return find_table(self.lines)
+
+    def shape(self, what: str) -> str:
+        return what + (" in prose" if self.prose else "")
 
 
-def _parquet_batches(pf: pq.ParquetFile, batch_rows: int, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
-    rows = 0
-    try:
-        for batch in pf.iter_batches(batch_size=batch_rows):
-            rows += batch.num_rows
-            limits.tick()
-            yield batch
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        if isinstance(exc, TabularParseError):
-            raise
-        raise TabularParseError(f"the Parquet file is damaged after row {rows:,}: {exc}") from None
-    finally:
-        pf.close()
+def looks_like_repr(text: str) -> bool:
+    """A Python repr table starts `[(`, `[{'`, `((`, `{'` with a list, `[[`+quote or `[]` ... (cheap check)."""
+    head = text.lstrip()[:3]
+    return head[:2] in ("[(", "((", "[]", "{'") or head in ("[{'", "({'") or (head[:2] == "[[" and "'" in text[:200])
+
+
+def is_python_repr(probe: TextProbe) -> bool:
+    return looks_like_repr(probe.text)
+
+
+def is_json_value(probe: TextProbe) -> bool:
+    return probe.head in ("[", "{")
+
+
+def has_value_in_prose(probe: TextProbe) -> bool:
+    """A line opening a JSON value (or a repr) after up to 20 lines of prose, the rest a trailer."""
+    return probe.table is not None and probe.table.kind == "json"
+
+
+def has_delimited_table(probe: TextProbe) -> bool:
+    return probe.table is not None and probe.table.kind in ("csv", "tsv")
+
+
+def has_drawn_table(probe: TextProbe) -> bool:
+    return probe.table is not None and probe.table.kind in ("markdown", "box", "psql", "fixed")
+
+
+def locate_repr(probe: TextProbe) -> tuple[str, SourceFacts]:
+    return probe.text, SourceFacts(probe.shape(f"Python repr of {_repr_kind(probe.text)}"), prose=probe.prose)
+
+
+def _repr_kind(text: str) -> str:
+    head = text.lstrip()[:3]
+    if head.startswith("{"):
+        return "a dict of lists"
+    outer = "a tuple" if head[0] == "(" else "a list"
+    inner = {"(": "tuples", "{": "dicts", "[": "lists", "]": "nothing (empty)"}.get(head[1:2], "values")
+    return f"{outer} of {inner}"
+
+
+def locate_json(probe: TextProbe) -> tuple[JsonRows, SourceFacts]:
+    """Where the rows of the JSON text are (TabularParseError: not tabular JSON after all)."""
+    found = locate(probe.text)
+    return found, SourceFacts(probe.shape(found.shape), envelope=found.envelope, prose=probe.prose)
+
+
+def value_block(probe: TextProbe) -> TextProbe:
+    """The lines of a JSON value (or repr) found in prose, with the prose around them."""
+    table = probe.table
+    return TextProbe("\n".join(probe.lines[table.start:table.end]), prose=_prose(table))
+
+
+def locate_delimited(probe: TextProbe) -> tuple[DelimitedText, SourceFacts]:
+    table, lines = probe.table, probe.lines
+    prose = _prose(table)
+    body = probe.text if not prose else "\n".join(lines[table.start:table.end])
+    delim = "\t" if table.kind == "tsv" else ","
+    header = csv_has_header("\n".join(lines[table.start:table.start + 200]), delim)
+    shape = f"{table.kind.upper()} {'with a header row' if header else 'without a header row'}"
+    return DelimitedText(body, delim, header), SourceFacts(shape + (" in prose" if prose else ""), prose=prose)
+
+
+def locate_drawn(probe: TextProbe) -> tuple[DrawnTable, SourceFacts]:
+    table = probe.table
+    prose = _prose(table)
+    return DrawnTable(probe.lines, table), SourceFacts(table.shape + (" in prose" if prose else ""), prose=prose)
+
+
+def _prose(table: TextTable) -> list[str]:
+    return [ln for ln in table.before + table.after if ln.strip()]

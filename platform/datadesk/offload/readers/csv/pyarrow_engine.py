@@ -13,13 +13,16 @@ import codecs
 import csv
 import re
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from datadesk.offload.readers.columns import LimitExceeded, TabularParseError, UploadLimits, human, unique_names
+from datadesk.offload.readers.base import Rest
+from datadesk.offload.readers.columns import unique_names
+from datadesk.offload.readers.errors import LimitExceeded, TabularParseError
+from datadesk.offload.readers.limits import UploadLimits, human
 
 Source = str | bytes | Path
 
@@ -239,3 +242,31 @@ def _find_bad_row(source: bytes | Path, delimiter: str, expected: int) -> tuple[
         if handle is not None:
             handle.close()
     return None
+
+
+# ------------------------------------------------------------------ as the readers of ORDER
+
+class DelimitedText(NamedTuple):
+    """CSV or TSV found in a tool's text: the text to read, its delimiter, and whether its first
+    record is a header (`header.csv_has_header`)."""
+
+    body: str
+    delimiter: str
+    header: bool
+
+
+def delimited_batches(source: DelimitedText, batch_rows: int, rest: Rest) -> Iterator[pa.RecordBatch]:
+    """The reader of CSV/TSV in a tool's text (pyarrow's blocks, not `batch_rows`)."""
+    return csv_batches(source.body, source.delimiter, header=source.header)
+
+
+def read_csv_file(path: Path, batch_rows: int, sheet: str | None,
+                  limits: UploadLimits) -> tuple[None, Iterator[pa.RecordBatch]]:
+    """The reader of a CSV file: types inferred while reading, so no schema up front."""
+    return None, csv_batches(path, ",", limits=limits)
+
+
+def read_tsv_file(path: Path, batch_rows: int, sheet: str | None,
+                  limits: UploadLimits) -> tuple[None, Iterator[pa.RecordBatch]]:
+    """The reader of a TSV file."""
+    return None, csv_batches(path, "\t", limits=limits)

@@ -26,7 +26,9 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from datadesk.offload.readers.columns import LimitExceeded, TabularParseError, UploadLimits, human, rows_to_batch
+from datadesk.offload.readers.columns import rows_to_batch
+from datadesk.offload.readers.errors import LimitExceeded, TabularParseError
+from datadesk.offload.readers.limits import UploadLimits, human
 
 EXCEL_MAX_ROWS = 1_048_576
 EXCEL_MAX_COLUMNS = 16_384
@@ -100,10 +102,22 @@ def xlsx_batches(path: Path, sheet: str | None = None, batch_rows: int = 65_536,
     check_archive(path, limits)
     if limits.memory_bytes:
         return _in_child(Path(path), sheet, batch_rows, limits)
-    return _open(path, sheet, batch_rows, limits)
+    return open_sheet(path, sheet, batch_rows, limits)
 
 
-def _open(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
+def read_file(path: Path, batch_rows: int, sheet: str | None,
+              limits: UploadLimits) -> tuple[None, Iterator[pa.RecordBatch]]:
+    """The reader of an .xlsx file: types inferred per column while reading, so no schema up front."""
+    return None, xlsx_batches(path, sheet, batch_rows, limits)
+
+
+def refuse_legacy(path: Path, batch_rows: int, sheet: str | None, limits: UploadLimits) -> None:
+    """A legacy .xls (OLE2) workbook is recognised only to be refused with what to do instead."""
+    raise TabularParseError("legacy .xls is not supported; save as .xlsx")
+
+
+def open_sheet(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
+    """The sheet's batches read here (in this process); opening errors raise now."""
     import openpyxl  # heavy import; only needed for Excel uploads
 
     from openpyxl.utils.exceptions import InvalidFileException
@@ -157,11 +171,11 @@ def _open(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimits) 
 # or on cancel; it writes each batch as a length-prefixed Arrow IPC stream (batches may differ in
 # type) to a file next to the upload, read back here once it succeeded.
 
-_CHILD_LIMIT, _CHILD_PARSE, _CHILD_MEMORY = 3, 4, 5
+CHILD_LIMIT, CHILD_PARSE, CHILD_MEMORY = 3, 4, 5
 
 
 def _in_child(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
-    out = path.with_name(path.name + ".batches.tmp")  # a temp name the sweeper knows (offload.tempfiles)
+    out = path.with_name(path.name + ".batches.tmp")  # a temp name the sweeper knows (offload.artifacts.tempfiles)
     spec = {"path": str(path), "out": str(out), "sheet": sheet, "batch_rows": batch_rows,
             "limits": {"unpacked_bytes": limits.unpacked_bytes, "zip_ratio": limits.zip_ratio, "rows": limits.rows,
                        "columns": limits.columns, "cell_bytes": limits.cell_bytes,
@@ -174,7 +188,7 @@ def _in_child(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimi
         cpu = int(limits.seconds) + 5
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 
-    proc = subprocess.Popen([sys.executable, "-m", "datadesk.offload.readers.excel.openpyxl_engine", json.dumps(spec)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "datadesk.offload.readers.excel.child", json.dumps(spec)], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             preexec_fn=bound, start_new_session=True)
     try:
@@ -182,9 +196,9 @@ def _in_child(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimi
             limits.tick()  # past the deadline or cancelled: the child is killed below
             time.sleep(0.05)
         message = (proc.stdout.read() if proc.stdout else b"").decode("utf-8", "replace").strip()
-        if proc.returncode == _CHILD_LIMIT:
+        if proc.returncode == CHILD_LIMIT:
             raise LimitExceeded(message)
-        if proc.returncode == _CHILD_PARSE:
+        if proc.returncode == CHILD_PARSE:
             raise TabularParseError(message)
         if proc.returncode != 0:  # MemoryError, or killed by the kernel when the limit hit elsewhere
             raise LimitExceeded(f"reading the workbook needed more than {human(limits.memory_bytes)} of memory "
@@ -211,28 +225,6 @@ def _read_back(out: Path, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
                     limits.check()
     finally:
         out.unlink(missing_ok=True)
-
-
-def _child(spec: dict[str, Any]) -> int:
-    limits = UploadLimits(**spec["limits"]).started()
-    try:
-        with open(spec["out"], "wb") as fh:
-            for batch in _open(Path(spec["path"]), spec["sheet"], spec["batch_rows"], limits):
-                sink = pa.BufferOutputStream()
-                with pa.ipc.new_stream(sink, batch.schema) as writer:
-                    writer.write_batch(batch)
-                data = sink.getvalue()
-                fh.write(struct.pack("<Q", data.size))
-                fh.write(data)
-    except LimitExceeded as exc:
-        sys.stdout.write(str(exc))
-        return _CHILD_LIMIT
-    except TabularParseError as exc:
-        sys.stdout.write(str(exc))
-        return _CHILD_PARSE
-    except MemoryError:
-        return _CHILD_MEMORY
-    return 0
 
 
 def _bounded(rows: Iterator[tuple[Any, ...]], limits: UploadLimits) -> Iterator[tuple[Any, ...]]:
@@ -290,7 +282,3 @@ def _to_batch(header: list[Any], width: int, rows: list[tuple[Any, ...]]) -> pa.
     # (the same position always gets the same name) rather than being lost.
     names = [str(h) if h is not None else None for h in header] + [None] * (width - len(header))
     return rows_to_batch(names, rows)
-
-
-if __name__ == "__main__":
-    sys.exit(_child(json.loads(sys.argv[1])))

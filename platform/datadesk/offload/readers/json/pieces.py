@@ -31,6 +31,7 @@ import pyarrow.json as pajson
 
 from datadesk.offload.readahead import ordered_map
 from datadesk.offload.readers.casts import typed_table_strings
+from datadesk.offload.readers.columns import _has_empty_struct, _nesting
 
 PIECE_BYTES = 2 << 20  # text per piece (about 12,000 rows of 8 columns)
 FIRST_BYTES = 512 << 10  # the first piece, read before the others start (it teaches the types)
@@ -40,6 +41,7 @@ _HEAD = 1 << 16
 # separators between two objects, checked in this order; each starts with "},"
 _SEPS = (b"},\n", b"},\r\n", b"},{", b"}, {")
 _ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
+_MAX_SAFE = 2 ** 53
 
 
 class Records:
@@ -165,3 +167,21 @@ def _piece_bytes(part: Any) -> bytes:
 def _enforced(t: pa.DataType) -> bool:
     """Types worth enforcing on every piece (nested and all-null fields are left to inference)."""
     return not (pa.types.is_null(t) or pa.types.is_nested(t))
+
+
+def is_exact(table: pa.Table) -> bool:
+    """False when pyarrow's result could differ from the JSON (big integers read as doubles,
+    `{}` values, nesting Parquet cannot hold, duplicate names)."""
+    import pyarrow.compute as pc
+
+    if len(set(table.column_names)) != table.num_columns:
+        return False
+    for col in table.columns:
+        t = col.type
+        if _has_empty_struct(t) or _nesting(t) > 32:
+            return False
+        if pa.types.is_floating(t) and col.length() - col.null_count:
+            top = pc.max(pc.abs(col)).as_py()
+            if top is not None and top >= _MAX_SAFE:
+                return False
+    return True

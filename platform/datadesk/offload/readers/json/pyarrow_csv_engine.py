@@ -1,5 +1,6 @@
 """A JSON array of flat arrays (`[[1,"a",true],[2,"b",false]]`, the rows of `{columns, rows}`)
-read by pyarrow's multithreaded CSV reader: no Python object per row.
+read by pyarrow's multithreaded CSV reader: no Python object per row (an engine of the JSON
+attempt, `readers/__init__.py`).
 
 Between the outer brackets the rows are `[...]` joined by `],[`; rewritten as newlines,
 each row is a CSV line whose strings are quoted the way CSV quotes them. This is only
@@ -17,17 +18,49 @@ Text columns that are ISO dates / timestamps are then typed as JSON strings are.
 from __future__ import annotations
 
 import io
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from datadesk.offload.readers.casts import json_strings
+from datadesk.offload.readers.base import Rest
+from datadesk.offload.readers.casts import json_strings, sql_typed
+from datadesk.offload.readers.columns import unique_names
+from datadesk.offload.readers.json.locate import JsonRows, decode, no_gc
 
 _ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 _BLOCK = 1 << 20
 _BAD_START = r'^[" \[{]'
+
+
+def array_batches(found: JsonRows, batch_rows: int, rest: Rest) -> Iterator[pa.RecordBatch] | None:
+    """The located rows of flat arrays as batches, or None: not arrays, or not exact this way."""
+    if found.kind != "arrays":
+        return None
+    table = arrays_table(found)
+    if table is None:
+        return None
+    out = table.to_batches(max_chunksize=batch_rows)
+    return iter(sql_typed(out, found.types) if found.types is not None else out)
+
+
+def arrays_table(found: JsonRows) -> pa.Table | None:
+    """The located rows of flat arrays read whole by `read_rows`, or None: not exact this way."""
+    if found.raw is None or not found.rows:
+        return None
+    with no_gc():
+        sample = decode(b"[" + b",".join(bytes(r) for r in found.rows[:200]) + b"]")
+    if not all(isinstance(r, list) for r in sample):
+        return None
+    width = len(found.names) if found.names is not None else len(sample[0])
+    if width == 0 or any(len(r) != width for r in sample):
+        return None  # ragged rows: the exact path pads them (or refuses them when strict)
+    kinds = column_kinds(sample, width)
+    if kinds is None:
+        return None
+    names = unique_names(found.names if found.names is not None else [f"{found.default_name}{i + 1}" for i in range(width)])
+    return read_rows(found.raw, len(found.rows) + found.skipped, bool(found.skipped), kinds, names)
 
 
 def column_kinds(sample: Sequence[Any], width: int) -> list[pa.DataType] | None:

@@ -1,24 +1,45 @@
-"""Tabular JSON -> Arrow record batches, streaming one element at a time.
+"""Tabular JSON files (uploads) -> Arrow record batches, streaming one element at a time with the
+standard library's decoder: an error names its line and column.
 
 Big arrays are walked with `JSONDecoder.raw_decode(text, pos)` element by
-element, so memory holds one batch of rows, never the whole decoded list.
+element (runs of objects decoded by msgspec about 1 MB at a time), so memory
+holds one batch of rows, never the whole decoded list.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
+from pathlib import Path
 from typing import Any, Iterator
 
 import msgspec
 import pyarrow as pa
 
-from datadesk.offload.readers.columns import TabularParseError, records_to_batch, rows_to_batch
+from datadesk.offload.readers.columns import records_to_batch, rows_to_batch
+from datadesk.offload.readers.errors import TabularParseError
+from datadesk.offload.readers.limits import UploadLimits
 
 _WS = re.compile(r"[ \t\n\r]*")
 # Module-level so tests can count decoding steps (streaming check).
 _DECODER = json.JSONDecoder()
 _MISSING = object()
+
+
+def read_file(path: Path, batch_rows: int, sheet: str | None,
+              limits: UploadLimits) -> tuple[None, Iterator[pa.RecordBatch]]:
+    """The reader of a JSON file: UTF-8 (a BOM allowed), else the byte and line that is not."""
+    data = path.read_bytes()
+    bom = 3 if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        text = data[bom:].decode("utf-8")
+    except UnicodeDecodeError as err:
+        at = bom + err.start
+        line = data.count(b"\n", 0, at) + 1
+        raise TabularParseError(f"file is not UTF-8 at byte {at} (line {line}, byte 0x{data[at]:02X}); "
+                                "save it as UTF-8") from None
+    return None, json_batches(text, batch_rows)
 
 
 def json_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:

@@ -16,7 +16,7 @@ types each column from its slice with pyarrow's vectorised casts:
 
 Any row that does not fit (a None where the first row had a string, another key, a nested
 value, a string with a quote in it ...) makes `columns()` return None, and the caller reads
-that chunk with the CSV rewrite (`shapes_reprfast`), which handles them or sends them on to
+that chunk with the CSV rewrite (`pyarrow_csv_engine`), which handles them or sends them on to
 the exact paths. The Python work per chunk is one `split` and a few list slices: the
 12-16 passes of `str.replace` of the CSV rewrite are what made dicts the slowest repr.
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datadesk.offload.readers.columns import TabularParseError
+from datadesk.offload.readers.errors import TabularParseError
 
 _FORBIDDEN = ('"', "\\", "\x00", "\x01", "\x02")
 _FLOAT = r"^-?(\d+(\.\d*)?([eE][-+]?\d+)?|nan|inf)$"

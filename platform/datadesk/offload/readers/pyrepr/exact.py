@@ -1,6 +1,7 @@
 """Tables written as a Python repr of a list of tuples (what some MCP servers return, e.g.
 `str(cursor.fetchall())`): `[(1, 'a', Decimal('1.5'), datetime.date(2024, 1, 1), None), ...]`.
 
+The exact reader of the repr attempt (`readers/__init__.py`), for what the faster ones refuse.
 Parsed without `eval`: a tokenizer finds each top-level tuple, and each batch of tuples
 is read with `ast` on a whitelist (literals, tuples/lists, and the calls `Decimal`,
 `datetime.date`, `datetime.datetime`, `datetime.time`, `datetime.timedelta`, `UUID`).
@@ -20,7 +21,8 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from datadesk.offload.readers.columns import TabularParseError, records_to_batch, rows_to_batch, unique_names
+from datadesk.offload.readers.columns import records_to_batch, rows_to_batch, unique_names
+from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.readers.casts import python_column
 
 _TOKEN = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[()\[\]]""", re.S)
@@ -122,32 +124,6 @@ def _tuples(text: str) -> Iterator[str]:
 
 
 PARSE_CHUNK = 1_000  # tuples per ast.parse call: CPython's compile slows down on huge literals
-
-
-def repr_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
-    """Typed batches of a Python-repr table: the C-speed conversion to JSON (`shapes_repr`)
-    when it can be exact, else the `ast` path below, which names what it refuses."""
-    from datadesk.offload.readers.json import locate as shapes_json
-    from datadesk.offload.readers.pyrepr.json_engine import ReprUnsupported, json_chunks, resolve_tags, to_json
-    from datadesk.offload.readers.pyrepr.pyarrow_csv_engine import dict_batches, dict_json, tuple_batches
-
-    fast = tuple_batches(text, batch_rows, repr_batches) or dict_batches(text, batch_rows, repr_batches)  # chunked
-    if fast is None:  # quotes or backslashes in strings, nesting ...: to JSON, piece by piece
-        fast = json_chunks(text, batch_rows, exact_batches)
-    if fast is not None:
-        yield from fast
-        return
-    try:
-        data = dict_json(text) if text.lstrip()[:2] in ("[{", "{'") else None
-        json_text = data if data is not None else to_json(text)[0]
-        found = shapes_json.locate(json_text, header_rows=False)
-        if found.ndjson is not None:  # not one JSON value (a `nan`, a name ...): never NDJSON
-            raise ReprUnsupported("the converted text is not one JSON value")
-    except (ReprUnsupported, TabularParseError):
-        yield from exact_batches(text, batch_rows)
-        return
-    for batch in shapes_json.batches(found, batch_rows, default_name="col_", strict=True):
-        yield resolve_tags(batch)
 
 
 def exact_batches(text: str, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:

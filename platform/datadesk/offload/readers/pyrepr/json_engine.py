@@ -11,27 +11,34 @@ tagged JSON arrays (`datetime.date(2024, 1, 2)` -> `[-987654321001, 2024, 1, 2]`
 `Decimal('1.50')` -> `["\\u0001D", "1.50"]`); the strings are requoted in bulk.
 What is left must be JSON punctuation, numbers and null/true/false: anything else
 (a name, a call we do not know, a keyword argument) raises `ReprUnsupported` and
-the caller takes the exact, `ast`-based path (`pyrepr`), which names the value.
-The tags are turned into typed Arrow columns by `resolve_tags`, vectorised.
+the next reader takes it (in the end the exact, `ast`-based one, `exact`, which names
+the value). The JSON is read by the JSON attempt's readers (`rest.json`); the tags are
+turned into typed Arrow columns by `resolve_tags`, vectorised.
+
+Two readers of the repr attempt (`readers/__init__.py`): `piece_batches` converts and reads
+the text `CHUNK_CHARS` at a time; `whole_batches` all at once (`dict_json` for dicts, with
+pyarrow's string kernels), for what the pieces cannot cut.
 """
 
 from __future__ import annotations
 
 import ast
+import datetime as dt
 import json
 import re
-from decimal import Decimal, InvalidOperation
-import datetime as dt
 import uuid
-from typing import Any, Callable, Iterator
+from decimal import Decimal, InvalidOperation
+from typing import Any, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datadesk.offload.readers.json import locate as shapes_json
-from datadesk.offload.readers.columns import TabularParseError
+from datadesk.offload.readers.base import Rest
+from datadesk.offload.readers.casts import python_column, stream_typed
+from datadesk.offload.readers.errors import TabularParseError
+from datadesk.offload.readers.json.locate import JsonRows, locate
 from datadesk.offload.readers.pyrepr.columns import decimal_column
-from datadesk.offload.readers.casts import python_column
 
 DATE, DATETIME, TIME, UTC = -987654321001, -987654321002, -987654321003, -987654321010
 _TAG_INTS = (DATE, DATETIME, TIME)
@@ -47,12 +54,6 @@ _REWRITES = (
 
 class ReprUnsupported(ValueError):
     """The fast conversion cannot be exact for this text: use the ast-based path."""
-
-
-def looks_like_repr(text: str) -> bool:
-    """A Python repr table starts `[(`, `[{'`, `((`, `{'` with a list, `[[`+quote or `[]` ... (cheap check)."""
-    head = text.lstrip()[:3]
-    return head[:2] in ("[(", "((", "[]", "{'") or head in ("[{'", "({'") or (head[:2] == "[[" and "'" in text[:200])
 
 
 def to_json(text: str) -> tuple[str, bool]:
@@ -92,12 +93,19 @@ CHUNK_CHARS = 4 << 20  # text converted at a time by `json_chunks`
 _ROW_BREAKS = {"(": "), (", "[": "], [", "{": "}, {"}
 
 
-def json_chunks(text: str, batch_rows: int, rest: Callable[[str, int], Iterator[pa.RecordBatch]],
-                ) -> Iterator[pa.RecordBatch] | None:
+def locate_rewritten(json_text: Any) -> JsonRows:
+    """The rows of JSON rewritten from a Python repr: never a header row (a repr has none),
+    unnamed columns col_1, col_2 ..., and rows of one length (a ragged repr is refused)."""
+    found = locate(json_text, header_rows=False)
+    found.default_name, found.strict = "col_", True
+    return found
+
+
+def piece_batches(text: str, batch_rows: int, rest: Rest) -> Iterator[pa.RecordBatch] | None:
     """A list or tuple of rows (tuples, lists or dicts) converted by `to_json` and read by the
-    JSON path `CHUNK_CHARS` of text at a time (memory holds one piece, not the result); None
+    JSON readers `CHUNK_CHARS` of text at a time (memory holds one piece, not the result); None
     when the text is not such a list or its first piece cannot be converted. A later piece
-    that cannot be, and everything after it, goes to `rest(repr_text, batch_rows)`."""
+    that cannot be, and everything after it, goes to the exact reader (`rest.exact`)."""
     lo, hi = 0, len(text)
     while lo < hi and text[lo].isspace():
         lo += 1
@@ -108,8 +116,7 @@ def json_chunks(text: str, batch_rows: int, rest: Callable[[str, int], Iterator[
     row_break = _ROW_BREAKS[text[lo + 1]]
 
     def read(a: int, end: int) -> list[pa.RecordBatch]:
-        found = shapes_json.locate(to_json("[" + text[a:end] + "]")[0], header_rows=False)
-        return [resolve_tags(b) for b in shapes_json.batches(found, batch_rows, default_name="col_", strict=True)]
+        return [resolve_tags(b) for b in rest.json(locate_rewritten(to_json("[" + text[a:end] + "]")[0]))]
 
     a, end = lo + 1, _piece_end(text, lo + 1, hi - 1, row_break)
     try:
@@ -128,37 +135,54 @@ def json_chunks(text: str, batch_rows: int, rest: Callable[[str, int], Iterator[
             try:
                 batches = read(a, end)
             except (ReprUnsupported, TabularParseError):
-                yield from (stream_typed(b, types) for b in rest("[" + text[a:hi - 1] + "]", batch_rows))
+                yield from (stream_typed(b, types) for b in rest.exact("[" + text[a:hi - 1] + "]"))
                 return
     return chunks(first, a, end)
 
 
-def stream_typed(batch: pa.RecordBatch, types: dict[str, pa.DataType]) -> pa.RecordBatch:
-    """The batch with each column in the type it had first in the stream when the cast is
-    lossless (decimal(5, 2) -> decimal(6, 2), null -> T); else as it is (the sink unifies)."""
-    arrays, changed = [], False
-    for name, col in zip(batch.schema.names, batch.columns):
-        want = types.setdefault(name, col.type)
-        if pa.types.is_null(want) and not pa.types.is_null(col.type):
-            types[name] = want = col.type
-        if col.type != want and not _fits(col, want) and pa.types.is_decimal(col.type) \
-                and pa.types.is_decimal(want):  # grown: to 18 digits (then 38), not one more each chunk
-            digits = max(col.type.precision - col.type.scale, want.precision - want.scale)
-            scale = max(col.type.scale, want.scale)
-            types[name] = want = pa.decimal128(min(38, max(18 if want.precision < 18 else 38, digits + scale)), scale)
-        if col.type != want and _fits(col, want):
-            col, changed = col.cast(want), True
-        arrays.append(col)
-    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names) if changed else batch
+def whole_batches(text: str, batch_rows: int, rest: Rest) -> Iterator[pa.RecordBatch] | None:
+    """The whole text converted to JSON at once (`dict_json` for dicts, else `to_json`) and read
+    by the JSON readers; None when it cannot be (the exact reader takes it)."""
+    try:
+        data = dict_json(text) if text.lstrip()[:2] in ("[{", "{'") else None
+        found = locate_rewritten(data if data is not None else to_json(text)[0])
+        if found.ndjson is not None:  # not one JSON value (a `nan`, a name ...): never NDJSON
+            raise ReprUnsupported("the converted text is not one JSON value")
+    except (ReprUnsupported, TabularParseError):
+        return None
+    return (resolve_tags(batch) for batch in rest.json(found))
 
 
-def _fits(col: pa.Array, want: pa.DataType) -> bool:
-    t = col.type
-    if pa.types.is_null(t):
-        return True
-    if pa.types.is_decimal(t) and pa.types.is_decimal(want):
-        return t.scale <= want.scale and t.precision - t.scale <= want.precision - want.scale
-    return False
+def dict_json(text: str) -> pa.Buffer | None:
+    """JSON bytes for `[{'k': v, ...}, ...]` / `{'k': [...]}` with `to_json`'s tags, or None.
+
+    The rewrites run over every piece at once; the strings' pieces are then taken back as
+    they were (a parity mask), so no string is ever changed."""
+    if '"' in text or "\\" in text or "\x01" in text:
+        return None
+    lists = pc.split_pattern(pa.array([text], pa.large_string()), "'")
+    pieces = lists.values
+    if len(pieces) % 2 == 0:
+        return None
+    rewritten = pieces
+    for old, new in _REWRITES:
+        if old in text:
+            rewritten = pc.replace_substring(rewritten, old, new)
+    if ",)" in text:
+        rewritten = pc.replace_substring(rewritten, ",]", "]")
+    parity = pa.array(np.arange(len(pieces)) % 2 == 0)
+    return _join_pieces(pc.if_else(parity, rewritten, pieces), '"')
+
+
+def _buffer(one: pa.Array) -> pa.Buffer:
+    _, offsets, data = one.buffers()
+    bounds = np.frombuffer(offsets, dtype=np.int64)[one.offset:one.offset + 2]
+    return data.slice(int(bounds[0]), int(bounds[1] - bounds[0])) if data is not None else pa.py_buffer(b"")
+
+
+def _join_pieces(pieces: pa.Array, quote: str = "'") -> pa.Buffer:
+    lists = pa.LargeListArray.from_arrays(pa.array([0, len(pieces)], pa.int64()), pieces)
+    return _buffer(pc.binary_join(lists, pa.scalar(quote, pa.large_string())))
 
 
 def _piece_end(text: str, a: int, hi: int, row_break: str) -> int:

@@ -8,16 +8,16 @@ inside its quotes (so `'00123'` stays text); calls become tagged CSV fields
 (`datetime.date(2024, 1, 2)` -> `\x01d2024-1-2`, `Decimal('1.50')` -> `\x01D'1.50'`) that
 `resolve` types vectorised. Rows of dicts become `key,value,...` rows whose key columns
 must be constant (`dict_batches`); after the first chunk each known `'key': ` is replaced by
-its number before the split, so keys cost no string objects. `dict_json` is the JSON form of
-other dict reprs.
+its number before the split, so keys cost no string objects. Rows of dicts are first read
+column by column where they can be (`columns`, which needs no rewrite at all).
 
 Chunk by chunk (issue 17: memory bounded by the chunk, not the result): `CHUNK_BYTES` of
 text at a time, cut between two rows (outside any string: an even number of quotes), each
 chunk converted and read on its own; a column keeps the type it had first where the cast is
 lossless (decimals widen to 18, then 38 digits, once), else the sink unifies as for JSON.
 
-Anything else returns None and the caller takes the msgspec / `ast` paths, which are exact
-for every repr this module refuses (a string with a quote in it, a call it does not know,
+Anything else returns None and the next readers of `ORDER` take it (the JSON rewrite, the
+exact `ast` reader), which are exact for every repr this module refuses (a string with a quote in it, a call it does not know,
 a one-element tuple, a name ...). A real string can never look like a tag or a mark: a
 control character in a repr string is written as an escape (a backslash), which sends the
 text elsewhere.
@@ -26,19 +26,18 @@ text elsewhere.
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterator
+from typing import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from datadesk.offload.readers.columns import TabularParseError, unique_names
 from datadesk.offload.readahead import ReadAhead, ordered_map
+from datadesk.offload.readers.base import Rest
+from datadesk.offload.readers.casts import cast_for_union, json_strings, stream_typed, unify_types
+from datadesk.offload.readers.columns import unique_names
+from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.readers.pyrepr.columns import columns, comma_call, decimal_column, first_keys, list_column, time_column
-from datadesk.offload.readers.pyrepr.json_engine import stream_typed
-from datadesk.offload.readers.casts import json_strings
-from datadesk.offload.parquet.schema import cast_for_union, unify_types
 
 _SEP = "\x00"
 _STR = "\x02"  # marks a string's content in the CSV (a quoted '123' stays the text "123")
@@ -137,28 +136,23 @@ def _csv_text(text: str, dicts: bool = False, keys: list[str] | None = None, col
 CHUNK_BYTES = 4 << 20  # the text converted and parsed at a time: memory holds one chunk, not the result
 
 
-Fallback = Callable[[str, int], Iterator[pa.RecordBatch]]
-
-
-def tuple_batches(text: str, batch_rows: int = 65_536,
-                  fallback: Fallback | None = None) -> Iterator[pa.RecordBatch] | None:
+def tuple_batches(text: str, batch_rows: int, rest: Rest | None) -> Iterator[pa.RecordBatch] | None:
     """Typed batches of `[(...), (...)]`, `[[...], [...]]` or `((...), (...))` (columns col_1 ...),
     or None: not for this path.
 
     Read chunk by chunk (`CHUNK_BYTES` of text at a time, cut between two rows); a later
-    chunk this path refuses, and the rest after it, go to `fallback(repr_text, batch_rows)`
-    (the exact paths)."""
-    return _chunked(text, batch_rows, "(", fallback) or _chunked(text, batch_rows, "[", fallback)
+    chunk this path refuses, and the rest after it, go to `rest.again` (the repr attempt from
+    its first reader, which hands it on to the readers after this one)."""
+    return _chunked(text, batch_rows, "(", rest) or _chunked(text, batch_rows, "[", rest)
 
 
-def dict_batches(text: str, batch_rows: int = 65_536,
-                 fallback: Fallback | None = None) -> Iterator[pa.RecordBatch] | None:
+def dict_batches(text: str, batch_rows: int, rest: Rest | None) -> Iterator[pa.RecordBatch] | None:
     """Typed batches of `[{'k': v, ...}, ...]` whose rows all have the same keys in the same
     order (a query's rows), or `{'k': [...], ...}` (a dict of column lists), or None: not for
     this path (the JSON path reads the others)."""
     if text[:2] == "{'":
         return _dict_lists(text, batch_rows)
-    return _chunked(text, batch_rows, "{", fallback)
+    return _chunked(text, batch_rows, "{", rest)
 
 
 def _dict_lists(text: str, batch_rows: int) -> Iterator[pa.RecordBatch] | None:
@@ -191,7 +185,7 @@ def _dict_lists(text: str, batch_rows: int) -> Iterator[pa.RecordBatch] | None:
 
 def _column(text: str, a: int, hi: int) -> pa.ChunkedArray | None:
     """The values of one list `text[a:hi]` (`v, v, ...`) as one typed column, or None. Pieces
-    of `CHUNK_BYTES`, two at a time: read by `shapes_reprcols.list_column`, else by the CSV
+    of `CHUNK_BYTES`, two at a time: read by `columns.list_column`, else by the CSV
     rewrite."""
     pieces = []
     for (a, j), col in ordered_map(lambda span: list_column(text[span[0]:span[1]]), _list_spans(text, a, hi),
@@ -297,7 +291,7 @@ def _csv_table(csv: bytes | None, dicts: bool,
     return table.select(list(range(1, table.num_columns, 2))), unique_names(names), names if all(raw) else None
 
 
-def _chunked(text: str, batch_rows: int, row: str, fallback: Fallback | None) -> Iterator[pa.RecordBatch] | None:
+def _chunked(text: str, batch_rows: int, row: str, rest: Rest | None) -> Iterator[pa.RecordBatch] | None:
     dicts = row == "{"
     bounds = _bounds(text, row)
     if bounds is None:
@@ -312,15 +306,15 @@ def _chunked(text: str, batch_rows: int, row: str, fallback: Fallback | None) ->
         first = (table, unique_names(keys), keys) if table is not None else None
     if first is None:
         return None  # the first chunk is not for this path: the caller reads the whole text otherwise
-    return _chunks(text, first, end, hi, batch_rows, row, size, fallback)
+    return _chunks(text, first, end, hi, batch_rows, row, size, rest)
 
 
 def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: int, hi: int, batch_rows: int,
-            row: str, size: int, fallback: Fallback | None) -> Iterator[pa.RecordBatch]:
+            row: str, size: int, rest: Rest | None) -> Iterator[pa.RecordBatch]:
     """The batches of every chunk, each typed like the stream's first batches where that is
     lossless (a decimal's precision, an all-None column); a chunk this path refuses (nesting,
     a quote inside a string, other keys ...) and everything after it is read by the exact
-    paths (`fallback`).
+    readers (`rest.again`).
 
     The text of the next chunks is rewritten as CSV in a thread of its own (`_converted`,
     Python string methods) while this one has pyarrow read and type the chunk before (which
@@ -334,9 +328,9 @@ def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: i
         for start, item in ahead:
             got = (item, unique_names(keys), keys) if isinstance(item, pa.Table) else _csv_table(item, dicts, keys)
             if got is None:
-                if fallback is None:
+                if rest is None:
                     raise TabularParseError("a Python-repr table changes form part way (rows this reader cannot take)")
-                for batch in fallback("[" + text[start:hi] + "]", batch_rows):
+                for batch in rest.again("[" + text[start:hi] + "]"):
                     yield stream_typed(batch, types)
                 return
             if not dicts and len(got[1]) != len(names):
@@ -349,7 +343,7 @@ def _chunks(text: str, first: tuple[pa.Table, list[str], list[str] | None], a: i
 def _converted(text: str, a: int, hi: int, row: str, keys: list[str] | None,
                size: int) -> Iterator[tuple[int, pa.Table | bytes | None]]:
     """(start, CSV or None) of each chunk after the one ending at `a`; stops after a refused one.
-    Rows of dicts with known keys come as their table where `shapes_reprcols` reads them, two
+    Rows of dicts with known keys come as their table where `columns` reads them, two
     chunks at a time (its pyarrow casts release the GIL)."""
     dicts = row == "{"
 
@@ -389,17 +383,6 @@ def _read_csv(csv_text: bytes | None) -> pa.Table | None:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     return table
-
-
-def _buffer(one: pa.Array) -> pa.Buffer:
-    _, offsets, data = one.buffers()
-    bounds = np.frombuffer(offsets, dtype=np.int64)[one.offset:one.offset + 2]
-    return data.slice(int(bounds[0]), int(bounds[1] - bounds[0])) if data is not None else pa.py_buffer(b"")
-
-
-def _join_pieces(pieces: pa.Array, quote: str = "'") -> pa.Buffer:
-    lists = pa.LargeListArray.from_arrays(pa.array([0, len(pieces)], pa.int64()), pieces)
-    return _buffer(pc.binary_join(lists, pa.scalar(quote, pa.large_string())))
 
 
 def _typed_batches(table: pa.Table, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -447,26 +430,3 @@ def resolve(col: pa.Array) -> pa.Array:
         pc.binary_join_element_wise(pad(h, 2), pad(mi, 2), pad(s, 2), ":"), " ")
     ts = pc.binary_join_element_wise(text, pad(us, 6), ".").cast(pa.timestamp("us"))
     return pc.assume_timezone(ts, "UTC") if tag == "\x01z" else ts
-
-
-def dict_json(text: str) -> pa.Buffer | None:
-    """JSON bytes for `[{'k': v, ...}, ...]` / `{'k': [...]}` with `shapes_repr`'s tags, or None.
-
-    The rewrites run over every piece at once; the strings' pieces are then taken back as
-    they were (a parity mask), so no string is ever changed."""
-    from datadesk.offload.readers.pyrepr.json_engine import _REWRITES
-
-    if '"' in text or "\\" in text or "\x01" in text:
-        return None
-    lists = pc.split_pattern(pa.array([text], pa.large_string()), "'")
-    pieces = lists.values
-    if len(pieces) % 2 == 0:
-        return None
-    rewritten = pieces
-    for old, new in _REWRITES:
-        if old in text:
-            rewritten = pc.replace_substring(rewritten, old, new)
-    if ",)" in text:
-        rewritten = pc.replace_substring(rewritten, ",]", "]")
-    parity = pa.array(np.arange(len(pieces)) % 2 == 0)
-    return _join_pieces(pc.if_else(parity, rewritten, pieces), '"')

@@ -1,33 +1,24 @@
-"""Tables drawn as text: Markdown, ASCII boxes (MySQL/prettytable, psql, Unicode box
-drawing), fixed-width columns under a dashed rule, CSV/TSV with or without a header,
-and any of these (or JSON) embedded in prose: a preamble, the table, a trailer.
+"""Where a table is in a tool's text: Markdown, ASCII boxes (MySQL/prettytable, psql, Unicode
+box drawing), fixed-width columns under a dashed rule, CSV/TSV with or without a header, and
+any of these (or JSON, a Python repr) embedded in prose: a preamble, the table, a trailer.
 
-`find_table(text)` says where the table is (`TextTable`: its kind, the lines before
-and after it). Cells are cut by pyarrow string kernels over the whole column of
-lines (`split_pattern`, `utf8_slice_codeunits`), then typed by `shapes_types`.
+`find_table(lines)` says where the table is (`TextTable`: its kind, the lines before and
+after it); the drawn ones are cut into cells by `pyarrow_engine`, CSV/TSV go to the CSV
+reader, a JSON or repr value to theirs (the order: `readers/__init__.py`).
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import re
 from dataclasses import dataclass
-from typing import Iterator
-
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from datadesk.offload.readers.columns import TabularParseError, unique_names
-from datadesk.offload.readers.casts import text_column
 
 _MD_RULE = re.compile(r"\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*\Z")
 _BOX_RULE = re.compile(r"\s*[+|├┌└╞╒╘╔╚╠╟┼┬┴─═╤╧╪┤┐┘╡╕╛╗╝╣╢\-=]+\s*\Z")
 _PSQL_RULE = re.compile(r"\s*-+(\+-+)+\s*\Z")
 _FIXED_RULE = re.compile(r"\s*-{2,}(\s+-{2,})+\s*\Z")
-_PIPES = ("|", "│", "║", "┃")
+PIPES = ("|", "│", "║", "┃")
 _MAX_PROSE_LINES = 20
-_BATCH_LINES = 65_536
 
 
 @dataclass
@@ -47,9 +38,9 @@ def _is_box_rule(line: str) -> bool:
     return len(s) >= 3 and s[0] in "+├┌└╞╒╘╔╚╠╟" and bool(_BOX_RULE.match(s))
 
 
-def _pipe_line(line: str) -> bool:
+def pipe_line(line: str) -> bool:
     s = line.lstrip()
-    return bool(s) and s[0] in _PIPES
+    return bool(s) and s[0] in PIPES
 
 
 def find_table(lines: list[str]) -> TextTable | None:
@@ -60,7 +51,7 @@ def find_table(lines: list[str]) -> TextTable | None:
         kind = None
         if "|" in line and "-" in nxt and _MD_RULE.match(nxt) and "+" not in nxt:
             kind, shape = "markdown", "Markdown table"
-        elif _is_box_rule(line) and _pipe_line(nxt):
+        elif _is_box_rule(line) and pipe_line(nxt):
             kind, shape = "box", "ASCII box table"
         elif "|" in line and _PSQL_RULE.match(nxt):
             kind, shape = "psql", "psql-style table"
@@ -99,7 +90,7 @@ def _block_end(lines: list[str], k: int, kind: str) -> int:
         return n
     if kind == "box":
         end = k + 2
-        while end < n and (_pipe_line(lines[end]) or _is_box_rule(lines[end])):
+        while end < n and (pipe_line(lines[end]) or _is_box_rule(lines[end])):
             end += 1
         return end
     if kind == "markdown":  # outer pipes are optional in Markdown
@@ -153,99 +144,3 @@ def _fields(line: str, delim: str) -> int:
         return len(next(csv.reader([line], delimiter=delim)))
     except (csv.Error, StopIteration):
         return 0
-
-
-# ------------------------------------------------------------------ cell cutting
-
-def text_batches(lines: list[str], table: TextTable, batch_rows: int = _BATCH_LINES) -> Iterator[pa.RecordBatch]:
-    """Typed batches of a Markdown / box / psql / fixed-width table."""
-    block = lines[table.start:table.end]
-    if table.kind == "fixed":
-        header, rule, body = block[0], block[1], block[2:]
-        spans = [(m.start(), m.end()) for m in re.finditer(r"-+", rule)]
-        names = [header[a:b if i + 1 < len(spans) else None].strip() for i, (a, b) in enumerate(spans)]
-        cut = _fixed_cutter(spans)
-    else:
-        if table.kind == "box":
-            rows = [ln for ln in block if _pipe_line(ln)]
-        else:  # Markdown and psql: the header, its rule, the rows
-            rows = block[:1] + block[2:]
-        if not rows:
-            raise TabularParseError(f"the {table.shape} has no header row")
-        names = [c.strip() for c in _split_pipes(pa.array([rows[0]], pa.string()))[0].as_py()]
-        body = rows[1:]
-        cut = _split_pipes
-    names = unique_names(names)
-    emitted = False
-    for i in range(0, len(body), batch_rows):
-        part = pa.array(body[i:i + batch_rows], pa.string())
-        cells = cut(part)
-        yield _typed(cells, names, table, table.start + 2 + i)
-        emitted = True
-    if not emitted:
-        yield pa.RecordBatch.from_arrays([pa.nulls(0) for _ in names], names=names)
-
-
-def _split_pipes(arr: pa.Array) -> pa.Array:
-    s = arr
-    for ch in _PIPES[1:]:
-        s = pc.replace_substring(s, ch, "|")
-    s = pc.replace_substring(s, "\\|", "\x00")  # Markdown's escaped pipe stays in its cell
-    return pc.split_pattern(_strip_one(pc.utf8_trim_whitespace(s)), "|")
-
-
-def _strip_one(s: pa.Array) -> pa.Array:
-    """Remove one leading and one trailing pipe (the table's outer border)."""
-    starts = pc.starts_with(s, "|")
-    s = pc.if_else(starts, pc.utf8_slice_codeunits(s, 1), s)
-    ends = pc.ends_with(s, "|")
-    return pc.if_else(ends, pc.utf8_slice_codeunits(s, 0, -1), s)
-
-
-def _fixed_cutter(spans: list[tuple[int, int]]):
-    def cut(arr: pa.Array) -> list[pa.Array]:
-        cols = []
-        for i, (a, b) in enumerate(spans):
-            stop = spans[i + 1][0] if i + 1 < len(spans) else 1 << 30
-            cols.append(pc.utf8_slice_codeunits(arr, a, stop))
-        return cols
-    return cut
-
-
-def _typed(cells, names: list[str], table: TextTable, first_line: int) -> pa.RecordBatch:
-    if isinstance(cells, list):  # fixed-width: already one array per column
-        cols = cells
-    else:
-        widths = pc.list_value_length(cells)
-        bad = pc.not_equal(widths, len(names))
-        if pc.any(bad).as_py():
-            at = pc.index(bad, True).as_py()
-            got = widths[at].as_py()
-            raise TabularParseError(f"{table.shape}: line {first_line + at + 1} has {got} cells but the header "
-                                    f"has {len(names)}")
-        cols = [pc.list_element(cells, i) for i in range(len(names))]
-    arrays = [text_column(pc.replace_substring(c, "\x00", "|")) for c in cols]
-    return pa.RecordBatch.from_arrays(arrays, names=names)
-
-
-# ---------------------------------------------------------------- CSV header
-
-def csv_has_header(sample: str, delimiter: str) -> bool:
-    """False when the first record is data: some column is typed (numbers, dates, booleans)
-    in the records below it and the first record's cell fits that type too."""
-    records = [r for r in csv.reader(io.StringIO(sample), delimiter=delimiter) if r][:200]
-    if len(records) < 2:
-        return True
-    width = len(records[0])
-    body = [r for r in records[1:] if len(r) == width]
-    if not body:
-        return True
-    for i in range(width):
-        col = text_column(pa.array([r[i] for r in body], pa.string()))
-        if pa.types.is_string(col.type) or pa.types.is_null(col.type):
-            continue
-        first = text_column(pa.array([records[0][i]], pa.string()))
-        if first.type == col.type or (pa.types.is_integer(first.type) and pa.types.is_floating(col.type)):
-            return False
-        return True
-    return True
