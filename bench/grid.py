@@ -4,7 +4,7 @@
 
 A 1,000,000-row x 8-column Parquet file (ids, a building code, timestamps, floats with nulls,
 ints, a free-text note, a flag, a category) as the offload writes them, read by the grid's own
-reader (offload/grid.py: a locked-down DuckDB per request, the default `limits.sql_*` bounds:
+reader (offload/grid/pages.py: a locked-down DuckDB per request, the default `limits.sql_*` bounds:
 512 MB, 2 threads) and the page encoded to JSON as the endpoint sends it. Each case is timed
 `runs` times, p50 / p95 / max in ms:
 

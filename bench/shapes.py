@@ -1,4 +1,4 @@
-"""Benchmark: parsing every tabular shape of issue 17 (`offload.shapes.parse_text`).
+"""Benchmark: parsing every tabular shape of issue 17 (`offload.readers.parse_text`).
 
     python bench/shapes.py [--tiny] [--rows N] [--shapes a,b,...]
 

@@ -1,7 +1,7 @@
 """Every tabular shape of issue 17 becomes a typed table with the exact rows and sums.
 
 Fixtures come from bench/shapes_data.py (the same texts the benchmark times); each is
-parsed by `offload.shapes.parse_text`, written through the real ParquetSink, read back and
+parsed by `offload.readers.parse_text`, written through the real ParquetSink, read back and
 checked: row count, sum of ids, of amounts (exact: multiples of 0.25), of decimal prices
 where the shape carries decimals, the count of `paid`, dates and zoned timestamps.
 """

@@ -1,4 +1,4 @@
-"""offload.sink.ParquetSink: typed, atomic, ceiling-bounded Parquet writing."""
+"""offload.parquet.writer.ParquetSink: typed, atomic, ceiling-bounded Parquet writing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""offload.tabular: content sniffing and raw data -> typed Arrow batches."""
+"""offload.readers (sniff_file, detect_text, file_batches) and the readers they pick: content sniffing
+and raw data -> typed Arrow batches."""
 
 from __future__ import annotations
 
