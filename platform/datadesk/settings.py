@@ -115,7 +115,7 @@ class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):
     result_max_bytes: int = 2 * 1024**3
     stream_timeout_s: float = 600.0
     upload_max_bytes: int = 200 * 1024**2
-    # per-upload limits, checked while the file streams (offload.columns.UploadLimits)
+    # per-upload limits, checked while the file streams (offload.readers.limits.UploadLimits)
     upload_max_unpacked_bytes: int = 512 * 1024**2  # an .xlsx's inflated size, before inflating
     upload_max_zip_ratio: float = 200.0
     upload_max_rows: int = 10_000_000

@@ -54,7 +54,7 @@ class Artifact(msgspec.Struct):
     chars: int | None = None  # text artifacts
     media_type: str = "application/octet-stream"
     partial_reason: str | None = None
-    partial_by: str | None = None  # "source": the source itself cut the result (offload/shapes.py)
+    partial_by: str | None = None  # "source": the source itself cut the result (offload/source_cut.py)
     shape: str | None = None  # what the source sent: "Python repr of a list of dicts", "Markdown table", ...
     source_note: str | None = None  # the source's own words about its result, and how to get the rest
     source_meta: dict[str, Any] | None = None  # the source's metadata beside the rows (capped)

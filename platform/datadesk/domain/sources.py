@@ -1,7 +1,7 @@
 """What a tool's source says about its own result, beside the content (issue 17).
 
 Set by the tool layer (e.g. the MCP client from `structuredContent`, `outputSchema` and the
-tool's input schema) and read by the offload pipeline's shape detection (`offload/shapes.py`).
+tool's input schema) and read by the offload pipeline's shape detection (`offload/source_cut.py`).
 """
 
 from __future__ import annotations

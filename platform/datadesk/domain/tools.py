@@ -114,4 +114,4 @@ class ToolResult(msgspec.Struct):
     data: Any = None
     meta: ToolRecordMeta = msgspec.field(default_factory=ToolRecordMeta)
     table: TabularStream | None = None
-    source: SourceHints | None = None  # what the source said beside the content (offload/shapes.py)
+    source: SourceHints | None = None  # what the source said beside the content (offload/source_cut.py)

@@ -7,7 +7,7 @@ text the turn sends.
 Ingesting runs in a worker thread that stops when the request is cancelled (the client went
 away): a cancelled or failed upload leaves no artifact and no temp file
 (`offload.uploads.ingest_upload_async`). Rows and bytes written go to an optional `progress`
-callback. Temp files a crash left behind are swept by `offload.tempfiles`.
+callback. Temp files a crash left behind are swept by `offload.artifacts.tempfiles`.
 
 An upload holds the thread's turn slot as a task of its own, so Stop, clear and delete cancel it
 like a turn (`TurnRegistry.cancel`); its work is bounded by the `offload.upload_max_*` limits

@@ -195,7 +195,7 @@ except ImportError:  # pragma: no cover
     class Busy(Exception):  # type: ignore[no-redef]
         pass
 
-GRID_FORMATS = {"parquet", "csv", "tsv"}  # what the grid reads (offload/grid.py)
+GRID_FORMATS = {"parquet", "csv", "tsv"}  # what the grid reads (offload/grid/pages.py)
 _READERS: "weakref.WeakKeyDictionary[Runtime, GridReader]" = weakref.WeakKeyDictionary()
 
 

@@ -1,5 +1,5 @@
 """What an MCP tool's schemas say about its tabular results (issue 17): `SourceHints` for
-the offload pipeline's shape detection (`offload/shapes.py`).
+the offload pipeline's shape detection (`offload/source_cut.py`).
 
 - `structuredContent` is preferred over the text (the pipeline reads it first);
 - the tool's `outputSchema` gives column formats (`date`, `date-time`, `integer`, ...)
