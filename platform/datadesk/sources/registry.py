@@ -50,7 +50,6 @@ class Source:
         self.last_error: str | None = None
         self.last_ok: float | None = None
         self.refused = False  # the login may write and the config does not accept it
-        self.capabilities: list[str] | None = None  # what the login may do beyond reading (None: not asked)
         self.notes: list[str] = []
 
     # -- sessions ---------------------------------------------------------------------------
@@ -81,19 +80,14 @@ class Source:
             error = self.translate(exc, QueryControl())
             self.last_error = f"the login's privileges could not be read: {error}"
             raise SourceDown(f"source {self.name!r}: {self.last_error}") from None
-        self.capabilities = found
-        if not found:
-            self.refused = False
-            self.notes = [n for n in self.notes if not n.startswith("the login may write")]
-            return
-        if not self.parsed.config.allow_write_privileges:
-            self.refused = True
-            error = refusal(self.name, self.parsed.user, found)
+        self.refused = bool(found) and not self.parsed.config.allow_write_privileges
+        kept = [n for n in self.notes if not n.startswith("the login may write")]
+        self.notes = kept + ([accepted_note(found)] if found and not self.refused else [])
+        if self.refused:
+            error = refusal(self.name, self.parsed.user, found or [])
             self.last_error = str(error)
             log.warning("%s", error)
             raise error
-        self.refused = False
-        self.notes = [n for n in self.notes if not n.startswith("the login may write")] + [accepted_note(found)]
 
     def _open_kind(self) -> Session:
         if self.kind == "postgresql":

@@ -41,24 +41,28 @@ class DiskRoom:
     def free_mb(self) -> float:
         return free_bytes(self.home) / 1e6
 
-    def low(self) -> bool:
-        low = self.min_free_mb > 0 and self.free_mb() < self.min_free_mb
+    def low(self, free_mb: float | None = None) -> bool:
+        """Whether the home has less than `store.min_free_mb` free (`free_mb`: as just measured)."""
+        free = self.free_mb() if free_mb is None else free_mb
+        low = self.min_free_mb > 0 and free < self.min_free_mb
         if low != self._low:
             if low:
                 log.warning("the disk of %s has %.0f MB free, below store.min_free_mb = %d: new turns and uploads "
-                            "are refused until space is freed", self.home, self.free_mb(), self.min_free_mb)
+                            "are refused until space is freed", self.home, free, self.min_free_mb)
             elif self._low:
-                log.info("the disk of %s has room again (%.0f MB free)", self.home, self.free_mb())
+                log.info("the disk of %s has room again (%.0f MB free)", self.home, free)
             self._low = low
         return low
 
     def check(self, what: str) -> None:
         """Raise DiskLow when `what` (a new turn, an upload, ...) should not start now."""
-        if self.low():
-            raise DiskLow(f"{what} was refused: the disk of the data directory has only {self.free_mb():.0f} MB "
+        free = self.free_mb()
+        if self.low(free):
+            raise DiskLow(f"{what} was refused: the disk of the data directory has only {free:.0f} MB "
                           f"free, below store.min_free_mb = {self.min_free_mb} MB. Ask an admin to free space; "
                           "nothing already saved is affected")
 
     def status(self) -> dict[str, Any]:
         """What /api/health reports."""
-        return {"free_mb": round(self.free_mb()), "min_free_mb": self.min_free_mb, "low": self.low()}
+        free = self.free_mb()
+        return {"free_mb": round(free), "min_free_mb": self.min_free_mb, "low": self.low(free)}
