@@ -143,6 +143,7 @@ class Attachments:
                 meta=record_meta(UserRecordMeta(kind="upload", artifact=art.id, filename=filename,
                                                 image=art.format in IMAGES)),
             ), thread.epoch)
+            thread.end_turn()  # store.fsync = "turn": an acknowledged upload is on the disk, as a turn is
             return art
         finally:
             if tmp_path and os.path.exists(tmp_path):

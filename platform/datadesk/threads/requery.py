@@ -52,6 +52,7 @@ class UserRequery:
                                              content=msgspec.json.encode(report).decode(),
                                              meta=record_meta(ToolRecordMeta(requery=report, via="api"))),
                           thread.epoch)
+            thread.end_turn()  # store.fsync = "turn": the recorded pair reaches the disk, as a turn's records do
             return msgspec.to_builtins(report)
         finally:
             self.turns.release(turn)
