@@ -24,7 +24,7 @@ The baseline runs interleaved with the DuckDB case (one round each), so drift in
 the machine's load hits both alike; the share of the CPUs other processes used
 meanwhile is printed (read and write overlap only where a second CPU is free).
 
-Every shape of issue 17 (`bench/shapes_data.py`: JSON, Python reprs, CSV/TSV,
+Every shape of issue 17 (`tests/fixtures/shapes.py`: JSON, Python reprs, CSV/TSV,
 Markdown, boxes, prose; `--shape-rows`, default the result's rows) goes through
 the pipeline as MCP text, with its ratio to pq.write_table of the table it
 became and a check of row count and column sums (bench/offload_shapes.py).
@@ -494,7 +494,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=None,
                     help="fresh processes per case (default 5, at most 3 for the slow MCP case; 1 with --tiny)")
     ap.add_argument("--shape-rows", type=int, default=None, help="rows of each shape (default: --rows)")
-    ap.add_argument("--shapes", default="all", help="comma-separated shapes of bench/shapes_data.py, or none")
+    ap.add_argument("--shapes", default="all", help="comma-separated shapes of tests/fixtures/shapes.py, or none")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "offload.json")
     ap.add_argument("--cancel-only", action="store_true", help="only the cancel and progress measurements")
     return ap.parse_args()

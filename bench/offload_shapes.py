@@ -1,12 +1,12 @@
 """Benchmark cases of bench/offload.py for every tabular shape of issue 17 (run in its child process).
 
-Each shape's text comes from `bench/shapes_data.py` (the same deterministic rows in every
+Each shape's text comes from `tests/fixtures/shapes.py` (the same deterministic rows in every
 shape: id, amount, price, name, day, ts, paid); the text is what an MCP tool returns, and it
 goes through the real tool registry and the real offload pipeline (`Runtime.offload.process`),
 so the time covers detection, parsing, typing and the Parquet write. In the same process, after
 the offload: `pq.write_table` of the very table that was written (read back from the artifact,
 zstd as the sink writes), median of 3, which gives the shape's ratio. The artifact is checked
-against `shapes_data.expected(n)`: row count, sum of id, sum of amount, paid count.
+against `shapes.expected(n)`: row count, sum of id, sum of amount, paid count.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def shape_names() -> list[str]:
     root = str(Path(__file__).resolve().parents[1])
     if root not in sys.path:
         sys.path.insert(0, root)
-    from bench.shapes_data import SHAPES
+    from tests.fixtures.shapes import SHAPES
 
     return list(SHAPES)
 
@@ -80,7 +80,7 @@ def case_shape(runtime, memory: Callable[[], Any], name: str, rows: int) -> dict
 
     import pyarrow.parquet as pq
 
-    from bench.shapes_data import POSITIONAL, SHAPES, expected
+    from tests.fixtures.shapes import POSITIONAL, SHAPES, expected
     from datadesk.tools.registry import ToolResult, ToolSpec
 
     rt, ctx = runtime

@@ -2,7 +2,7 @@
 
     python bench/shapes.py [--tiny] [--rows N] [--shapes a,b,...]
 
-For each shape of bench/shapes_data.py, N rows (1,000,000 by default) as the text a tool
+For each shape of tests/fixtures/shapes.py, N rows (1,000,000 by default) as the text a tool
 returns: the time to parse it into typed record batches (all of them), rows/s, and the
 ratio to `pyarrow.parquet.write_table` of the resulting table alone (zstd, as the sink
 writes), measured in the same process right after. For the Python-repr shapes also the
@@ -35,7 +35,7 @@ def measure(shape: str, rows: int, tmp: Path) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bench.shapes_data import SHAPES
+    from tests.fixtures.shapes import SHAPES
     from datadesk.offload.readers.pyrepr.exact import exact_batches
     from datadesk.offload.readers import parse_text
 
@@ -74,7 +74,7 @@ def measure(shape: str, rows: int, tmp: Path) -> dict:
 def main() -> int:
     import tempfile
 
-    from bench.shapes_data import SHAPES
+    from tests.fixtures.shapes import SHAPES
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true")

@@ -1,6 +1,6 @@
 """Every tabular shape of issue 17 becomes a typed table with the exact rows and sums.
 
-Fixtures come from bench/shapes_data.py (the same texts the benchmark times); each is
+Fixtures come from tests/fixtures/shapes.py (the same texts the benchmark times); each is
 parsed by `offload.readers.parse_text`, written through the real ParquetSink, read back and
 checked: row count, sum of ids, of amounts (exact: multiples of 0.25), of decimal prices
 where the shape carries decimals, the count of `paid`, dates and zoned timestamps.
@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from bench.shapes_data import POSITIONAL, SHAPES, TRUNCATED, expected
+from tests.fixtures.shapes import POSITIONAL, SHAPES, TRUNCATED, expected
 from datadesk.offload.readers import parse_text
 from datadesk.offload.source_cut import judge
 from datadesk.offload.parquet.writer import ParquetSink

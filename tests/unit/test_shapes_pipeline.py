@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from bench.shapes_data import TRUNCATED
+from tests.fixtures.shapes import TRUNCATED
 from datadesk.api.controllers.artifacts import artifact_out
 from datadesk.composition import Runtime
 from datadesk.domain.sources import SourceHints

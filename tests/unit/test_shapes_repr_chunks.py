@@ -10,7 +10,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from bench.shapes_data import SHAPES
+from tests.fixtures.shapes import SHAPES
 from datadesk.offload.readers.pyrepr import pyarrow_csv_engine
 from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.readers import Rest, repr_batches
