@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "platform"))
 
 from datadesk.offload.grid.pages import Filter, GridReader, GridView  # noqa: E402
-from datadesk.store.sqllimits import SQLLimits  # noqa: E402
+from datadesk.sources.sqllimits import SQLLimits  # noqa: E402
 
 
 def make_table(rows: int, seed: int = 7) -> pa.Table:

@@ -313,7 +313,7 @@ def case_breakdown(home: Path) -> dict[str, Any]:
     from datadesk.llm.tokens import count_tokens
 
     rt, ctx = _runtime(home)
-    wh = rt.warehouse_for(ctx)
+    wh = rt.sources_for(ctx).warehouse
     out: dict[str, Any] = {}
 
     # 1. DuckDB -> Arrow batches, nothing written (the stream the tool returns).
@@ -373,7 +373,7 @@ def case_breakdown(home: Path) -> dict[str, Any]:
 
 
 def _query_result(con, sql: str):
-    from datadesk.store.warehouse import QueryResult, jsonable
+    from datadesk.sources.query import QueryResult, jsonable
 
     rel = con.sql(sql)
     types = [str(t) for t in rel.types]
@@ -388,7 +388,7 @@ def _inline_estimate(db: Path, table: str, total_rows: int, order: str) -> dict[
     import duckdb
 
     from datadesk.llm.tokens import count_tokens
-    from datadesk.store.warehouse import QueryResult
+    from datadesk.sources.query import QueryResult
     from datadesk.tools.sql import render_result
 
     con = duckdb.connect(str(db), read_only=True)

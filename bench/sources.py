@@ -162,7 +162,7 @@ def _fetch_whole(info: dict[str, Any], kind: str, table: str):
 
         import asyncmy
 
-        from datadesk.sources.rowbatches import mysql_field, rows_to_batch
+        from datadesk.sources.engines.rowbatches import mysql_field, rows_to_batch
 
         async def go():
             con = await asyncmy.connect(**info["my_args"])
@@ -176,7 +176,7 @@ def _fetch_whole(info: dict[str, Any], kind: str, table: str):
         return asyncio.run(go())
     import sqlite3
 
-    from datadesk.sources.rowbatches import sqlite_batch, sqlite_schema
+    from datadesk.sources.engines.rowbatches import sqlite_batch, sqlite_schema
 
     con = sqlite3.connect(info["sqlite"])
     cur = con.execute(sql)

@@ -33,8 +33,6 @@ from datadesk.store.admission import MemoryGuard, QuerySlots
 from datadesk.store.layout import Layout
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.store.users import UserStore
-from datadesk.store.warehouse import Warehouse
-from datadesk.store.sqllimits import SQLLimits
 from datadesk.store.workspaces import Workspaces
 from datadesk.summary.service import SummaryService
 from datadesk.summary.store import SummaryStore
@@ -53,7 +51,8 @@ from datadesk.tools.requery import RequeryService
 from datadesk.tools.skills import SkillCatalog, register_skill_tool
 from datadesk.tools.sql import register_sql_tool
 from datadesk.tools.sources import register_source_tools
-from datadesk.sources.registry import WorkspaceSources
+from datadesk.sources.registry import SourceSet, WorkspaceSources
+from datadesk.sources.sqllimits import SQLLimits
 from datadesk.tools.taskstate import register_task_state_tools
 
 log = logging.getLogger(__name__)
@@ -76,11 +75,11 @@ class Runtime:
         self.users = UserStore(self.layout)
         self.disk = DiskRoom(self.layout.home, settings.store.min_free_mb)  # checked before new work
         self.threads = ThreadStore(self.layout, settings.limits.max_threads_per_user, settings.store.fsync)
-        self.workspaces = Workspaces(self.layout, settings.sql.timeout_s,
-                                     SQLLimits.from_settings(settings.limits, self.layout.home))
-        # [sources.*] of each workspace: first rows within sql.timeout_s, the whole statement within
-        # offload.stream_timeout_s (set in the database session)
-        self.sources = WorkspaceSources(self.workspaces, settings.sql.timeout_s, settings.offload.stream_timeout_s)
+        self.workspaces = Workspaces(self.layout)
+        # the warehouse and the [sources.*] of each workspace: first rows within sql.timeout_s; for a
+        # database the whole statement within offload.stream_timeout_s (set in its session)
+        self.sources = WorkspaceSources(self.workspaces, settings.sql.timeout_s, settings.offload.stream_timeout_s,
+                                        SQLLimits.from_settings(settings.limits, self.layout.home))
         # one turn per thread, N per user, cancel: across every worker of the host (file locks)
         self.turns = TurnRegistry(settings.chat.max_turns_per_user, lock_dir=self.layout.home / "locks" / "turns")
         # turns a dead process cut off: finished at start and before the thread's next turn
@@ -121,10 +120,9 @@ class Runtime:
         limits = settings.limits
         self.query_slots = QuerySlots(limits.sql_queries_per_user, limits.sql_queries, limits.sql_queue_s,
                                       MemoryGuard(limits.app_memory_mb))
-        register_sql_tool(self.tools, self.warehouse_for, settings.sql, settings.offload.threshold_chars,
-                          settings.offload.stream_timeout_s, self.query_slots,
-                          sources_for=lambda ctx: self.sources.get(ctx.workspace))
-        register_source_tools(self.tools, lambda ctx: self.sources.get(ctx.workspace), self.warehouse_for)
+        register_sql_tool(self.tools, self.sources_for, settings.sql, settings.offload.threshold_chars,
+                          settings.offload.stream_timeout_s, self.query_slots)
+        register_source_tools(self.tools, self.sources_for)
         register_artifact_tools(self.tools, self.requery)
         register_history_tools(self.tools)
         self.skills = SkillCatalog(self.layout)
@@ -243,8 +241,9 @@ class Runtime:
         except (ArtifactNotFound, ValueError, OSError):
             return None
 
-    def warehouse_for(self, ctx: ToolContext) -> Warehouse:
-        return self.workspaces.warehouse(ctx.workspace)
+    def sources_for(self, ctx: ToolContext) -> SourceSet:
+        """The caller's workspace's sources: its warehouse and its configured databases."""
+        return self.sources.get(ctx.workspace)
 
     def model_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"name": self.model.name, "demo": self.model.is_demo}

@@ -113,6 +113,6 @@ def test_serve_makes_the_demo_workspace_with_memory_on(tmp_path) -> None:
     from datadesk.store.layout import Layout
 
     layout = Layout(settings.home)
-    cfg, _ = Workspaces(layout, 30).get("demo")
+    cfg = Workspaces(layout).config("demo")
     [admin] = UserStore(layout).list()
     assert cfg.memory and memory_access(cfg.memory, admin.permissions, "demo") == (True, "")

@@ -167,7 +167,7 @@ def test_another_user_gets_404_and_non_tables_400(grid_env) -> None:
 
 def test_odd_column_names_are_quoted(grid_env, tmp_path) -> None:
     from datadesk.offload.grid.pages import GridReader, GridView, Filter
-    from datadesk.store.sqllimits import SQLLimits
+    from datadesk.sources.sqllimits import SQLLimits
 
     path = tmp_path / "odd.parquet"
     pq.write_table(pa.table({'a"b': [3, 1, 2], "x'); DROP": ["p", None, "q"], "file_row_number": [7, 8, 9]}), path)

@@ -91,7 +91,7 @@ from datadesk.llm.scripted import ScriptedModel
 from datadesk.llm.tokens import count_tokens
 from datadesk.offload.pipeline import OffloadCapability
 from datadesk.settings import Settings
-from datadesk.store import warehouse
+from datadesk.sources import warehouse
 from datadesk.store.threads import Thread
 from datadesk.tools.registry import ToolContext
 from tests.fakes.sandbox import FakeSandbox

@@ -43,11 +43,11 @@ def test_views_over_parquet_and_csv_files_next_to_the_duckdb_tables(harness_fact
     cfg = Layout(home).workspace_config("demo")
     cfg.write_text(cfg.read_text() + '\n[views]\nsales = "data/sales/*.parquet"\ntargets = "data/targets.csv"\n')
     h = harness_factory(ScriptedModel(then="ok"))
-    wh = h.rt.workspaces.warehouse("demo")
+    wh = h.rt.sources.get("demo").get("warehouse")
     assert wh.query_sync("SELECT sum(amount) FROM sales").rows == [[33]]
     assert wh.query_sync("SELECT count(*) FROM readings").rows == [[190_560]]  # the DuckDB file too
     assert wh.query_sync("SELECT target FROM targets WHERE region = 's'").rows == [[50]]
-    from datadesk.store.warehouse import SQLError
+    from datadesk.sources.errors import SQLError
 
     with pytest.raises(SQLError):
         wh.query_sync("SELECT * FROM read_text('/etc/passwd')")

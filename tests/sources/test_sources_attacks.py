@@ -15,7 +15,7 @@ import pytest
 
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.sources.privileges import SourceRefused
-from datadesk.store.warehouse import SQLError, SQLRefused
+from datadesk.sources.errors import SQLError, SQLRefused
 from tests.conftest import make_harness
 from tests.dbkit import make_side_effect_functions, maria_root, pg_superuser
 

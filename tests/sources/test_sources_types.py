@@ -12,7 +12,7 @@ import pytest
 from litestar.testing import TestClient
 
 from datadesk.llm.scripted import ScriptedModel, tool_step
-from datadesk.sources.rowbatches import bit_values, mysql_field, rows_to_batch
+from datadesk.sources.engines.rowbatches import bit_values, mysql_field, rows_to_batch
 from tests.conftest import make_harness, parse_sse
 from tests.dbkit import maria_root
 from tests.fakes.sandbox import FakeSandbox

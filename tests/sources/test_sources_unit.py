@@ -14,7 +14,8 @@ from datadesk.sources.config import MASK, SourceConfigError, masked_config, pars
 from datadesk.sources.normalize import Normalizer, interval_duration, uuid_text
 from datadesk.sources.registry import SourceSet
 from datadesk.sources.session import SessionPool, SourceBusy
-from datadesk.store.warehouse import QueryControl, SQLCancelled, SQLError, SQLRefused, SQLTimeout
+from datadesk.sources.errors import SQLCancelled, SQLError, SQLRefused, SQLTimeout
+from datadesk.sources.query import QueryControl
 from tests.dbkit import make_sqlite
 
 

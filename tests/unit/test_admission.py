@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from datadesk.settings import SQLSettings
+from datadesk.sources.registry import SourceSet
+from datadesk.sources.warehouse import Warehouse
 from datadesk.store.admission import Busy, MemoryGuard, QuerySlots, rss_bytes
 from datadesk.store.demo import create_demo_warehouse
 from datadesk.store.threads import Thread
-from datadesk.store.warehouse import Warehouse
 from datadesk.tools.registry import ToolContext, ToolRegistry
 from datadesk.tools.sql import register_sql_tool
 
@@ -35,7 +36,7 @@ def warehouse(tmp_path_factory) -> tuple[Path, Warehouse]:
 
 def _registry(warehouse: tuple[Path, Warehouse], slots: QuerySlots) -> ToolRegistry:
     registry = ToolRegistry()
-    register_sql_tool(registry, lambda ctx: warehouse[1], SQLSettings(timeout_s=30), threshold_chars=2000,
+    register_sql_tool(registry, lambda ctx: SourceSet.of(warehouse[1]), SQLSettings(timeout_s=30), threshold_chars=2000,
                       slots=slots)
     return registry
 
@@ -182,7 +183,8 @@ def test_a_memory_stop_names_the_ceiling_for_source_streams_too() -> None:
     import pyarrow as pa
 
     from datadesk.sources.session import SourceStream
-    from datadesk.store.warehouse import QueryControl, SQLCancelled, SQLLimit
+    from datadesk.sources.errors import SQLCancelled, SQLLimit
+    from datadesk.sources.query import QueryControl
 
     class Session:  # the one piece of the Session protocol a stream touches here
         broken = False

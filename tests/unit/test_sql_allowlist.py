@@ -19,8 +19,8 @@ import pytest
 from datadesk.sources import sqlfunctions
 from datadesk.sources.check import check_read
 from datadesk.sources.config import parse_source
-from datadesk.sources.registry import Source
-from datadesk.store.warehouse import SQLError, SQLRefused
+from datadesk.sources.database import DatabaseSource
+from datadesk.sources.errors import SQLError, SQLRefused
 from tests.unit.sql_corpus import (ATTACKS_DUCKDB, ATTACKS_GENERIC, ATTACKS_MYSQL, ATTACKS_POSTGRES, ATTACKS_SQLITE,
                                    LEGIT_DUCKDB, LEGIT_MYSQL, LEGIT_POSTGRES, LEGIT_SQLITE)
 
@@ -104,7 +104,7 @@ def test_allow_functions(sql: str, allow: list[str], ok: bool) -> None:
 
 def test_source_check_passes_its_allow_functions(tmp_path: Path) -> None:
     cfg = {"url": "postgresql://u@db.example/sales", "allow_functions": ["analytics.score"]}
-    source = Source(parse_source("sales", cfg), tmp_path, 30.0)
+    source = DatabaseSource(parse_source("sales", cfg), tmp_path, 30.0)
     source.check("SELECT analytics.score(id) FROM customers")
     with pytest.raises(SQLRefused, match=r"\[sources.sales\]"):
         source.check("SELECT analytics.other(id) FROM customers")

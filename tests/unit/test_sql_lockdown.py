@@ -22,8 +22,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from datadesk.settings import SQLSettings
+from datadesk.sources.errors import SQLError, SQLRefused
+from datadesk.sources.registry import SourceSet
+from datadesk.sources.warehouse import Warehouse, check_statement
 from datadesk.store.demo import create_demo_warehouse
-from datadesk.store.warehouse import SQLError, SQLRefused, Warehouse, check_statement
 from datadesk.store.threads import Thread
 from datadesk.tools.registry import ToolContext, ToolRegistry
 from datadesk.tools.sql import register_sql_tool, render_result
@@ -222,7 +224,7 @@ def make_ctx(home: Home) -> ToolContext:
 def make_registry(home: Home, settings: SQLSettings, **wh_kw) -> ToolRegistry:
     registry = ToolRegistry()
     warehouse = home.warehouse(**wh_kw)
-    register_sql_tool(registry, lambda ctx: warehouse, settings)
+    register_sql_tool(registry, lambda ctx: SourceSet.of(warehouse), settings)
     return registry
 
 
@@ -253,7 +255,7 @@ def test_tool_small_result_is_complete_json(home):
 def test_tool_hands_large_results_to_offload_as_a_stream(home):
     registry = ToolRegistry()
     warehouse = home.warehouse()
-    register_sql_tool(registry, lambda ctx: warehouse, SQLSettings(), threshold_chars=2000)
+    register_sql_tool(registry, lambda ctx: SourceSet.of(warehouse), SQLSettings(), threshold_chars=2000)
     result = run_tool(registry, home, {"sql": "SELECT * FROM readings ORDER BY building_id, ts LIMIT 500"})
     assert not result.is_error and result.table is not None and result.content == ""
     with result.table as table:
@@ -302,6 +304,6 @@ def test_tool_timeout_is_an_error_result(home):
 def test_tool_missing_warehouse(tmp_path, home):
     registry = ToolRegistry()
     missing = Warehouse(tmp_path / "warehouse.duckdb", tmp_path, timeout_s=1, max_rows=10)
-    register_sql_tool(registry, lambda ctx: missing, SQLSettings())
+    register_sql_tool(registry, lambda ctx: SourceSet.of(missing), SQLSettings())
     result = run_tool(registry, home, {"sql": "SELECT 1"})
     assert result.is_error and "warehouse not found" in result.content

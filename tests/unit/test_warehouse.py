@@ -11,14 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from datadesk.store.demo import WAREHOUSE_FILE, create_demo_warehouse, demo_workspace_prompt
-from datadesk.store.warehouse import (
-    QueryResult,
-    SQLError,
-    SQLRefused,
-    SQLTimeout,
-    Warehouse,
-    jsonable,
-)
+from datadesk.sources.errors import SQLError, SQLRefused, SQLTimeout
+from datadesk.sources.query import QueryResult, jsonable
+from datadesk.sources.warehouse import Warehouse
 
 READINGS_ROWS = 20 * 397 * 24  # 2024 is a leap year: 366 + 31 days, hourly
 CHECKSUM_SQL = """
@@ -243,7 +238,7 @@ def test_a_cancelled_query_is_interrupted_and_the_next_one_answers(built):
 
 def test_the_async_backstop_timeout_interrupts_the_statement(built, monkeypatch):
     """The wait_for backstop (engine slow to notice its deadline) cancels the statement too."""
-    import datadesk.store.warehouse as warehouse
+    import datadesk.sources.warehouse as warehouse
 
     db, _ = built
     monkeypatch.setattr(warehouse, "_ASYNC_GRACE_S", 0.2)
@@ -265,7 +260,7 @@ def test_the_async_backstop_timeout_interrupts_the_statement(built, monkeypatch)
 
 def test_a_stream_interrupted_from_another_thread_stops(wh):
     """`BatchStream.interrupt` (a cancelled offload) stops the reader with SQLCancelled."""
-    from datadesk.store.warehouse import SQLCancelled
+    from datadesk.sources.errors import SQLCancelled
 
     stream = wh.record_batches("SELECT range AS i FROM range(100000000)", batch_size=10_000, timeout_s=300)
     rows = 0
@@ -341,8 +336,8 @@ BOMB = "SELECT list(a.range) FROM range(20000) a, range(20000) b"  # 400 M list 
 def test_memory_bomb_stops_at_the_limit_with_a_clear_message(built, tmp_path):
     import resource
 
-    from datadesk.store.sqllimits import SQLLimits
-    from datadesk.store.warehouse import SQLLimit
+    from datadesk.sources.errors import SQLLimit
+    from datadesk.sources.sqllimits import SQLLimits
 
     db, _ = built
     limits = SQLLimits(memory_mb=128, threads=2, temp_mb=64, tmp_root=tmp_path / "tmp" / "sql")
@@ -360,7 +355,7 @@ def test_memory_bomb_stops_at_the_limit_with_a_clear_message(built, tmp_path):
 
 
 def test_limits_are_set_and_locked(built, tmp_path):
-    from datadesk.store.sqllimits import SQLLimits
+    from datadesk.sources.sqllimits import SQLLimits
 
     db, _ = built
     limits = SQLLimits(memory_mb=100, threads=1, temp_mb=50, tmp_root=tmp_path / "sql")

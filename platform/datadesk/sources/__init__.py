@@ -1,8 +1,10 @@
-"""Analysts' own databases as read-only SQL sources (`[sources.<name>]` in workspace.toml).
+"""The databases the model queries, as read-only SQL sources behind one interface
+(`registry.Source`): the workspace's DuckDB warehouse and the analysts' own databases
+(`[sources.<name>]` in workspace.toml).
 
-config (the TOML table, secrets from the environment) -> check (one read statement, per
-dialect) -> a driver session (postgres, mysql, sqlite, adbc: read-only in the database
-session itself) from a per-user pool -> a `SourceStream` of normalised Arrow batches that
-the SQL tool and the offload pipeline treat like the warehouse's. `registry.SourceSet` holds
-a workspace's sources and their states.
+registry (`SourceSet`: a workspace's sources, the warehouse first; `WorkspaceSources`) ->
+warehouse (the DuckDB file and its `[views]`, a locked-down connection per query) or
+database (config -> check, one read statement per dialect -> a driver session of engines/
+from a per-user pool) -> a stream of Arrow batches (`query.ResultStream`) that the SQL tool
+and the offload pipeline read the same way. errors: what can go wrong, in one hierarchy.
 """

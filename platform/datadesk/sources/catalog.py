@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from datadesk.store.warehouse import ColumnInfo, TableInfo
+from datadesk.sources.query import ColumnInfo, TableInfo
 
 CatalogRow = tuple  # (schema, table, kind, table comment, row estimate, column, type, column comment)
 

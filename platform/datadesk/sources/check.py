@@ -40,7 +40,7 @@ from sqlglot.errors import ErrorLevel, ParseError
 from sqlglot.tokens import Token, TokenType
 
 from datadesk.sources import sqlfunctions, sqllex
-from datadesk.store.warehouse import SQLError, SQLRefused
+from datadesk.sources.errors import SQLError, SQLRefused
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its "falling back to Command" warnings are ours to report
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from datadesk.store.warehouse import SQLError
+from datadesk.sources.errors import SQLError
 
 Rows = Callable[[str], list[tuple]]  # runs one internal query on an open session
 _SHOWN = 8  # capabilities named in a message; the rest are counted

@@ -3,9 +3,9 @@
 A `Session` is one open database connection, read-only by the database's own rules (each
 driver module says how). The `SessionPool` of a source keeps them per user, so two users
 never share a session (nor its state), with a cap per user and one for the source. A
-`SourceStream` is one query's Arrow batches, shaped like the warehouse's `BatchStream`
-(schema, sql_types, iteration, extend, interrupt, close), so the SQL tool and the offload
-writer treat both alike; closing it ends the transaction and gives the session back.
+`SourceStream` is one query's Arrow batches, a `query.ResultStream` as the warehouse's
+`BatchStream` is (schema, sql_types, iteration, extend, interrupt, close), so the SQL tool and
+the offload writer treat both alike; closing it ends the transaction and gives the session back.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Callable, Iterator, Protocol
 
 import pyarrow as pa
 
+from datadesk.sources.errors import SQLError
 from datadesk.sources.normalize import Normalizer
-from datadesk.store.warehouse import QueryControl, SQLError
+from datadesk.sources.query import QueryControl
 
 
 class SourceBusy(SQLError):

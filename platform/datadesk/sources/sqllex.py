@@ -30,7 +30,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, TokenType
 
-from datadesk.store.warehouse import SQLError, SQLRefused
+from datadesk.sources.errors import SQLError, SQLRefused
 
 _SPACE = " \t\n\r\f\v"  # ASCII only: no server reads U+00A0 and friends as a space
 _WORD = re.compile(r"[A-Za-z0-9_$\u0080-\U0010ffff]+")

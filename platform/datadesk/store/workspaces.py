@@ -23,8 +23,6 @@ import msgspec
 from datadesk.domain.ids import check_id
 from datadesk.store.files import write_atomic
 from datadesk.store.layout import Layout
-from datadesk.store.sqllimits import SQLLimits
-from datadesk.store.warehouse import Warehouse
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -83,19 +81,14 @@ def load_workspace(layout: Layout, ws: str) -> WorkspaceConfig:
     return cfg
 
 
-def warehouse_path(layout: Layout, ws: str, cfg: WorkspaceConfig) -> Path:
-    return layout.workspace_dir(ws) / cfg.warehouse
-
-
 class Workspaces:
-    """The workspaces of this home: each one's config and warehouse, read once and cached.
-    A bad `workspace.toml` raises WorkspaceConfigError when first asked for."""
+    """The workspaces of this home: each one's config, read once and cached (its warehouse and
+    databases are `sources.registry.WorkspaceSources`). A bad `workspace.toml` raises
+    WorkspaceConfigError when first asked for."""
 
-    def __init__(self, layout: Layout, sql_timeout_s: float, sql_limits: SQLLimits | None = None) -> None:
+    def __init__(self, layout: Layout) -> None:
         self.layout = layout
-        self.sql_timeout_s = sql_timeout_s
-        self.sql_limits = sql_limits or SQLLimits(tmp_root=layout.home / "tmp" / "sql")
-        self._cache: dict[str, tuple[WorkspaceConfig, Warehouse]] = {}
+        self._cache: dict[str, WorkspaceConfig] = {}
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
@@ -103,24 +96,13 @@ class Workspaces:
         return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
             if root.is_dir() else []
 
-    def get(self, ws: str) -> tuple[WorkspaceConfig, Warehouse]:
-        """The config and warehouse of workspace `ws`."""
+    def config(self, ws: str) -> WorkspaceConfig:
+        """The config of workspace `ws`."""
         with self._lock:
             hit = self._cache.get(ws)
             if hit is None:
-                cfg = load_workspace(self.layout, ws)
-                wdir = self.layout.workspace_dir(ws)
-                wh = Warehouse(warehouse_path(self.layout, ws, cfg), self.layout.workspace_data_dir(ws),
-                               views={k: str(wdir / v) for k, v in cfg.views.items()},
-                               timeout_s=self.sql_timeout_s, limits=self.sql_limits)
-                hit = self._cache[ws] = (cfg, wh)
+                hit = self._cache[ws] = load_workspace(self.layout, ws)
             return hit
-
-    def config(self, ws: str) -> WorkspaceConfig:
-        return self.get(ws)[0]
-
-    def warehouse(self, ws: str) -> Warehouse:
-        return self.get(ws)[1]
 
 
 def _toml_str(value: str) -> str:

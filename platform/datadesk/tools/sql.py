@@ -1,4 +1,7 @@
-"""The `sql_query` tool: one read-only DuckDB statement against the workspace warehouse.
+"""The `sql_query` tool: one read-only statement on one of the workspace's sources (the DuckDB
+warehouse by default, or a configured database with `source`), all through one path:
+`SourceSet.get(source)` -> `check` on the loop -> a query slot -> `record_batches` for the
+caller in a worker thread, cancellable.
 
 Small results come back inline: compact JSON (columns, types, row_count,
 rows) within `offload.threshold_chars`. When rows are
@@ -19,13 +22,13 @@ import pyarrow as pa
 from datadesk.domain.records import ToolRecordMeta
 from datadesk.domain.tools import TabularStream, ToolError, ToolResult, ToolSpec
 from datadesk.settings import SQLSettings
+from datadesk.sources.errors import SQLError
+from datadesk.sources.query import QueryControl, QueryResult, interruptible, jsonable
+from datadesk.sources.registry import Source, SourceSet
 from datadesk.store.admission import Busy, QuerySlots, Slot
-from datadesk.store.warehouse import (
-    QueryControl, QueryResult, SQLError, Warehouse, check_statement, interruptible, jsonable,
-)
 from datadesk.tools.arguments import ToolArguments
 from datadesk.tools.registry import ToolContext, ToolRegistry
-from datadesk.tools.sources import SOURCE_HELP, BoundSource, bound_source, is_warehouse
+from datadesk.tools.sources import SOURCE_HELP
 
 TOOL_NAME = "sql_query"
 
@@ -104,15 +107,15 @@ def render_result(result: QueryResult, max_chars: int) -> str:
 INLINE_MAX_ROWS = 2_000  # more rows than this never fit the inline threshold anyway
 
 
-def _first_rows(wh: Warehouse, sql: str, threshold_chars: int, stream_timeout_s: float,
+def _first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_timeout_s: float,
                 control: QueryControl | None = None) -> ToolResult:
-    """Run `sql`; small results come back inline, large ones as a stream for offload.
+    """Run `sql` on `src` for `user`; small results come back inline, large ones as a stream for offload.
 
     One execution: the batches already read for the size check are chained
     in front of the rest of the stream. `control` cancels it from another thread; the
     stream handed on keeps that hook (`TabularStream.interrupt`) for the offload writer.
     """
-    stream = wh.record_batches(sql, control=control)  # the statement timeout covers the first rows
+    stream = src.record_batches(sql, user, control=control)  # the statement timeout covers the first rows
     try:
         it = iter(stream)
         head: list[pa.RecordBatch] = []
@@ -166,27 +169,23 @@ def hold_until_closed(result: ToolResult, slot: Slot) -> ToolResult:
 
 def register_sql_tool(
     registry: ToolRegistry,
-    warehouse_for: Callable[[ToolContext], Warehouse],
+    sources_for: Callable[[ToolContext], SourceSet],
     settings: SQLSettings,
     threshold_chars: int = 8_000,
     stream_timeout_s: float = 600.0,
     slots: QuerySlots | None = None,
-    sources_for: Callable[[ToolContext], Any] | None = None,
 ) -> None:
-    """Register `sql_query`; `warehouse_for` picks the caller's workspace warehouse; `slots`
-    bounds how many queries run per user and in the app (held until the result is closed)."""
+    """Register `sql_query`; `sources_for` gives the caller's workspace's sources (its warehouse
+    and databases); `slots` bounds how many queries run per user and in the app (held until the
+    result is closed)."""
 
     async def handler(args: SqlQuery, ctx: ToolContext) -> ToolResult:
         sql = args.sql
         if not sql.strip():
             raise ToolError(SQL_HINT)
-        try:  # a configured source (tools/sources.py) runs as the warehouse does, on the caller's session
-            wh = warehouse_for(ctx) if is_warehouse(args.source) else \
-                bound_source(sources_for(ctx) if sources_for else None, args.source, ctx.user)
-            if isinstance(wh, BoundSource):
-                wh.check(sql)  # in the source's dialect
-            else:
-                check_statement(sql)  # refuse on the loop, before any thread, slot or connection
+        try:
+            src = sources_for(ctx).get(args.source)
+            src.check(sql)  # in its dialect, on the loop: before any thread, slot or connection
         except SQLError as exc:
             raise ToolError(str(exc)) from None
         try:
@@ -197,8 +196,8 @@ def register_sql_tool(
         if slot is not None:
             slot.on_pressure = control.cancel  # the memory guard may stop it
         try:
-            result = await interruptible(control, _first_rows, wh, sql, threshold_chars, stream_timeout_s,
-                                         control, late=_close_late)
+            result = await interruptible(control, _first_rows, src, ctx.user, sql, threshold_chars,
+                                         stream_timeout_s, control, late=_close_late)
         except BaseException as exc:
             if slot is not None:
                 slot.release()

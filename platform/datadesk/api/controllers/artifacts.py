@@ -30,8 +30,8 @@ from datadesk.offload.grid.pages import Column, GridError, GridLimit, GridReader
 from datadesk.offload.artifacts.expired import expired_message
 from datadesk.offload.artifacts.store import regular_file
 from datadesk.sandbox.files import read_regular
+from datadesk.sources.sqllimits import SQLLimits
 from datadesk.store.files import not_saved
-from datadesk.store.sqllimits import SQLLimits
 from datadesk.store.threads import Thread
 
 

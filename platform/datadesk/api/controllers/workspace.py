@@ -14,7 +14,7 @@ from litestar.params import FromQuery
 from datadesk.api.guards.access import member_workspace
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.sources.config import MASK, SourceConfig, masked_config
-from datadesk.store.warehouse import SQLError
+from datadesk.sources.errors import SQLError
 
 
 _KNOWN_KEYS = set(SourceConfig.__struct_fields__)
@@ -44,9 +44,9 @@ class WorkspaceController(Controller):
         if not user.can("admin"):
             raise PermissionDeniedException("the workspace view is for admins")
         ws = member_workspace(user, workspace)
-        cfg, wh = rt.workspaces.get(ws)
-        try:
-            tables = [msgspec.to_builtins(t) for t in wh.describe()]
+        cfg, sources = rt.workspaces.config(ws), rt.sources.get(ws)
+        try:  # the warehouse is a source; it is shown apart with its catalogue and views
+            tables = [msgspec.to_builtins(t) for t in await asyncio.to_thread(sources.warehouse.describe)]
             warehouse_error = None
         except SQLError as exc:
             tables, warehouse_error = [], str(exc)
@@ -57,7 +57,7 @@ class WorkspaceController(Controller):
             "data": {"warehouse": cfg.warehouse, "views": cfg.views, "tables": tables, "error": warehouse_error},
             # each source probed now: state ok/down/refused/misconfigured with the reason; secrets masked
             "sources": [{**st, "config": shown_config(st["name"], cfg.sources.get(st["name"], {}))}
-                        for st in await asyncio.to_thread(rt.sources.get(ws).statuses, True)],
+                        for st in await asyncio.to_thread(sources.statuses, True)],
             "mcp": rt.mcp_status(ws),
             "disk": await asyncio.to_thread(rt.disk.status),  # free space against store.min_free_mb
             "skills": [{"name": s.name, "description": s.description} for s in rt.skills.skills(ws)],

@@ -9,7 +9,7 @@ a list of scalar types: a STRUCT's field names come from the file and are never 
 
 Each request opens its own in-memory DuckDB, locked down before the query runs: the one
 Parquet file is the only path it may read (`allowed_paths`, external access off), with the
-memory, threads and spill bounds of `limits.sql_*` (store/sqllimits.py) and a deadline
+memory, threads and spill bounds of `limits.sql_*` (sources/sqllimits.py) and a deadline
 (`sql.timeout_s`) that interrupts the statement.
 
 Counts (rows matching the filters, non-null values per column) cost a scan; they are
@@ -35,7 +35,7 @@ import msgspec
 import pyarrow as pa
 
 from datadesk.offload.grid.csv_download import CSV_BATCH_ROWS, CSVEncoder, CSVError, one_line, stream
-from datadesk.store.sqllimits import SQLLimits, limit_message
+from datadesk.sources.sqllimits import SQLLimits, limit_message
 
 log = logging.getLogger(__name__)
 

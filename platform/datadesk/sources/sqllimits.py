@@ -1,8 +1,9 @@
-"""Resource bounds of warehouse SQL (issue 15): memory, threads and spill space.
+"""Resource bounds of DuckDB SQL in the app process (issue 15): memory, threads and spill space.
 
 DuckDB runs inside the app process; left at its defaults it may take 80% of
 the host's memory, every core and 90% of the free disk (spilling into the
-data dir). Every warehouse instance gets instead, before `lock_configuration`:
+data dir). Every warehouse instance (`warehouse.py`), and each in-memory DuckDB of the
+result grid (`offload/grid/pages.py`), gets instead, before `lock_configuration`:
 
     SET memory_limit='<limits.sql_memory_mb> MB'
     SET threads=<limits.sql_threads>

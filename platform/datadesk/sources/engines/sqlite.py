@@ -2,7 +2,7 @@
 
 Opened as a `file:...?mode=ro` URI (the engine refuses every write) with `PRAGMA query_only`,
 no extension loading, and only after checking that the path stays inside the workspace with
-no symbolic link on the way. Rows become Arrow batches (sources/rowbatches.py). `sqlite3`
+no symbolic link on the way. Rows become Arrow batches (engines/rowbatches.py). `sqlite3`
 rather than ADBC's SQLite driver because its `interrupt()` stops a running statement from
 another thread (ADBC's SQLite driver has no cancel), which Stop and the deadline need.
 """
@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from datadesk.sources.config import ParsedSource, SourceConfigError
-from datadesk.sources.rowbatches import sqlite_batch, sqlite_schema
+from datadesk.sources.engines.rowbatches import sqlite_batch, sqlite_schema
 from datadesk.sources.session import SourceDown
 
 

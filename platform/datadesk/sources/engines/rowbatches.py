@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 
-from datadesk.store.warehouse import SQLError
+from datadesk.sources.errors import SQLError
 
 # MySQL protocol column types (include/mysql_com.h)
 _MY = {1: pa.int8(), 2: pa.int16(), 3: pa.int32(), 9: pa.int32(), 8: pa.int64(), 4: pa.float32(),

@@ -17,7 +17,7 @@ from urllib.parse import quote, urlencode, parse_qsl
 
 import pyarrow as pa
 
-from datadesk.sources.adbc import CursorSession
+from datadesk.sources.engines.adbc import CursorSession
 from datadesk.sources.config import ParsedSource, resolve_env
 from datadesk.sources.session import SourceDown
 

@@ -1,7 +1,7 @@
 """MySQL and MariaDB through asyncmy (a Cython MySQL protocol driver with wheels on PyPI).
 
 Rows stream unbuffered (`SSCursor`) and become Arrow batches with the result's own column
-types (sources/rowbatches.py). Nothing of the session's past is trusted: before every query the
+types (engines/rowbatches.py). Nothing of the session's past is trusted: before every query the
 session is set again (utf8mb4, UTC, `max_statement_time` (MariaDB, seconds) or
 `max_execution_time` (MySQL, ms), read-only), the query runs in its own
 `START TRANSACTION READ ONLY`, and afterwards it is rolled back and the connection reset with
@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from datadesk.sources.config import ParsedSource, resolve_env
-from datadesk.sources.rowbatches import mysql_field, rows_to_batch
+from datadesk.sources.engines.rowbatches import mysql_field, rows_to_batch
 from datadesk.sources.session import SourceDown
 
 _CONNECT_TIMEOUT_S = 5

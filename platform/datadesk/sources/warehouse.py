@@ -1,52 +1,55 @@
-"""Locked-down, read-only SQL access to a workspace's DuckDB warehouse file.
+"""The workspace's DuckDB warehouse as a source: locked-down, read-only SQL over its file.
 
-Every query gets a fresh connection (so callers on different threads never
-share one), opened read-only with extension auto-install/auto-load off, and
-then locked down before any user SQL runs:
+It implements the `Source` interface of `registry.py` as the configured databases do
+(`check`, `record_batches(sql, user)`, `describe`, `probe`, `status`), under the reserved
+name `warehouse`, and differs from them where DuckDB runs inside the app process:
+
+- no sessions and no pool: every query gets a fresh connection (so callers on different
+  threads never share one), the same for every user;
+- the connection is opened read-only with extension auto-install/auto-load off, then
+  locked down before any user SQL runs:
 
     SET allowed_directories=['<data_dir>/']   only the workspace's data dir
     SET enable_external_access=false          no other files, no network
     SET memory_limit, threads, temp_directory, max_temp_directory_size
-                                              bounds (store/sqllimits.py)
+                                              bounds (sources/sqllimits.py)
     SET lock_configuration=true               the SQL cannot undo the above
 
-Two layers guard the warehouse: the statement check here (only SELECT-like
-statements and EXPLAIN of a SELECT get through) and the engine settings above
-(which would still stop a file read outside the data dir if the check missed
-one). `COPY ... TO` into the data dir is allowed by the engine settings, so the
-statement check is what refuses it.
+Two layers guard the warehouse: the statement check here (DuckDB's own parser: only
+SELECT-like statements and EXPLAIN of a SELECT get through) and the engine settings above
+(which would still stop a file read outside the data dir if the check missed one).
+`COPY ... TO` into the data dir is allowed by the engine settings, so the statement check
+is what refuses it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import decimal
-import functools
-import math
 import threading
-import uuid
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator
 
 import duckdb
-import msgspec
 import pyarrow as pa
 
-from datadesk.store.sqllimits import SQLLimits, TempDirs, limit_message
+from datadesk.sources.config import WAREHOUSE
+from datadesk.sources.errors import (
+    SQLCancelled, SQLError, SQLLimit, SQLRefused, SQLTimeout, short_message, timeout_message,
+)
+from datadesk.sources.query import ColumnInfo, QueryControl, QueryResult, TableInfo, interruptible, jsonable
+from datadesk.sources.sqllimits import SQLLimits, TempDirs, limit_message
 
 # Opening the same file twice in one process shares one DuckDB instance (the
 # Python client's instance cache), and its settings are instance-wide: once
 # locked they cannot be SET again. This lock makes "open, then lock down or
 # verify the lockdown" atomic with respect to other threads.
 _SETUP_LOCK = threading.Lock()
-T = TypeVar("T")
 _TEMP = TempDirs()  # spill directory of each instance, removed with its last connection
 _CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 # Extra time the async wrapper waits beyond the statement timeout before giving
 # up on a worker thread whose query ignored the interrupt.
 _ASYNC_GRACE_S = 5.0
-_MESSAGE_CHARS = 500
 ALLOWED = "SELECT (also WITH ... SELECT, FROM ..., VALUES), DESCRIBE, SHOW, SUMMARIZE, EXPLAIN <select>"
 
 # Schema queries for describe(): user tables and views of the warehouse file.
@@ -63,99 +66,8 @@ SELECT schema_name, table_name, column_name, data_type, comment FROM duckdb_colu
  ORDER BY schema_name, table_name, column_index"""
 
 
-class SQLError(Exception):
-    """A query the model or user can fix: bad SQL, missing warehouse, engine error."""
-
-
-class SQLRefused(SQLError):
-    """A statement that is not a read (COPY, ATTACH, SET, PRAGMA, CREATE, ...) or several at once."""
-
-
-class SQLTimeout(SQLError):
-    """The statement ran past the timeout and was interrupted."""
-
-
-class SQLLimit(SQLError):
-    """The statement needed more memory or temp space than the limits allow and was stopped."""
-
-
-class SQLCancelled(SQLError):
-    """The call was cancelled (Stop, the turn ended) and the statement was interrupted."""
-
-
-class ColumnInfo(msgspec.Struct, frozen=True):
-    name: str
-    type: str
-    comment: str | None = None
-
-
-class TableInfo(msgspec.Struct, frozen=True):
-    """One table or view in the warehouse, as `Warehouse.describe()` lists it."""
-
-    name: str
-    kind: str  # "table" | "view"
-    columns: list[ColumnInfo]
-    schema: str = "main"
-    comment: str | None = None
-    row_estimate: int | None = None
-
-
-class QueryResult(msgspec.Struct):
-    """The rows of one query, JSON-able.
-
-    `row_count` counts rows produced, but only up to max_rows + 1 (enough to
-    know the result was cut): when `truncated` is True the real total is larger
-    than `len(rows)` and `row_count` is a lower bound.
-    """
-
-    columns: list[str]
-    types: list[str]
-    rows: list[list[Any]]
-    row_count: int
-    truncated: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return msgspec.structs.asdict(self)
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
-
-
-def _timeout_message(timeout_s: float) -> str:
-    return f"query exceeded {timeout_s:g} s; narrow it or add a LIMIT"
-
-
 def _sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
-
-
-def jsonable(value: Any) -> Any:
-    """A DuckDB Python value as something msgspec/json can encode without loss of meaning."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        # HUGEINT/UHUGEINT can exceed what JSON encoders accept as a number.
-        return value if -(2**63) <= value < 2**64 else str(value)
-    if isinstance(value, float):
-        # NaN/Infinity are not JSON; null keeps the column numeric for Arrow.
-        return value if math.isfinite(value) else None
-    if isinstance(value, decimal.Decimal):
-        return float(value) if value.is_finite() else None
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    return str(value)
 
 
 def _explained_statement(query: str) -> str | None:
@@ -194,7 +106,7 @@ def check_statement(sql: object) -> str:
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
-        raise SQLError(_short(exc)) from None
+        raise SQLError(short_message(exc)) from None
     if not statements:
         raise SQLError(f"empty SQL (only comments or semicolons): send one statement; allowed: {ALLOWED}")
     if len(statements) > 1:
@@ -223,95 +135,19 @@ def check_statement(sql: object) -> str:
     )
 
 
-class QueryControl:
-    """Stops one statement: at its deadline (a timer) or when `cancel()` is called, from any
-    thread (the task awaiting the query was cancelled). Both use DuckDB's `interrupt()` on the
-    statement's connection, under a lock so it never races with the connection closing.
-
-    Created before the connection exists (the caller may cancel that early): `attach` hands
-    it the connection and starts the timer, or refuses when the cancel came first.
-    """
-
-    def __init__(self, timeout_s: float | None = None) -> None:
-        self._lock = threading.Lock()
-        self._con: duckdb.DuckDBPyConnection | None = None
-        self._done = False
-        self._timer: threading.Timer | None = None
-        self.timeout_s = timeout_s
-        self.fired = False  # the deadline interrupted the statement
-        self.limits: SQLLimits | None = None  # set by the warehouse: names the limit an error hit
-        self.cancelled = False  # cancel() did
-        self.reason: str | None = None  # why, when it was not the user (e.g. the app's memory ceiling)
-
-    def attach(self, con: duckdb.DuckDBPyConnection) -> None:
-        with self._lock:
-            if self.cancelled:
-                raise SQLCancelled("the query was cancelled")
-            self._con = con
-        self.restart(self.timeout_s)
-
-    def restart(self, timeout_s: float | None) -> None:
-        """Start the deadline again from now with `timeout_s` (None or 0: no deadline)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.timeout_s = timeout_s
-        if timeout_s and timeout_s > 0:
-            self._timer = threading.Timer(timeout_s, self._fire)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _fire(self) -> None:
-        with self._lock:
-            if not self._done and self._con is not None:
-                self.fired = True
-                self._con.interrupt()
-
-    def cancel(self, reason: str | None = None) -> None:
-        """Interrupt the statement now (safe from any thread, before or after it started);
-        `reason` becomes the error's message (a limit the app enforced, not the user's Stop)."""
-        with self._lock:
-            if self._done:
-                return
-            self.cancelled = True
-            self.reason = self.reason or reason
-            if self._con is not None:
-                self._con.interrupt()
-
-    def cancelled_error(self) -> SQLError:
-        """The error of a cancelled statement: the limit the app enforced (`reason`), else the
-        user's Stop or a tool timeout."""
-        return SQLLimit(self.reason) if self.reason else SQLCancelled("the query was cancelled")
-
-    def finish(self) -> None:
-        with self._lock:
-            self._done = True
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def error(self, exc: BaseException) -> SQLError:
-        """What an engine error means: cancelled, timed out, or the engine's own message."""
-        if self.cancelled:
-            return self.cancelled_error()
-        if self.fired:
-            return SQLTimeout(_timeout_message(self.timeout_s or 0))
-        limited = limit_message(exc, self.limits) if self.limits is not None else None
-        if limited is not None:
-            return SQLLimit(limited)
-        return SQLError(_short(exc))
-
-
 class BatchStream:
-    """Arrow record batches of one query, streamed; close it (or use `with`) when done.
+    """Arrow record batches of one warehouse query, streamed (a `query.ResultStream`); close it
+    (or use `with`) when done.
 
     Not capped by max_rows: the consumer (e.g. a Parquet writer) decides how
     much to read. The statement timeout covers the whole stream.
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader,
-                 control: QueryControl, release: Callable[[duckdb.DuckDBPyConnection], None] | None = None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader, control: QueryControl,
+                 translate: Callable[[BaseException, QueryControl], SQLError],
+                 release: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
         self._con, self._reader, self._control = con, reader, control
-        self._release = release or (lambda c: c.close())
+        self._translate, self._release = translate, release
         self.schema: pa.Schema = reader.schema
         self.sql_types: list[str] = []  # DuckDB's own type names (BIGINT, TIMESTAMP, ...)
         self._closed = False
@@ -320,7 +156,7 @@ class BatchStream:
         try:
             yield from self._reader
         except (duckdb.Error, pa.ArrowException, OSError) as exc:  # an interrupt surfaces as OSError too
-            raise self._control.error(exc) from None
+            raise self._translate(exc, self._control) from None
         finally:
             self.close()
 
@@ -347,12 +183,16 @@ class BatchStream:
 
 
 class Warehouse:
-    """Read-only, locked-down SQL over one workspace's DuckDB file.
+    """The workspace's warehouse: read-only, locked-down SQL over its DuckDB file, a `Source`.
 
     `data_dir` is the only directory the SQL may read files from (it holds the
     database file). Safe to share across threads and tasks: each call opens
     its own connection.
     """
+
+    name = WAREHOUSE
+    kind = dialect = "duckdb"
+    description = "this workspace's warehouse (the default)"
 
     def __init__(self, db_path: Path, data_dir: Path, timeout_s: float, max_rows: int = 100_000,
                  views: dict[str, str] | None = None, limits: SQLLimits | None = None) -> None:
@@ -364,6 +204,8 @@ class Warehouse:
         self.timeout_s = float(timeout_s)
         self.max_rows = int(max_rows)
         self.limits = limits or SQLLimits()
+        self.last_error: str | None = None  # why the last connection could not be opened
+        self.last_ok: float | None = None
 
     def _release(self, con: duckdb.DuckDBPyConnection) -> None:
         """Close a connection from `_connect`; the last one of an instance removes its spill dir."""
@@ -372,8 +214,16 @@ class Warehouse:
         _TEMP.closed(key)
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
-        if self.views:
-            return self._connect_views()
+        """A locked-down connection; its state (ok, or down with the reason) is recorded."""
+        try:
+            con = self._connect_views() if self.views else self._connect_file()
+        except SQLError as exc:
+            self.last_error = str(exc)
+            raise
+        self.last_ok, self.last_error = time.time(), None
+        return con
+
+    def _connect_file(self) -> duckdb.DuckDBPyConnection:
         if not self.db_path.is_file():
             raise SQLError(f"warehouse not found: this workspace has no {self.db_path.name}")
         allowed = str(self.data_dir).rstrip("/") + "/"
@@ -381,7 +231,7 @@ class Warehouse:
             try:
                 con = duckdb.connect(str(self.db_path), read_only=True, config=dict(_CONNECT_CONFIG))
             except duckdb.Error as exc:
-                raise SQLError(f"cannot open the warehouse: {_short(exc)}") from None
+                raise SQLError(f"cannot open the warehouse: {short_message(exc)}") from None
             try:
                 locked = con.execute("SELECT current_setting('lock_configuration')").fetchall()[0][0]
                 if locked:
@@ -406,7 +256,7 @@ class Warehouse:
             except BaseException as exc:
                 con.close()
                 if isinstance(exc, duckdb.Error):
-                    raise SQLError(f"cannot lock down the warehouse connection: {_short(exc)}") from None
+                    raise SQLError(f"cannot lock down the warehouse connection: {short_message(exc)}") from None
                 raise
         return con
 
@@ -434,14 +284,13 @@ class Warehouse:
             _TEMP.fresh(f"con:{id(con)}", temp)
         except duckdb.Error as exc:
             con.close()
-            raise SQLError(f"cannot open the warehouse views: {_short(exc)}") from None
+            raise SQLError(f"cannot open the warehouse views: {short_message(exc)}") from None
         return con
 
     def _attach(self, control: QueryControl | None, timeout_s: float) -> tuple[duckdb.DuckDBPyConnection,
                                                                                  QueryControl]:
         """A locked-down connection under `control` (a new one with `timeout_s` when None)."""
         control = control or QueryControl(timeout_s)
-        control.limits = self.limits
         con = self._connect()
         try:
             control.attach(con)
@@ -464,7 +313,7 @@ class Warehouse:
             if control.cancelled:
                 raise SQLCancelled("the query was cancelled")
         except duckdb.Error as exc:
-            raise control.error(exc) from None
+            raise self.translate(exc, control) from None
         finally:
             control.finish()
             self._release(con)
@@ -488,15 +337,20 @@ class Warehouse:
             return await interruptible(control, self.query_sync, sql, control,
                                        timeout_s=self.timeout_s + _ASYNC_GRACE_S)
         except asyncio.TimeoutError:
-            raise SQLTimeout(_timeout_message(self.timeout_s)) from None
+            raise SQLTimeout(timeout_message(self.timeout_s)) from None
 
-    def record_batches(self, sql: str, batch_size: int = 65_536,
-                       timeout_s: float | None = None, control: QueryControl | None = None) -> BatchStream:
+    def check(self, sql: str) -> str:
+        """One read statement (DuckDB's parser); its kind, "SELECT" or "EXPLAIN"."""
+        return check_statement(sql)
+
+    def record_batches(self, sql: str, user: str = "", control: QueryControl | None = None,
+                       batch_size: int = 65_536, timeout_s: float | None = None) -> BatchStream:
         """Stream the result of one read statement as Arrow record batches.
 
         Validation, connection and binding happen now (errors raise here);
         execution happens as the stream is read. `control` (its own timeout, else
-        `timeout_s`, else the warehouse's) lets another thread cancel it.
+        `timeout_s`, else the warehouse's) lets another thread cancel it. `user` is
+        not used: every call gets its own connection, the same for everyone.
         """
         check_statement(sql)
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
@@ -515,10 +369,23 @@ class Warehouse:
             self._release(con)
             if not isinstance(exc, duckdb.Error):
                 raise
-            raise control.error(exc) from None
-        stream = BatchStream(con, reader, control, self._release)
+            raise self.translate(exc, control) from None
+        stream = BatchStream(con, reader, control, self.translate, self._release)
         stream.sql_types = sql_types
         return stream
+
+    def translate(self, exc: BaseException, control: QueryControl) -> SQLError:
+        """What an engine error means: cancelled, timed out, past a limit, or DuckDB's own message."""
+        if isinstance(exc, SQLError):
+            return exc
+        if control.cancelled:
+            return control.cancelled_error()
+        if control.fired:
+            return SQLTimeout(timeout_message(control.timeout_s or 0))
+        limited = limit_message(exc, self.limits)
+        if limited is not None:
+            return SQLLimit(limited)
+        return SQLError(short_message(exc))
 
     def describe(self) -> list[TableInfo]:
         """Tables and views of the warehouse with their columns, types and comments."""
@@ -527,7 +394,7 @@ class Warehouse:
             objects = con.execute(_OBJECTS_SQL).fetchall()
             columns = con.execute(_COLUMNS_SQL).fetchall()
         except duckdb.Error as exc:
-            raise SQLError(_short(exc)) from None
+            raise SQLError(short_message(exc)) from None
         finally:
             self._release(con)
         by_table: dict[tuple[str, str], list[ColumnInfo]] = {}
@@ -541,25 +408,19 @@ class Warehouse:
             for schema, table, kind, comment, size in objects
         ]
 
+    def probe(self) -> None:
+        """Open a locked-down connection once; the state records the outcome. Never raises."""
+        try:
+            self._release(self._connect())
+        except SQLError:
+            pass
 
-async def interruptible(control: QueryControl, fn: Callable[..., T], *args: Any,
-                        timeout_s: float | None = None, late: Callable[[T], None] | None = None) -> T:
-    """`fn(*args)` in a worker thread; when the awaiting task is cancelled or `timeout_s`
-    passes, `control.cancel()` interrupts the statement and the thread is waited for briefly
-    (so its connection is closed before the cancellation goes on). A result that arrived
-    anyway is handed to `late` (e.g. to close a stream nobody will read)."""
-    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    try:
-        return await asyncio.wait_for(asyncio.shield(task), timeout_s)
-    except (asyncio.CancelledError, asyncio.TimeoutError):
-        control.cancel()
-        await asyncio.wait({task}, timeout=_ASYNC_GRACE_S)
-        task.add_done_callback(functools.partial(_late_result, late))
-        raise
+    def status(self) -> dict[str, Any]:
+        """The same keys as a configured source's status (`database.DatabaseSource.status`)."""
+        state = "down" if self.last_error else "ok" if self.last_ok is not None else "unknown"
+        return {"name": self.name, "kind": self.kind, "dialect": self.dialect, "description": self.description,
+                "url": self.db_path.name, "schemas": [], "state": state, "reason": self.last_error,
+                "notes": [], "open_connections": 0}
 
-
-def _late_result(late: Callable[[Any], None] | None, task: asyncio.Future[Any]) -> None:
-    if task.cancelled() or task.exception() is not None:
-        return  # retrieved: the caller got the cancellation, not this
-    if late is not None:
-        late(task.result())
+    def close(self) -> None:
+        """Nothing to close: no connection outlives its query."""
