@@ -107,7 +107,8 @@ class OffloadPipeline:
                 result.table.close()
             return OffloadOutcome(result)
         if result.table is None and len(result.content) <= self.settings.threshold_chars:
-            return OffloadOutcome(result)
+            # as it is, but never a source's own cut unmarked ("showing first 32 rows (truncated)")
+            return OffloadOutcome(source_cut.marked(result, origin.arguments, origin.tool))
         job = self.job(progress)
         interrupt = result.table.interrupt if result.table is not None else None
         try:

@@ -7,8 +7,14 @@ metadata kept with the artifact.
 
 Truncation said by the source: a flag (`truncated`, `has_more`, `limited`, ...), a cursor
 (`next_cursor`, `nextPageToken`, ...), a total larger than the rows, a warning or a prose line
-that says so, or exactly as many rows as a documented cap (the tool's `limit`-like argument).
+that says so ("showing first 32 rows (output truncated)", "... 968 more rows": the words of
+`readers.text.notes.CUT_WORDS`), a count line beside a text table that states more rows than
+came ("(1,000 rows)", "Result: 1,000 rows", "1000 rows in set": `notes.stated_rows`), or exactly
+as many rows as a documented cap (the tool's `limit`-like argument).
 What the readers found beside the rows (`readers/base.py`: `SourceFacts`) is what is judged.
+
+    marked(result, arguments, tool) -> a result small enough to pass through as it is, with the
+                                       PARTIAL line added when its source says it cut it
 """
 
 from __future__ import annotations
@@ -18,10 +24,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.sources import SourceHints
-from datadesk.domain.tools import TabularStream
+from datadesk.domain.tools import TabularStream, ToolResult
+from datadesk.offload.readers import result_stream
 from datadesk.offload.readers.base import SourceFacts
+from datadesk.offload.readers.errors import TabularParseError
+from datadesk.offload.readers.text.notes import CUT_WORDS, stated_rows
 
 MAX_META_CHARS = 2_000  # the source's metadata kept with the artifact and shown to the model
 MAX_VALUE_CHARS = 300
@@ -35,9 +46,7 @@ _TOTAL_KEYS = {"total", "totalcount", "totalrows", "totalresults", "totalhits", 
                "matched", "rowsmatched", "count_total"}
 _CAP_KEYS = {"limit", "maxrows", "max_rows", "pagesize", "perpage", "top", "maxresults", "rowlimit"}
 _NOTE_KEYS = {"warning", "warnings", "message", "messages", "note", "notes", "notice", "info", "hint"}
-_CUT_WORDS = re.compile(r"truncat|limited to|limit(ed)? of|only (the )?first|showing (the )?first|first \d[\d,]* (rows|results)"
-                        r"|more (rows|results|data|available)|has more|next page|were omitted|omitted|capped|cut off|partial",
-                        re.I)
+_CUT_WORDS = CUT_WORDS
 
 
 def _norm(key: str) -> str:
@@ -75,6 +84,9 @@ def judge(facts: SourceFacts, rows: int, arguments: str | None = None, tool: str
                 if isinstance(text, str) and _CUT_WORDS.search(text):
                     words.append(f"{key}: {text}")
     words += [ln.strip() for ln in facts.prose if _CUT_WORDS.search(ln)]
+    stated = _stated(facts)
+    if stated is not None and stated > rows:
+        words.append(f"{stated:,} rows, its count says (this result has {rows:,})")
     hints = facts.hints
     cap_arg = None
     if hints is not None and hints.caps:
@@ -93,6 +105,13 @@ def judge(facts: SourceFacts, rows: int, arguments: str | None = None, tool: str
     if not words:
         return Verdict(False, [], "")
     return Verdict(True, words, _how(cursor, cap_arg, hints, tool))
+
+
+def _stated(facts: SourceFacts) -> int | None:
+    """The row count the source stated beside a text table (`(32 rows)`, `Result: 32 rows`)."""
+    if facts.stated_rows is None and facts.prose:
+        facts.stated_rows = stated_rows(facts.prose)
+    return facts.stated_rows
 
 
 def _arguments(raw: str | None) -> dict[str, Any]:
@@ -130,13 +149,17 @@ def _cap_words(words: list[str]) -> list[str]:
     return out
 
 
-def cap_metadata(facts: SourceFacts) -> dict[str, Any] | None:
+def cap_metadata(facts: SourceFacts, rows: int | None = None) -> dict[str, Any] | None:
     """The envelope's other keys (and prose around a table), at most MAX_META_CHARS of JSON."""
     meta: dict[str, Any] = {}
     for key, value in facts.envelope.items():
         meta[str(key)[:80]] = value
     if facts.prose:
         meta["text around the table"] = " / ".join(ln.strip() for ln in facts.prose)[:MAX_VALUE_CHARS]
+    if rows is not None and _stated(facts) is not None:
+        meta["rows stated by the source"] = facts.stated_rows
+        if facts.stated_rows < rows:  # more came than it says: the count is kept, the rows too
+            meta["rows stated by the source"] = f"{facts.stated_rows:,} (but {rows:,} rows were read)"
     if not meta:
         return None
     out: dict[str, Any] = {}
@@ -160,7 +183,7 @@ def annotate(art: Artifact, table: TabularStream) -> Artifact:
     if not isinstance(facts, SourceFacts):
         return art
     art.shape = facts.shape
-    art.source_meta = cap_metadata(facts)
+    art.source_meta = cap_metadata(facts, art.rows or 0)
     verdict = judge(facts, art.rows or 0, art.origin.arguments, art.origin.tool)
     if verdict.partial:
         said = "; ".join(verdict.words)
@@ -182,3 +205,32 @@ def truncation_note(table: TabularStream, rows: int) -> str:
         return ""
     return (f"\nPARTIAL (by the source): the source itself cut this result ({'; '.join(verdict.words)}). "
             f"{verdict.how[:1].upper()}{verdict.how[1:]}.")
+
+
+_WORTH_A_LOOK = re.compile(CUT_WORDS.pattern + r"|\d\s+rows?\b", re.I)
+
+
+def marked(result: ToolResult, arguments: str | None = None, tool: str | None = None) -> ToolResult:
+    """A result small enough to reach the model as it is: with a PARTIAL line added when it is a
+    table whose source says it cut it (its words, or a count above the rows), so that those
+    words never reach the model unmarked. Only a text that holds such words is read at all."""
+    if result.table is not None or not _WORTH_A_LOOK.search(result.content):
+        return result
+    try:
+        table = result_stream(result)
+        if table is None:
+            return result
+        with table:
+            rows = sum(batch.num_rows for batch in table)
+    except TabularParseError:
+        return result
+    facts = getattr(table, "facts", None)
+    if not isinstance(facts, SourceFacts):
+        return result
+    verdict = judge(facts, rows, arguments, tool)
+    if not verdict.partial:
+        return result
+    note = (f"\n\nPARTIAL (by the source): the source itself cut this result ({'; '.join(verdict.words)}); "
+            f"these {rows:,} rows are NOT all the data. {verdict.how[:1].upper()}{verdict.how[1:]}.")
+    return msgspec.structs.replace(result, content=result.content + note,
+                                   meta=msgspec.structs.replace(result.meta, rows=rows))

@@ -42,6 +42,36 @@ def read_file(path: Path, batch_rows: int, sheet: str | None,
     return None, json_batches(text, batch_rows)
 
 
+def read_streaming_file(path: Path, batch_rows: int, sheet: str | None,
+                        limits: UploadLimits) -> tuple[None, Iterator[pa.RecordBatch]] | None:
+    """The first reader of a JSON file: an array of objects or NDJSON, the shapes that stream
+    element by element here (`read_file`); None for any other JSON (an envelope, a dict of
+    column lists, arrays of arrays ...), read whole by the readers of a tool's text instead."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    text = head.decode("utf-8", "ignore").lstrip("\ufeff")
+    pos = _WS.match(text).end()
+    ch = text[pos:pos + 1]
+    if ch == "[":
+        nxt = _WS.match(text, pos + 1).end()
+        if text[nxt:nxt + 1] not in ("{", "]", ""):
+            return None
+    elif ch == "{":
+        line_end = text.find("\n", pos)
+        if line_end < 0:
+            return None
+        try:
+            first = msgspec.json.decode(text[pos:line_end])
+        except msgspec.DecodeError:
+            return None  # an object over several lines: not NDJSON
+        nxt = _WS.match(text, line_end).end()
+        if not isinstance(first, dict) or text[nxt:nxt + 1] != "{":
+            return None
+    else:
+        return None
+    return read_file(path, batch_rows, sheet, limits)
+
+
 def json_batches(text: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
     """Yield record batches of tabular JSON, streaming element by element.
 
