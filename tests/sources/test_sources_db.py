@@ -17,10 +17,10 @@ import pytest
 from litestar.testing import TestClient
 
 from datadesk.llm.scripted import ScriptedModel, tool_step
-from datadesk.sources.registry import SourceSet
-from datadesk.store.layout import Layout
 from datadesk.sources.errors import SQLCancelled, SQLError, SQLRefused, SQLTimeout
 from datadesk.sources.query import QueryControl
+from datadesk.sources.registry import SourceSet
+from datadesk.store.layout import Layout
 from tests.conftest import make_harness, parse_sse
 from tests.dbkit import ROWS, free_port, make_side_effect_functions, maria_root, pg_superuser
 from tests.fakes.sandbox import FakeSandbox

@@ -11,11 +11,12 @@ import pytest
 
 from datadesk.sources.check import check_read
 from datadesk.sources.config import MASK, SourceConfigError, masked_config, parse_source
+from datadesk.sources.errors import SQLCancelled, SQLError, SQLRefused, SQLTimeout
 from datadesk.sources.normalize import Normalizer, interval_duration, uuid_text
+from datadesk.sources.query import QueryControl
 from datadesk.sources.registry import SourceSet
 from datadesk.sources.session import SessionPool, SourceBusy
-from datadesk.sources.errors import SQLCancelled, SQLError, SQLRefused, SQLTimeout
-from datadesk.sources.query import QueryControl
+from datadesk.sources.warehouse import Warehouse
 from tests.dbkit import make_sqlite
 
 
@@ -181,6 +182,31 @@ def test_sqlite_source_reads_read_only_and_lists_broken_ones(tmp_path) -> None:
         src.record_batches("SELECT * FROM orderz", "alice")
     described = {t.name: [c.name for c in t.columns] for t in src.describe()}
     assert described["orders"][:3] == ["id", "customer_id", "amount"]
+
+
+def test_the_warehouse_is_one_source_of_the_set(tmp_path) -> None:
+    """The default source, by name or by no name, with the same interface and status keys as a
+    configured database; a missing warehouse file shows as DOWN with the reason, in the prompt too."""
+    sources = _sqlite_set(tmp_path)
+    wh = sources.get("")
+    assert isinstance(wh, Warehouse) and sources.get("warehouse") is wh and next(iter(sources)) is wh
+    assert sources.names() == ["warehouse", "broken", "local"]
+    assert set(wh.status()) == set(sources.get("local").status())
+    assert "- warehouse (duckdb): this workspace's warehouse (the default)\n" in sources.prompt_text()
+    with pytest.raises(SQLError, match="warehouse not found"):
+        wh.record_batches("SELECT 1", "alice")
+    assert wh.status()["state"] == "down" and "warehouse not found" in wh.status()["reason"]
+    assert "warehouse (the default) — DOWN at the last attempt: warehouse not found" in sources.prompt_text()
+    with pytest.raises(SQLRefused):
+        wh.check("COPY t TO 'x.csv'")  # refused before any connection, as a database's check does
+    (tmp_path / "data" / "v.csv").write_text("a\n1\n2\n")
+    only = SourceSet.of(Warehouse(tmp_path / "data" / "none.duckdb", tmp_path / "data", timeout_s=5,
+                                  views={"v": str(tmp_path / "data" / "v.csv")}))
+    with only.get("").record_batches("SELECT sum(a) AS s FROM v", "alice") as stream:
+        assert pa.Table.from_batches(list(stream)).to_pylist() == [{"s": 3}]
+    assert only.get("").status()["state"] == "ok" and only.prompt_text() == ""  # only the warehouse: no section
+    with pytest.raises(SQLError, match="no source 'local' in this workspace; sources: warehouse$"):
+        only.get("local")
 
 
 def test_sqlite_link_out_of_the_workspace_is_refused(tmp_path) -> None:
