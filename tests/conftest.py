@@ -1,4 +1,10 @@
-"""Shared fixtures: a data dir with the real demo warehouse, users, the real app."""
+"""Shared fixtures: a data dir with the real demo warehouse, users, the real app, a client of it.
+
+The suite runs in two lanes (docs/getting-started.md): `pytest -n auto -m "not serial"` (pytest-xdist,
+one process per worker) and then `pytest -m serial` for the tests that measure time, kill servers at
+timed moments or own a port across a restart. `pytest_collection_modifyitems` below keeps the tests
+that share an expensive module or session resource on one worker (`--dist loadgroup`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import msgspec
 import pytest
 
@@ -61,6 +68,63 @@ class Harness:
 
         return create_app(self.rt)
 
+    @contextlib.contextmanager
+    def client(self, user: str | None = "alice", *, served: bool = False, thread: bool | dict[str, Any] = True,
+               timeout: float = 60, raise_server_exceptions: bool = True) -> Iterator["AppClient"]:
+        """A client of this harness's app carrying `user`'s token (none for `user=None`), with a
+        new thread of theirs when `thread` (True, or the JSON body of `POST /api/threads`).
+
+        In-process (Litestar's TestClient) unless `served`: then uvicorn serves the app in a
+        thread and the client is an httpx.Client over real sockets (streams, disconnects, a
+        second client at the same time)."""
+        from litestar.testing import TestClient
+
+        headers = self.auth(user) if user else {}
+        with contextlib.ExitStack() as stack:
+            if served:
+                base = stack.enter_context(serve_app(self.app()))
+                http = stack.enter_context(httpx.Client(base_url=base, headers=headers, timeout=timeout))
+            else:
+                base = ""
+                http = stack.enter_context(TestClient(self.app(), timeout=timeout,
+                                                      raise_server_exceptions=raise_server_exceptions))
+                http.headers.update(headers)
+            api = AppClient(h=self, client=http, user=user or "", base=base)
+            if thread:
+                api.tid = api.new_thread(**(thread if isinstance(thread, dict) else {}))
+            yield api
+
+
+@dataclass
+class AppClient:
+    """A client of the real app for one user (their token on every request), the harness under
+    it and, when asked for, one thread of theirs (`tid`)."""
+
+    h: Harness
+    client: httpx.Client  # litestar.testing.TestClient in-process, else over uvicorn at `base`
+    user: str
+    base: str = ""
+    tid: str = ""
+
+    @property
+    def model(self) -> Any:
+        return self.h.rt.model
+
+    def new_thread(self, user: str | None = None, **body: Any) -> str:
+        """A new thread of `user` (the client's own by default); `body` as for `POST /api/threads`."""
+        headers = self.h.auth(user) if user else {}
+        r = self.client.post("/api/threads", json=body, headers=headers)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def turn(self, content: str = "go", tid: str | None = None, user: str | None = None,
+             **body: Any) -> list[tuple[str, dict[str, Any]]]:
+        """Post a message on `tid` (the client's thread by default) and return the turn's SSE events."""
+        headers = self.h.auth(user) if user else {}
+        r = self.client.post(f"/api/threads/{tid or self.tid}/messages", json={"content": content, **body},
+                             headers=headers)
+        return parse_sse(r.text)
+
 
 def make_harness(home: Path, model: ChatModel, **overrides: Any) -> Harness:
     overrides.setdefault("sandbox", {"backend": "none"})  # kernels only in the tests about them
@@ -82,7 +146,23 @@ def make_harness(home: Path, model: ChatModel, **overrides: Any) -> Harness:
 
 @pytest.fixture
 def harness_factory(home: Path):
+    """`harness_factory(model, **settings)`: the real app on the `home` data dir (see make_harness)."""
     return lambda model, **kw: make_harness(home, model, **kw)
+
+
+@pytest.fixture
+def api(request, home: Path) -> Iterator[AppClient]:
+    """alice's in-process client of the real app with a new thread of hers (`api.tid`), on a
+    ScriptedModel answering "ok" (`api.model`: append steps to it). Settings overrides, and
+    `model`/`user`/`served`/`thread`, come from an indirect parameter:
+    `@pytest.mark.parametrize("api", [{"limits": {"uploads": 1}}], indirect=True)`."""
+    from datadesk.llm.scripted import ScriptedModel
+
+    kw = dict(getattr(request, "param", None) or {})
+    opts = {k: kw.pop(k) for k in ("user", "served", "thread", "timeout", "raise_server_exceptions") if k in kw}
+    h = make_harness(home, kw.pop("model", None) or ScriptedModel(then="ok"), **kw)
+    with h.client(**opts) as client:
+        yield client
 
 
 def parse_sse(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -111,10 +191,14 @@ def serve_app(app) -> Iterator[str]:
     """Run `app` under uvicorn on 127.0.0.1 in a thread; yields its base URL."""
     import uvicorn
 
-    port = free_port()
+    # uvicorn gets a socket already bound to a port the kernel chose: no other test (or xdist
+    # worker) can take that port between choosing it and listening on it
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 10
     while not server.started:
@@ -126,6 +210,7 @@ def serve_app(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+        sock.close()
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> None:
@@ -167,8 +252,33 @@ def _docker_problem() -> str | None:
     return None
 
 
+# Module-scoped fixtures worth starting once per run, not once per xdist worker: the ones that
+# start a server, a browser or a gateway, or build a large fixture table.
+_ONCE_PER_MODULE = ("module", "package")
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The group of tests that run on one xdist worker (`--dist loadgroup`), or None (any worker)."""
+    if item.get_closest_marker("serial"):
+        return "serial"  # even in a lane that forgot `-m "not serial"`: one after the other
+    if item.get_closest_marker("databases") or {"pg", "maria"} & set(getattr(item, "fixturenames", ())):
+        return "databases"  # one PostgreSQL and one MariaDB (session fixtures) for the whole run
+    fixtures = getattr(item, "_fixtureinfo", None)
+    defs = fixtures.name2fixturedefs.values() if fixtures else ()
+    if any(d and d[-1].scope in _ONCE_PER_MODULE for d in defs):
+        return item.nodeid.split("::")[0]  # the module's tests together: its fixture starts once
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items) -> None:
-    """Docker/browser tests skip without their engine, but fail when CI requires them."""
+    """Docker/browser tests skip without their engine, but fail when CI requires them; on an
+    xdist worker each test is put in its group first."""
+    if getattr(config.option, "loadgroup", False):  # set on the workers of `--dist loadgroup`
+        for item in items:
+            group = _xdist_group(item)
+            if group and not item.get_closest_marker("xdist_group"):
+                item.add_marker(pytest.mark.xdist_group(group))
     import os
 
     from tests.dbkit import databases_problem

@@ -161,11 +161,12 @@ def start_postgres(root: Path) -> Server:
     sock.mkdir(exist_ok=True)
     for p in (root, sock):
         os.chown(p, pg.pw_uid, pg.pw_gid) if os.geteuid() == 0 else None
-    srv = Server("postgresql", free_port(), "analyst", "pw-" + secrets.token_hex(12), "sales", root,
+    srv = Server("postgresql", 0, "analyst", "pw-" + secrets.token_hex(12), "sales", root,
                  writer_password="pw-" + secrets.token_hex(12))
     env = {"PATH": f"{PG_BIN}:/usr/bin:/bin", "LANG": "C.UTF-8"}
     _run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
          env=env, **_as(pg))
+    srv.port = free_port()  # chosen just before the server binds it (tests run in parallel)
     with (data / "postgresql.conf").open("a") as f:
         f.write(f"listen_addresses = '127.0.0.1'\nport = {srv.port}\nunix_socket_directories = '{sock}'\n"
                 "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
@@ -216,10 +217,11 @@ def start_mariadb(root: Path) -> Server:
     root.mkdir(parents=True, exist_ok=True)
     data, sock = root / "data", root / "mysqld.sock"
     os.chown(root, my.pw_uid, my.pw_gid) if os.geteuid() == 0 else None
-    srv = Server("mariadb", free_port(), "analyst", "pw-" + secrets.token_hex(12), "sales", root,
+    srv = Server("mariadb", 0, "analyst", "pw-" + secrets.token_hex(12), "sales", root,
                  writer_password="pw-" + secrets.token_hex(12))
     _run(["mariadb-install-db", f"--datadir={data}", "--auth-root-authentication-method=socket", "--skip-test-db",
           f"--user={my.pw_name}"])
+    srv.port = free_port()  # chosen just before the server binds it (tests run in parallel)
     log = open(root / "log", "wb")
     proc = subprocess.Popen(
         ["mariadbd", "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={srv.port}",

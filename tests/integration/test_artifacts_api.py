@@ -11,7 +11,6 @@ import openpyxl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from litestar.testing import TestClient
 
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from datadesk.domain.tools import ToolResult, ToolSpec
@@ -22,12 +21,10 @@ BIG = "SELECT * FROM readings WHERE building_id IN ('B01', 'B02')"
 
 
 @pytest.fixture
-def env(harness_factory):
-    model = ScriptedModel(then="ok")
-    h = harness_factory(model)
-    FakeSandbox(h.rt)
-    with TestClient(h.app()) as client:
-        yield h, client, model
+def api(api):
+    """The shared client (tests/conftest.py) with the stand-in python tool: results may be offloaded."""
+    FakeSandbox(api.h.rt)
+    return api
 
 
 def turn(h, client, model, user: str, tid: str, *steps) -> list:
@@ -42,8 +39,8 @@ def make_artifact(h, client, model, user="alice", sql=BIG) -> tuple[str, str]:
     return tid, next(d for e, d in events if e == "artifact.created")["artifact"]["id"]
 
 
-def test_list_get_and_download(env) -> None:
-    h, client, model = env
+def test_list_get_and_download(api) -> None:
+    h, client, model = api.h, api.client, api.model
     tid, aid = make_artifact(h, client, model)
     auth = h.auth("alice")
     listed = client.get(f"/api/threads/{tid}/artifacts", headers=auth).json()
@@ -61,8 +58,8 @@ def test_list_get_and_download(env) -> None:
     assert client.get(f"/api/artifacts/{aid}/download?format=xml", headers=auth).status_code == 400
 
 
-def test_another_user_cannot_see_list_or_download(env) -> None:
-    h, client, model = env
+def test_another_user_cannot_see_list_or_download(api) -> None:
+    h, client, model = api.h, api.client, api.model
     tid, aid = make_artifact(h, client, model)
     bob = h.auth("bob")
     assert client.get(f"/api/threads/{tid}/artifacts", headers=bob).status_code == 404
@@ -77,16 +74,16 @@ def test_another_user_cannot_see_list_or_download(env) -> None:
     assert not fin["ok"] and f"no artifact '{aid}' in this thread" in fin["preview"]
 
 
-def test_other_thread_of_the_same_user_cannot_requery_it(env) -> None:
-    h, client, model = env
+def test_other_thread_of_the_same_user_cannot_requery_it(api) -> None:
+    h, client, model = api.h, api.client, api.model
     tid, aid = make_artifact(h, client, model)
     other = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
     events = turn(h, client, model, "alice", other, tool_step("requery_artifact", {"artifact_id": aid}), "x")
     assert "no artifact" in next(d for e, d in events if e == "tool.finished")["preview"]
 
 
-def test_requery_restores_and_reports_changes(env, home: Path) -> None:
-    h, client, model = env
+def test_requery_restores_and_reports_changes(api, home: Path) -> None:
+    h, client, model = api.h, api.client, api.model
     tid, aid = make_artifact(h, client, model)
     thread = h.rt.threads.get(tid, "alice", ["demo"])
     before = h.rt.artifacts.load(thread, aid)
@@ -112,8 +109,8 @@ def test_requery_restores_and_reports_changes(env, home: Path) -> None:
     assert json.loads(records[-1]["content"])["rows_after"] == rep["rows_after"]
 
 
-def test_non_read_only_tool_is_refused(env) -> None:
-    h, client, model = env
+def test_non_read_only_tool_is_refused(api) -> None:
+    h, client, model = api.h, api.client, api.model
 
     async def export(args, ctx):
         return ToolResult("line of text\n" * 2_000)
@@ -158,8 +155,8 @@ def _parquet() -> bytes:
     ("data.bin", _parquet(), 3, "id"),
     ("items.json", json.dumps([{"a": 1, "b": "x"}, {"a": 2}]).encode(), 2, "a"),
 ], ids=["csv", "tsv", "xlsx", "parquet", "json"])
-def test_uploads_of_each_format(env, name, data, rows, first_col) -> None:
-    h, client, model = env
+def test_uploads_of_each_format(api, name, data, rows, first_col) -> None:
+    h, client, model = api.h, api.client, api.model
     tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
     r = _upload(client, h, tid, name, data)
     assert r.status_code == 201, r.text
@@ -171,8 +168,8 @@ def test_uploads_of_each_format(env, name, data, rows, first_col) -> None:
     assert "NOT the full data" in rec["content"] and art["id"] in rec["content"]
 
 
-def test_image_upload_is_kept_as_an_image(env) -> None:
-    h, client, model = env
+def test_image_upload_is_kept_as_an_image(api) -> None:
+    h, client, model = api.h, api.client, api.model
     tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
     png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
     r = _upload(client, h, tid, "chart.png", png)
@@ -183,15 +180,16 @@ def test_image_upload_is_kept_as_an_image(env) -> None:
 
 @pytest.mark.parametrize("name,data,needle", [
     ("bad.csv", b"a,b\n1,2\n3,4,5\n", "line 3"),
-    ("latin.csv", "name,city\nJos\xe9,K\xf6ln\n".encode("latin-1"), "UTF-8"),
+    # Windows-1252 is read (tests/integration/test_upload_dialects.py); bytes it cannot map are named
+    ("latin.csv", b"name,city\nJos\x81,K\x8dln\n", "not cp1252 at byte"),
     ("empty.xlsx", _xlsx({"Data": []}), "Data"),
     ("old.xls", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\x00" * 100, ".xlsx"),
     ("random.bin", bytes(range(256)) * 4, "unsupported"),
     ("notjson.json", b"[1, 2, oops", "JSON"),
     ("empty.csv", b"", "empty"),
 ], ids=["ragged-csv", "latin1", "empty-sheet", "xls", "binary", "bad-json", "empty"])
-def test_bad_uploads_get_a_clear_error_and_leave_nothing(env, name, data, needle) -> None:
-    h, client, model = env
+def test_bad_uploads_get_a_clear_error_and_leave_nothing(api, name, data, needle) -> None:
+    h, client, model = api.h, api.client, api.model
     tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
     r = _upload(client, h, tid, name, data)
     assert r.status_code == 400, r.text
@@ -204,8 +202,8 @@ def test_bad_uploads_get_a_clear_error_and_leave_nothing(env, name, data, needle
 
 def test_upload_size_cap_and_not_multipart(harness_factory) -> None:
     h = harness_factory(ScriptedModel(), offload={"upload_max_bytes": 1_000})
-    with TestClient(h.app()) as client:
-        tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+    with h.client() as api:
+        client, tid = api.client, api.tid
         r = _upload(client, h, tid, "big.csv", b"a,b\n" + b"1,2\n" * 1_000)
         assert r.status_code == 413 and "upload limit" in r.json()["error"]
         r = client.post(f"/api/threads/{tid}/uploads", json={"x": 1}, headers=h.auth("alice"))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from litestar.testing import TestClient
 
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from tests.conftest import parse_sse
@@ -22,12 +21,10 @@ BIG = "SELECT * FROM readings WHERE building_id IN ('B01', 'B02')"
 
 
 @pytest.fixture
-def env(harness_factory):
-    model = ScriptedModel(then="ok")
-    h = harness_factory(model)
-    FakeSandbox(h.rt)
-    with TestClient(h.app()) as client:
-        yield h, client, model
+def api(api):
+    """The shared client (tests/conftest.py) with the stand-in python tool: results may be offloaded."""
+    FakeSandbox(api.h.rt)
+    return api
 
 
 def turn(h, client, model, tid: str, text: str, *steps) -> list:
@@ -40,8 +37,8 @@ def tool_contents(call: list[dict]) -> dict[str, str]:
     return {m["tool_call_id"]: m["content"] for m in call if m["role"] == "tool"}
 
 
-def test_the_turn_right_after_expiry_shows_the_mark(env) -> None:
-    h, client, model = env
+def test_the_turn_right_after_expiry_shows_the_mark(api) -> None:
+    h, client, model = api.h, api.client, api.model
     tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
     events = turn(h, client, model, tid, "all readings of B01 and B02",
                   tool_step("sql_query", {"sql": BIG}, call_id="call_q"), "saved")
@@ -74,8 +71,8 @@ def test_a_stub_says_so_too(harness_factory, append_only: bool) -> None:
     model = ScriptedModel(then="ok")
     h = harness_factory(model, context={"append_only": append_only})
     FakeSandbox(h.rt)
-    with TestClient(h.app()) as client:
-        tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+    with h.client() as api:
+        client, tid = api.client, api.tid
         events = turn(h, client, model, tid, "all", tool_step("sql_query", {"sql": BIG}, call_id="call_q"), "ok")
         aid = next(d for e, d in events if e == "artifact.created")["artifact"]["id"]
         for i in range(3):
@@ -88,8 +85,8 @@ def test_a_stub_says_so_too(harness_factory, append_only: bool) -> None:
     assert f"requery_artifact(\"{aid}\") restores it by re-running the call]" in shown
 
 
-def test_a_full_result_in_the_next_turn_is_marked_too(env) -> None:
-    h, client, model = env
+def test_a_full_result_in_the_next_turn_is_marked_too(api) -> None:
+    h, client, model = api.h, api.client, api.model
     tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
     events = turn(h, client, model, tid, "all readings", tool_step("sql_query", {"sql": BIG}, call_id="call_q"), "ok")
     aid = next(d for e, d in events if e == "artifact.created")["artifact"]["id"]
@@ -101,8 +98,8 @@ def test_a_full_result_in_the_next_turn_is_marked_too(env) -> None:
         f"requery_artifact(\"{aid}\") restores it by re-running the call]")
 
 
-def test_an_expired_upload_says_so_in_the_user_message(env) -> None:
-    h, client, model = env
+def test_an_expired_upload_says_so_in_the_user_message(api) -> None:
+    h, client, model = api.h, api.client, api.model
     tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
     csv = "building,kwh\n" + "".join(f"B{i % 20:02d},{i * 0.5}\n" for i in range(2_000))
     r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("meters.csv", csv.encode(), "text/csv")},

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import io
 
-import pytest
-from litestar.testing import TestClient
-
 from datadesk.domain.artifacts import ArtifactOrigin
-from datadesk.llm.scripted import ScriptedModel
 
 
 def png_bytes() -> bytes:
@@ -25,38 +21,29 @@ def png_bytes() -> bytes:
     return buf.getvalue()
 
 
-@pytest.fixture
-def env(harness_factory):
-    h = harness_factory(ScriptedModel(then="**bold** <script>alert(1)</script>"))
-    with TestClient(h.app()) as client:
-        tid = client.post("/api/threads", json={"title": "t"}, headers=h.auth("alice")).json()["id"]
-        yield h, client, tid
-
-
 def save(h, tid: str, user: str, data: bytes, ext: str, media: str, filename: str | None):
     handle = h.rt.threads.get(tid, user, ["demo"])
     origin = ArtifactOrigin(source="python", user=user, thread=tid, workspace="demo", filename=filename)
     return h.rt.artifacts.save_bytes(handle, data, ext, "deliverable", media, origin)
 
 
-def test_rename_validates_and_keeps_the_log(env) -> None:
-    h, client, tid = env
-    auth = h.auth("alice")
-    client.post(f"/api/threads/{tid}/messages", json={"content": "hi"}, headers=auth)
+def test_rename_validates_and_keeps_the_log(api) -> None:
+    client, tid, auth = api.client, api.tid, api.h.auth("alice")
+    api.turn("hi")
     r = client.patch(f"/api/threads/{tid}", json={"title": "  Q3   energy  "}, headers=auth)
     assert r.status_code == 200 and r.json()["title"] == "Q3 energy"
     assert client.patch(f"/api/threads/{tid}", json={"title": "   "}, headers=auth).status_code == 400
     r = client.patch(f"/api/threads/{tid}", json={"title": "x" * 201}, headers=auth)
     assert r.status_code == 400 and "too long" in r.json()["error"]
     assert client.patch(f"/api/threads/{tid}", json={"name": "x"}, headers=auth).status_code == 400
-    assert client.patch(f"/api/threads/{tid}", json={"title": "x"}, headers=h.auth("bob")).status_code == 404
+    assert client.patch(f"/api/threads/{tid}", json={"title": "x"}, headers=api.h.auth("bob")).status_code == 404
     detail = client.get(f"/api/threads/{tid}", headers=auth).json()
     assert detail["thread"]["title"] == "Q3 energy" and len(detail["records"]) == 2
 
 
-def test_records_and_stream_carry_sanitized_html(env) -> None:
-    h, client, tid = env
-    auth = h.auth("alice")
+def test_records_and_stream_carry_sanitized_html(api) -> None:
+    client, tid, auth = api.client, api.tid, api.h.auth("alice")
+    api.model.steps.append("**bold** <script>alert(1)</script>")
     body = client.post(f"/api/threads/{tid}/messages", json={"content": "hi"}, headers=auth).text
     assert "event: message.completed" in body and "<strong>bold</strong>" in body
     assert "<script>" not in body.split("event: message.completed")[1].split('"html"')[1]
@@ -66,9 +53,8 @@ def test_records_and_stream_carry_sanitized_html(env) -> None:
     assert "html" not in recs[0]  # user text is shown as text by the client
 
 
-def test_view_images_inline_reports_rendered_and_everything_else_refused(env) -> None:
-    h, client, tid = env
-    auth = h.auth("alice")
+def test_view_images_inline_reports_rendered_and_everything_else_refused(api) -> None:
+    h, client, tid, auth = api.h, api.client, api.tid, api.h.auth("alice")
     png = png_bytes()
     chart = save(h, tid, "alice", png, "png", "image/png", "figs/daily.png")
     md = save(h, tid, "alice", b"# Report\n\n![d](figs/daily.png)\n\n![x](/outputs/../etc/passwd)\n"
@@ -99,8 +85,8 @@ def test_view_images_inline_reports_rendered_and_everything_else_refused(env) ->
     assert client.get(f"/api/artifacts/{md.id}/view", headers=auth).status_code == 410
 
 
-def test_me_reports_sandbox_state_and_csrf_only_for_cookie_sessions(env) -> None:
-    h, client, _ = env
+def test_me_reports_sandbox_state_and_csrf_only_for_cookie_sessions(api) -> None:
+    h, client = api.h, api.client
     me = client.get("/api/me", headers=h.auth("alice")).json()
     assert me["csrf"] is None  # bearer: no ambient credential, no token needed
     assert me["sandbox"]["available"] is False and "turned off" in me["sandbox"]["reason"]
