@@ -35,6 +35,7 @@ class ArtifactOrigin(msgspec.Struct, omit_defaults=True):
     arguments: str | None = None  # raw JSON of the original call
     call_id: str | None = None
     filename: str | None = None  # uploads
+    sheet: str | None = None  # the sheet of a workbook upload (each sheet is an artifact)
 
 
 class Artifact(msgspec.Struct):
@@ -60,10 +61,27 @@ class Artifact(msgspec.Struct):
     source_meta: dict[str, Any] | None = None  # the source's metadata beside the rows (capped)
     expired_at: float | None = None
     requeried_at: float | None = None
+    # an upload: how it was read (CSV dialect, sheet layout: what was guessed or chosen), and the
+    # uploaded file kept beside the data (CSV/TSV: a re-import reads it again), counted in the quotas
+    reading: dict[str, Any] | None = None
+    original: str | None = None
+    original_bytes: int = 0
+    reimported_at: float | None = None
 
     @property
     def sandbox_path(self) -> str:
         return f"/data/{self.file}"
+
+    @property
+    def name(self) -> str | None:
+        """What the analyst calls it: the uploaded file's name, with its sheet ("sales.xlsx — Q1")."""
+        name = self.origin.filename
+        return f"{name} — {self.origin.sheet}" if name and self.origin.sheet else name
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes on disk: the data file and the kept original of an upload (what quotas count)."""
+        return self.bytes + self.original_bytes
 
     @property
     def is_cache(self) -> bool:

@@ -163,6 +163,8 @@ class UserRecordMeta(msgspec.Struct, omit_defaults=True):
     artifact: str | None = None
     filename: str | None = None
     image: bool | None = None
+    artifacts: list[str] | None = None  # every artifact of the upload (a workbook: one per sheet)
+    reimport: bool | None = None  # the upload read again with the analyst's options
 
 
 RecordMeta = ToolRecordMeta | AssistantRecordMeta | UserRecordMeta

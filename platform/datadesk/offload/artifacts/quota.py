@@ -107,7 +107,7 @@ class ArtifactQuota:
 
         def trim(group: list[Entry], max_count: int, max_bytes: int, reason: str) -> None:
             group.sort(key=lambda e: e.art.last_used)
-            count, size = len(group), sum(e.art.bytes for e in group)
+            count, size = len(group), sum(e.art.stored_bytes for e in group)
             for e in list(group):
                 if count <= max_count and size <= max_bytes:
                     break
@@ -116,7 +116,7 @@ class ArtifactQuota:
                 evict(e, reason)
                 group.remove(e)
                 live.remove(e)
-                count, size = count - 1, size - e.art.bytes
+                count, size = count - 1, size - e.art.stored_bytes
 
         by_thread: dict[Path, list[Entry]] = defaultdict(list)
         for e in live:
@@ -131,7 +131,7 @@ class ArtifactQuota:
             trim(group, s.user_max_count, s.user_max_bytes, "user quota")
 
         # Global: the triggering user pays first, then whoever holds the most.
-        while len(live) > s.global_max_count or sum(e.art.bytes for e in live) > s.global_max_bytes:
+        while len(live) > s.global_max_count or sum(e.art.stored_bytes for e in live) > s.global_max_bytes:
             candidates = [e for e in live if e.art.id not in protect]
             if not candidates:
                 break
@@ -139,7 +139,7 @@ class ArtifactQuota:
             if not mine:
                 usage: dict[str, int] = defaultdict(int)
                 for e in candidates:
-                    usage[e.user] += e.art.bytes
+                    usage[e.user] += e.art.stored_bytes
                 biggest = max(usage, key=lambda u: usage[u])
                 mine = [e for e in candidates if e.user == biggest]
             victim = min(mine, key=lambda e: e.art.last_used)

@@ -94,7 +94,8 @@ class ArtifactStore:
     def discard(self, thread: Thread, art: Artifact) -> None:
         """Remove an artifact entirely, data and metadata (one a cancelled call published)."""
         with self.lock(thread):
-            for path in (self.data_path(thread, art), thread.artifacts_dir / f"{art.id}.json"):
+            for path in (self.data_path(thread, art), thread.artifacts_dir / f"{art.id}.json",
+                         *self.original_paths(thread, art)):
                 try:
                     path.unlink()
                 except FileNotFoundError:
@@ -109,6 +110,18 @@ class ArtifactStore:
 
     def data_path(self, thread: Thread, art: Artifact) -> Path:
         return thread.artifacts_dir / art.file
+
+    @staticmethod
+    def original_name(aid: str, ext: str) -> str:
+        """The name of an upload's kept original beside its data (`<aid>.source.<ext>`)."""
+        return f"{aid}.source.{ext}"
+
+    def original_paths(self, thread: Thread, art: Artifact) -> list[Path]:
+        """The kept original of an upload: the one its metadata names, and any of its name
+        (one moved in before the metadata that names it was written)."""
+        found = {thread.artifacts_dir / art.original} if art.original else set()
+        found.update(thread.artifacts_dir.glob(self.original_name(art.id, "*")))
+        return [p for p in found if p.parent == thread.artifacts_dir]
 
     def list(self, thread: Thread) -> list[Artifact]:
         d = thread.artifacts_dir
@@ -144,10 +157,11 @@ class ArtifactStore:
                 return None
             if not art.available:
                 return art
-            try:
-                self.data_path(thread, art).unlink()
-            except FileNotFoundError:
-                pass
+            for path in (self.data_path(thread, art), *self.original_paths(thread, art)):
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
             art = msgspec.structs.replace(art, status=status, expired_at=time.time())
             self.save(thread, art)
             return art

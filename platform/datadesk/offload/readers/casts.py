@@ -94,6 +94,35 @@ def text_column(arr: pa.Array) -> pa.Array:
     return typed if typed is not None else s
 
 
+def local_numbers(arr: pa.Array, decimal: str, thousands: str) -> pa.Array:
+    """A text column of numbers written with a decimal comma and/or a thousands separator
+    (`1.234,56`, `1 234,56` with U+0020/U+00A0/U+202F, `1,234.5`) -> int64 or float64; as it is
+    when any value is not such a number (nothing is changed silently)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if not _is_str(arr.type) or len(arr) == 0:
+        return arr
+    s = pc.utf8_trim_whitespace(arr)
+    s = pc.if_else(pc.is_in(s, value_set=_NULL_WORDS), pa.scalar(None, pa.string()), s)
+    if s.null_count == len(s):
+        return arr
+    dec = re.escape(decimal)
+    group = "[ \u00a0\u202f]" if thousands == " " else re.escape(thousands) if thousands else None
+    grouped = rf"\d{{1,3}}(?:{group}\d{{3}})+" if group else None
+    whole = rf"(?:{grouped}|\d+)" if grouped else r"\d+"
+    if not pc.all(pc.match_substring_regex(s, rf"^[+-]?{whole}(?:{dec}\d+)?$")).as_py():
+        return arr
+    if group:
+        s = pc.replace_substring_regex(s, group, "")
+    has_fraction = _any(pc.match_substring(s, decimal))
+    if decimal != ".":
+        s = pc.replace_substring(s, decimal, ".")
+    out = _try(s, pa.float64() if has_fraction else pa.int64())
+    if out is None and not has_fraction:
+        out = _try(s, pa.float64())  # past int64
+    return out if out is not None else arr
+
+
 _SQL_SIMPLE = {
     "BOOLEAN": pa.bool_(), "BOOL": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(),
     "INTEGER": pa.int32(), "INT": pa.int32(), "INT4": pa.int32(), "BIGINT": pa.int64(), "INT8": pa.int64(),

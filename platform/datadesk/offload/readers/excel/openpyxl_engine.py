@@ -1,9 +1,11 @@
 """.xlsx -> Arrow record batches, streaming (openpyxl read-only mode).
 
-The header is the first non-empty row of the sheet. Cells keep their Python
-types (int/float/bool/datetime/str) and go through the same per-column
-inference as JSON rows (`rows_to_batch`). Fully empty rows are skipped: in
-read-only mode they are mostly formatting leftovers and carry no data.
+Every sheet is a table of its own (`read_sheets`; `xlsx_batches` reads one). Its header is
+found by `layout.find_header`: the first non-empty row, after a title block of one-cell rows,
+joined with the row below it under merged cells; a totals row at the end is left out. What was
+skipped is said in the stream's facts. Cells keep their Python types (int/float/bool/datetime/str)
+and go through the same per-column inference as JSON rows (`rows_to_batch`). Fully empty rows
+are skipped: in read-only mode they are mostly formatting leftovers and carry no data.
 
 An .xlsx is a zip: its entries are checked before anything is inflated (`check_archive`:
 unpacked size, compression ratio, nested archives), then rows stream under `UploadLimits`
@@ -26,7 +28,9 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from datadesk.offload.readers.base import FileTable, ShapedStream, SourceFacts
 from datadesk.offload.readers.columns import rows_to_batch
+from datadesk.offload.readers.excel.layout import SheetLayout, find_header, is_totals_row, merged_ranges
 from datadesk.offload.readers.errors import LimitExceeded, TabularParseError
 from datadesk.offload.readers.limits import UploadLimits, human
 
@@ -90,8 +94,8 @@ def _is_zip(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bool:
 
 
 def xlsx_batches(path: Path, sheet: str | None = None, batch_rows: int = 65_536,
-                 limits: UploadLimits | None = None) -> Iterator[pa.RecordBatch]:
-    """Open `sheet` (default: the first one) and return an iterator of batches.
+                 limits: UploadLimits | None = None) -> ShapedStream:
+    """Open `sheet` (default: the first one) and return a stream of its batches.
 
     Opening, choosing the sheet and finding the header happen now, so an
     unreadable file, an unknown sheet or an empty sheet raise
@@ -101,14 +105,37 @@ def xlsx_batches(path: Path, sheet: str | None = None, batch_rows: int = 65_536,
     limits = limits if limits is not None else UploadLimits().started()
     check_archive(path, limits)
     if limits.memory_bytes:
-        return _in_child(Path(path), sheet, batch_rows, limits)
+        (table,) = _in_child(Path(path), sheet, False, batch_rows, limits)
+        return table.stream
     return open_sheet(path, sheet, batch_rows, limits)
 
 
 def read_file(path: Path, batch_rows: int, sheet: str | None,
-              limits: UploadLimits) -> tuple[None, Iterator[pa.RecordBatch]]:
-    """The reader of an .xlsx file: types inferred per column while reading, so no schema up front."""
+              limits: UploadLimits) -> tuple[None, ShapedStream]:
+    """The reader of an .xlsx file (one sheet: the first, or `sheet`): types inferred per column
+    while reading, so no schema up front."""
     return None, xlsx_batches(path, sheet, batch_rows, limits)
+
+
+def read_sheets(path: Path, batch_rows: int, limits: UploadLimits) -> Iterator[FileTable]:
+    """Every sheet of the workbook, in order: each a stream to read before the next one is asked
+    for, or skipped (empty, a chart). TabularParseError: the workbook cannot be read at all."""
+    check_archive(path, limits)
+    if limits.memory_bytes:
+        yield from _in_child(Path(path), None, True, batch_rows, limits)
+        return
+    wb = _load(path)
+    try:
+        for ws in getattr(wb, "_sheets", wb.worksheets):  # in the workbook's order, charts too
+            if not hasattr(ws, "iter_rows"):
+                yield FileTable(ws.title, skipped="a chart, not a table")
+                continue
+            stream = _sheet_stream(path, wb, ws, batch_rows, limits, close=False)
+            yield FileTable(ws.title, stream) if stream is not None else FileTable(ws.title, skipped="empty")
+    except zipfile.BadZipFile as exc:
+        raise TabularParseError(f"not a readable .xlsx workbook: {exc}") from None
+    finally:
+        _close(wb)
 
 
 def refuse_legacy(path: Path, batch_rows: int, sheet: str | None, limits: UploadLimits) -> None:
@@ -116,8 +143,7 @@ def refuse_legacy(path: Path, batch_rows: int, sheet: str | None, limits: Upload
     raise TabularParseError("legacy .xls is not supported; save as .xlsx")
 
 
-def open_sheet(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
-    """The sheet's batches read here (in this process); opening errors raise now."""
+def _load(path: Path) -> Any:
     import openpyxl  # heavy import; only needed for Excel uploads
 
     from openpyxl.utils.exceptions import InvalidFileException
@@ -132,6 +158,12 @@ def open_sheet(path: Path, sheet: str | None, batch_rows: int, limits: UploadLim
         fh.close()
         raise TabularParseError(f"not a readable .xlsx workbook: {exc}") from None
     wb._datadesk_fh = fh  # closed together with the workbook (see _close)
+    return wb
+
+
+def open_sheet(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimits) -> ShapedStream:
+    """The sheet's batches read here (in this process); opening errors raise now."""
+    wb = _load(path)
     try:
         if sheet is None:
             if not wb.worksheets:
@@ -143,40 +175,52 @@ def open_sheet(path: Path, sheet: str | None, batch_rows: int, limits: UploadLim
             raise TabularParseError(f"no sheet named {sheet!r}; sheets: {', '.join(wb.sheetnames)}")
         if not hasattr(ws, "iter_rows"):  # a chartsheet
             raise TabularParseError(f"sheet {ws.title!r} is a chart, not a table")
-        # Some writers store a wrong <dimension>; trusting it would silently
-        # cut rows, so read until the real end of the sheet data.
-        ws.reset_dimensions()
-        rows = _bounded(ws.iter_rows(values_only=True), limits)
-        header: tuple[Any, ...] | None = None
-        for row in rows:
-            width = _last_filled(row)
-            if width:
-                header = row[:width]
-                break
-        if header is None:
+        stream = _sheet_stream(path, wb, ws, batch_rows, limits, close=True)
+        if stream is None:
             raise TabularParseError(f"sheet {ws.title!r} is empty: no header row")
+        return stream
     except zipfile.BadZipFile as exc:
         _close(wb)
         raise TabularParseError(f"not a readable .xlsx workbook: {exc}") from None
     except BaseException:
         _close(wb)
         raise
-    return _stream(wb, rows, list(header), batch_rows)
+
+
+def _sheet_stream(path: Path, wb: Any, ws: Any, batch_rows: int, limits: UploadLimits,
+                  close: bool) -> ShapedStream | None:
+    """The sheet as a stream (its header found now), or None when it has no rows."""
+    # Some writers store a wrong <dimension>; trusting it would silently
+    # cut rows, so read until the real end of the sheet data.
+    ws.reset_dimensions()
+    rows = _bounded(ws.iter_rows(values_only=True), limits)
+    found = find_header(ws.title, rows, _last_filled,
+                        lambda: merged_ranges(path, getattr(ws, "_worksheet_path", None), limits.tick))
+    if found is None:
+        if close:
+            _close(wb)
+        return None
+    layout, data = found
+    facts = SourceFacts(layout.describe(), reading=layout.reading())
+    return ShapedStream(None, _stream(wb if close else None, data, layout, facts, batch_rows), facts)
 
 
 # ------------------------------------------------- the parse in a bounded child process
 # openpyxl holds every shared string as a Python object before the first row (measured: 128 MiB
 # of short strings took ~1 GB and 40 s), which nothing in-process can bound or interrupt. So the
 # parse runs in a child with RLIMIT_AS (offload.upload_max_memory_bytes), killed at the deadline
-# or on cancel; it writes each batch as a length-prefixed Arrow IPC stream (batches may differ in
-# type) to a file next to the upload, read back here once it succeeded.
+# or on cancel; it writes frames to a file next to the upload, read back here once it succeeded:
+# per sheet "S" (its name), then "B" (a batch as an Arrow IPC stream: batches may differ in type)
+# or "K" (skipped: why), then "E" (its layout, as JSON).
 
 CHILD_LIMIT, CHILD_PARSE, CHILD_MEMORY = 3, 4, 5
+FRAME = struct.Struct("<cQ")
 
 
-def _in_child(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
+def _in_child(path: Path, sheet: str | None, every: bool, batch_rows: int,
+              limits: UploadLimits) -> list[FileTable]:
     out = path.with_name(path.name + ".batches.tmp")  # a temp name the sweeper knows (offload.artifacts.tempfiles)
-    spec = {"path": str(path), "out": str(out), "sheet": sheet, "batch_rows": batch_rows,
+    spec = {"path": str(path), "out": str(out), "sheet": sheet, "all": every, "batch_rows": batch_rows,
             "limits": {"unpacked_bytes": limits.unpacked_bytes, "zip_ratio": limits.zip_ratio, "rows": limits.rows,
                        "columns": limits.columns, "cell_bytes": limits.cell_bytes,
                        "seconds": max(0.0, limits.deadline - time.monotonic()) if limits.deadline else limits.seconds}}
@@ -203,6 +247,7 @@ def _in_child(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimi
         if proc.returncode != 0:  # MemoryError, or killed by the kernel when the limit hit elsewhere
             raise LimitExceeded(f"reading the workbook needed more than {human(limits.memory_bytes)} of memory "
                                 "(offload.upload_max_memory_bytes); save a smaller file or export the sheet as CSV")
+        tables = _frames(out, limits)
     except BaseException:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -212,19 +257,53 @@ def _in_child(path: Path, sheet: str | None, batch_rows: int, limits: UploadLimi
     finally:
         if proc.stdout:
             proc.stdout.close()
-    return _read_back(out, limits)
+    return tables
 
 
-def _read_back(out: Path, limits: UploadLimits) -> Iterator[pa.RecordBatch]:
+def _frames(out: Path, limits: UploadLimits) -> list[FileTable]:
+    """The sheets the child wrote to `out`: their batches are read from it as each is streamed;
+    `out` is removed once the last sheet's stream ends."""
+    sheets: list[tuple[str, str | None, dict[str, Any], list[tuple[int, int]]]] = []
+    with open(out, "rb") as fh:
+        while head := fh.read(FRAME.size):
+            kind, n = FRAME.unpack(head)
+            at = fh.tell()
+            if kind == b"B":
+                sheets[-1][3].append((at, n))
+                fh.seek(n, 1)
+                continue
+            value = json.loads(fh.read(n))
+            if kind == b"S":
+                sheets.append((value, None, {}, []))
+            elif kind == b"K":
+                sheets[-1] = (sheets[-1][0], value, {}, [])
+            elif kind == b"E":
+                sheets[-1] = (sheets[-1][0], None, value, sheets[-1][3])
+    remaining = [i for i, s in enumerate(sheets) if s[1] is None]
+    if not remaining:
+        out.unlink(missing_ok=True)
+    tables = []
+    for i, (name, skipped, layout, frames) in enumerate(sheets):
+        if skipped is not None:
+            tables.append(FileTable(name, skipped=skipped))
+            continue
+        facts = SourceFacts(layout.get("shape", f"Excel sheet {name!r}"), reading=layout.get("reading"))
+        last = i == remaining[-1]
+        tables.append(FileTable(name, ShapedStream(None, _read_back(out, frames, limits, last), facts)))
+    return tables
+
+
+def _read_back(out: Path, frames: list[tuple[int, int]], limits: UploadLimits, last: bool) -> Iterator[pa.RecordBatch]:
     try:
         with open(out, "rb") as fh:
-            while head := fh.read(8):
-                (n,) = struct.unpack("<Q", head)
+            for at, n in frames:
+                fh.seek(at)
                 yield from pa.ipc.open_stream(pa.py_buffer(fh.read(n)))
                 if limits.check is not None:
                     limits.check()
     finally:
-        out.unlink(missing_ok=True)
+        if last:
+            out.unlink(missing_ok=True)
 
 
 def _bounded(rows: Iterator[tuple[Any, ...]], limits: UploadLimits) -> Iterator[tuple[Any, ...]]:
@@ -248,28 +327,42 @@ def _bounded(rows: Iterator[tuple[Any, ...]], limits: UploadLimits) -> Iterator[
         yield row
 
 
-def _stream(wb: Any, rows: Iterator[tuple[Any, ...]], header: list[Any],
+def _stream(wb: Any, rows: Iterator[tuple[Any, ...]], layout: SheetLayout, facts: SourceFacts,
             batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The data rows in batches; the last row is held back until the end, where a totals row is
+    left out (and said in `facts`). `wb` is closed at the end when given."""
+    header = layout.header
     try:
         buf: list[tuple[Any, ...]] = []
         width = len(header)
         emitted = False
+        held: tuple[Any, ...] | None = None
         for row in rows:
             filled = _last_filled(row)
             if not filled:
                 continue
-            buf.append(row[:filled])
-            width = max(width, filled)
+            if held is not None:
+                buf.append(held)
+                width = max(width, len(held))
+            held = row[:filled]
             if len(buf) >= batch_rows:
                 yield _to_batch(header, width, buf)
                 emitted = True
                 buf, width = [], len(header)
+        if held is not None:
+            if is_totals_row(held):
+                layout.totals = list(held)
+                facts.shape, facts.reading = layout.describe(), layout.reading()
+            else:
+                buf.append(held)
+                width = max(width, len(held))
         if buf or not emitted:
             yield _to_batch(header, width, buf)
     except zipfile.BadZipFile as exc:
         raise TabularParseError(f"not a readable .xlsx workbook: {exc}") from None
     finally:
-        _close(wb)
+        if wb is not None:
+            _close(wb)
 
 
 def _close(wb: Any) -> None:
