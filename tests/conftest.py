@@ -69,17 +69,20 @@ class Harness:
         return create_app(self.rt)
 
     @contextlib.contextmanager
-    def client(self, user: str | None = "alice", *, served: bool = False, thread: bool | dict[str, Any] = True,
-               timeout: float = 60, raise_server_exceptions: bool = True) -> Iterator["AppClient"]:
-        """A client of this harness's app carrying `user`'s token (none for `user=None`), with a
-        new thread of theirs when `thread` (True, or the JSON body of `POST /api/threads`).
+    def client(self, user: str = "alice", *, signed_in: bool = True, served: bool = False,
+               thread: bool | dict[str, Any] = True, timeout: float = 60,
+               raise_server_exceptions: bool = True) -> Iterator["AppClient"]:
+        """A client of this harness's app for `user`, with a new thread of theirs when `thread`
+        (True, or the JSON body of `POST /api/threads`). It carries the user's token on every
+        request unless `signed_in` is False (tests of logins, cookies and CSRF); `new_thread`
+        and `turn` send it either way.
 
         In-process (Litestar's TestClient) unless `served`: then uvicorn serves the app in a
         thread and the client is an httpx.Client over real sockets (streams, disconnects, a
         second client at the same time)."""
         from litestar.testing import TestClient
 
-        headers = self.auth(user) if user else {}
+        headers = self.auth(user) if signed_in else {}
         with contextlib.ExitStack() as stack:
             if served:
                 base = stack.enter_context(serve_app(self.app()))
@@ -89,7 +92,7 @@ class Harness:
                 http = stack.enter_context(TestClient(self.app(), timeout=timeout,
                                                       raise_server_exceptions=raise_server_exceptions))
                 http.headers.update(headers)
-            api = AppClient(h=self, client=http, user=user or "", base=base)
+            api = AppClient(h=self, client=http, user=user, base=base)
             if thread:
                 api.tid = api.new_thread(**(thread if isinstance(thread, dict) else {}))
             yield api
@@ -112,17 +115,15 @@ class AppClient:
 
     def new_thread(self, user: str | None = None, **body: Any) -> str:
         """A new thread of `user` (the client's own by default); `body` as for `POST /api/threads`."""
-        headers = self.h.auth(user) if user else {}
-        r = self.client.post("/api/threads", json=body, headers=headers)
+        r = self.client.post("/api/threads", json=body, headers=self.h.auth(user or self.user))
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
     def turn(self, content: str = "go", tid: str | None = None, user: str | None = None,
              **body: Any) -> list[tuple[str, dict[str, Any]]]:
         """Post a message on `tid` (the client's thread by default) and return the turn's SSE events."""
-        headers = self.h.auth(user) if user else {}
         r = self.client.post(f"/api/threads/{tid or self.tid}/messages", json={"content": content, **body},
-                             headers=headers)
+                             headers=self.h.auth(user or self.user))
         return parse_sse(r.text)
 
 
@@ -153,13 +154,14 @@ def harness_factory(home: Path):
 @pytest.fixture
 def api(request, home: Path) -> Iterator[AppClient]:
     """alice's in-process client of the real app with a new thread of hers (`api.tid`), on a
-    ScriptedModel answering "ok" (`api.model`: append steps to it). Settings overrides, and
-    `model`/`user`/`served`/`thread`, come from an indirect parameter:
+    ScriptedModel answering "ok" (`api.model`: append steps to it). Settings overrides, a
+    `model`, and the options of `Harness.client`, come from an indirect parameter:
     `@pytest.mark.parametrize("api", [{"limits": {"uploads": 1}}], indirect=True)`."""
     from datadesk.llm.scripted import ScriptedModel
 
     kw = dict(getattr(request, "param", None) or {})
-    opts = {k: kw.pop(k) for k in ("user", "served", "thread", "timeout", "raise_server_exceptions") if k in kw}
+    opts = {k: kw.pop(k) for k in ("user", "signed_in", "served", "thread", "timeout", "raise_server_exceptions")
+            if k in kw}
     h = make_harness(home, kw.pop("model", None) or ScriptedModel(then="ok"), **kw)
     with h.client(**opts) as client:
         yield client

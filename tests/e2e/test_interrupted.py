@@ -19,7 +19,9 @@ from tests.e2e.test_web import new_chat, until, wait_idle
 from tests.fakes.openai_server import FakeOpenAIServer, FakeReply
 from tests.integration.test_interrupted_turns import STORY, kill, serve
 
-pytestmark = [pytest.mark.browser, pytest.mark.faults]
+# serial: SIGKILL while the answer streams, then a restart on the same port (which another test
+# could take meanwhile)
+pytestmark = [pytest.mark.browser, pytest.mark.faults, pytest.mark.serial]
 
 NOTICE = "#messages .notice.interrupted"
 

@@ -30,9 +30,8 @@ BODIES = {"/api/threads": {}, "/api/threads/{tid}/messages": {"content": "hi"}}
 @pytest.fixture
 def env(harness_factory):
     h = harness_factory(ScriptedModel(then="fine"), auth={"login_attempts_per_minute": 5})
-    with TestClient(h.app()) as client:
-        tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
-        yield h, client, tid
+    with h.client(signed_in=False) as api:  # each request names its credential
+        yield h, api.client, api.tid
 
 
 def call(client, method, path, tid, headers=None):

@@ -16,7 +16,6 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from litestar.testing import TestClient
 
 from datadesk.domain.artifacts import ArtifactOrigin
 from datadesk.llm.scripted import ScriptedModel
@@ -60,14 +59,6 @@ def _rows(text: str) -> list[list[str]]:
     return list(csv.reader(io.StringIO(text, newline="")))
 
 
-@pytest.fixture
-def env(home: Path):
-    h = make_harness(home, ScriptedModel(then="ok"))
-    with TestClient(h.app()) as client:
-        tid = client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
-        yield h, client, tid
-
-
 def _both(client, h, aid: str, query: str = "") -> list[httpx.Response]:
     auth = h.auth("alice")
     return [client.get(f"/api/artifacts/{aid}/download?format=csv{'&' + query if query else ''}", headers=auth),
@@ -75,8 +66,8 @@ def _both(client, h, aid: str, query: str = "") -> list[httpx.Response]:
 
 
 @pytest.mark.security
-def test_formula_cells_get_a_quote_and_typed_numbers_stay_numbers(env) -> None:
-    h, client, tid = env
+def test_formula_cells_get_a_quote_and_typed_numbers_stay_numbers(api) -> None:
+    h, client, tid = api.h, api.client, api.tid
     aid, _ = _parquet_artifact(h, tid, _table())
     for r in _both(client, h, aid):
         assert r.status_code == 200, r.text
@@ -102,8 +93,8 @@ def test_formula_cells_get_a_quote_and_typed_numbers_stay_numbers(env) -> None:
 
 
 @pytest.mark.security
-def test_a_csv_the_code_wrote_escapes_its_text_but_not_its_numbers(env) -> None:
-    h, client, tid = env
+def test_a_csv_the_code_wrote_escapes_its_text_but_not_its_numbers(api) -> None:
+    h, client, tid = api.h, api.client, api.tid
     handle = h.rt.threads.get(tid, "alice", ["demo"])
     body = "who,delta\n" + "".join(f"{'=cmd()' if i % 2 else 'ok'},{-i}\n" for i in range(100))
     origin = ArtifactOrigin(source="python", user="alice", thread=tid, workspace="demo", filename="d.csv")
@@ -112,8 +103,8 @@ def test_a_csv_the_code_wrote_escapes_its_text_but_not_its_numbers(env) -> None:
     assert rows[2] == ["'=cmd()", "-1"] and rows[99] == ["ok", "-98"]  # DuckDB read delta as a number
 
 
-def test_struct_list_and_map_columns_are_json_text(env) -> None:
-    h, client, tid = env
+def test_struct_list_and_map_columns_are_json_text(api) -> None:
+    h, client, tid = api.h, api.client, api.tid
     aid, _ = _parquet_artifact(h, tid, _nested())
     for r in _both(client, h, aid):
         assert r.status_code == 200, r.text
@@ -137,8 +128,8 @@ def _long(n: int = 300_000) -> pa.Table:
     return pa.table({"id": pa.array(range(n)), "note": pa.array([f"n{i}" for i in range(n)])})
 
 
-def test_a_table_that_cannot_be_written_is_an_error_status_not_an_empty_200(env) -> None:
-    h, client, tid = env
+def test_a_table_that_cannot_be_written_is_an_error_status_not_an_empty_200(api) -> None:
+    h, client, tid = api.h, api.client, api.tid
     aid, path = _parquet_artifact(h, tid, _long(1_000), row_group_size=1_000, use_dictionary=False)
     _damage_row_group(path, 0)
     for r in _both(client, h, aid):

@@ -16,7 +16,7 @@ from datadesk.llm.demo import demo_model
 from datadesk.llm.demo_plans import PLANS, SUGGESTED_QUESTIONS
 from datadesk.llm.scripted import DEMO_BANNER
 from datadesk.store.users import UserStore
-from tests.conftest import parse_sse, serve_app
+from tests.conftest import parse_sse
 
 
 def _settings() -> dict:
@@ -39,8 +39,8 @@ def _finished(events, name: str) -> dict:
 @pytest.fixture
 def demo(harness_factory):
     h = harness_factory(demo_model(), sandbox=_settings())
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=120) as c:
-        yield h, c
+    with h.client(served=True, thread=False, timeout=120) as api:
+        yield h, api.client
 
 
 def test_suggested_questions_run_the_real_flow(demo, tmp_path) -> None:

@@ -30,7 +30,8 @@ from datadesk.store.users import UserStore
 from tests.conftest import free_port, parse_sse, wait_until
 from tests.fakes.openai_server import FakeOpenAIServer, FakeReply
 
-pytestmark = pytest.mark.faults
+# serial: SIGKILL at timed moments of an answer or a slow query, and a restart it waits for
+pytestmark = [pytest.mark.faults, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 STORY = " ".join(f"word{i}" for i in range(600))  # streamed slowly: 600 pieces, 30 s

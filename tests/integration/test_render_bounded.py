@@ -25,6 +25,7 @@ def big_table(min_chars: int) -> str:
     return "Here are all rows:\n\n" + "\n".join(rows) + "\n\nThat is all.\n"
 
 
+@pytest.mark.serial  # measures /api/health's latency (< 1 s) while the answer streams
 def test_a_300kb_streamed_table_keeps_health_answering(harness_factory) -> None:
     answer = big_table(300_000)
     assert answer.count("\n") > 4000

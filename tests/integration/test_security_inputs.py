@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-from litestar.testing import TestClient
 
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.store.layout import Layout
@@ -20,8 +19,8 @@ def env(home, harness_factory):
     cfg.write_text(cfg.read_text() + "memory = true\n")
     h = harness_factory(ScriptedModel(then="fine"))
     _, h.tokens["dana"] = UserStore(h.rt.layout).add("dana", ["demo"], ["memory"])
-    with TestClient(h.app(), raise_server_exceptions=False) as client:
-        yield h, client
+    with h.client(signed_in=False, thread=False, raise_server_exceptions=False) as api:
+        yield h, api.client
 
 
 def test_a_non_ascii_csrf_header_is_a_403_not_a_500(env) -> None:
@@ -147,8 +146,8 @@ def raw_call(client, method: str, path: str, body: bytes, headers: list, peer: s
 def proxied(home, harness_factory):
     h = harness_factory(ScriptedModel(then="fine"), auth={"login_attempts_per_minute": 3},
                         server={"trusted_proxies": ["10.0.0.0/8"]})
-    with TestClient(h.app(), raise_server_exceptions=False) as client:
-        yield h, client
+    with h.client(signed_in=False, thread=False, raise_server_exceptions=False) as api:
+        yield h, api.client
 
 
 def login(client, body: bytes, peer: str, forwarded: str | None = None) -> int:

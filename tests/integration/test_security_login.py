@@ -20,8 +20,8 @@ pytestmark = pytest.mark.security
 @pytest.fixture
 def env(harness_factory):
     h = harness_factory(ScriptedModel(then="![x](/login?code=SECRET) ![y](http://127.0.0.1:8000/api/me)"))
-    with TestClient(h.app()) as client:
-        yield h, client
+    with h.client(signed_in=False, thread=False) as api:
+        yield h, api.client
 
 
 def confirm_field(page: str) -> str:

@@ -57,7 +57,8 @@ from datadesk.store.workspaces import ensure_demo_workspace
 from tests.conftest import free_port, parse_sse
 from tests.fakes.openai_server import FakeOpenAIServer, FakeReply
 
-pytestmark = pytest.mark.faults
+# serial: kills at timed moments and bounds the restart (BACK_WITHIN_S); a busy CPU moves both
+pytestmark = [pytest.mark.faults, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("offload", "answer", "memory", "upload", "mix")

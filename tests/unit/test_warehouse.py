@@ -40,6 +40,7 @@ def wh(built) -> Warehouse:
 # -- the demo data -------------------------------------------------------------
 
 
+@pytest.mark.serial  # measures the build (< 5 s)
 def test_demo_build_is_fast_and_leaves_no_temp_files(built):
     db, seconds = built
     assert seconds < 5
