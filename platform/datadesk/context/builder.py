@@ -552,13 +552,17 @@ def _image_part(data: bytes) -> dict[str, Any]:
 
 
 def _upload_mark(rec: Record, status: Callable[[str], str | None]) -> str:
-    """An upload announced in a user message whose data is gone says so."""
+    """An upload announced in a user message whose data is gone says so (each sheet of a workbook)."""
     meta = rec.meta or {}
-    aid = meta.get("artifact") if rec.role == "user" and meta.get("kind") == "upload" else None
-    if not isinstance(aid, str) or not aid:
+    if rec.role != "user" or meta.get("kind") != "upload":
         return ""
-    current = status(aid)
-    return "\n" + expired_mark(aid, current, from_tool=False) if current in GONE else ""
+    marks = []
+    for aid in meta.get("artifacts") or [meta.get("artifact")]:
+        if isinstance(aid, str) and aid:
+            current = status(aid)
+            if current in GONE:
+                marks.append("\n" + expired_mark(aid, current, from_tool=False))
+    return "".join(marks)
 
 
 def _units(records: list[Record]) -> list[Unit]:

@@ -164,6 +164,7 @@ class UserRecordMeta(msgspec.Struct, omit_defaults=True):
     filename: str | None = None
     image: bool | None = None
     artifacts: list[str] | None = None  # every artifact of the upload (a workbook: one per sheet)
+    skipped_sheets: list[str] | None = None  # a workbook's sheets left out ("Notes (empty)")
     reimport: bool | None = None  # the upload read again with the analyst's options
 
 

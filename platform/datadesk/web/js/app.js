@@ -347,11 +347,14 @@ async function uploadFile(file) {
       label.textContent = f < 1 ? `Uploading ${file.name}… ${Math.round(f * 100)}%` : `Reading ${file.name}…`;
     });
     const a = r.artifact;
-    label.textContent = `${file.name} uploaded${a.rows !== null && a.rows !== undefined ? `: ${a.rows.toLocaleString("en-US")} rows` : ""}.` +
-      (r.warning ? ` Warning: ${r.warning}` : "");
+    const all = r.artifacts || [a];
+    const skipped = (r.skipped_sheets || []).map((s) => `${s.sheet} (${s.why})`);
+    label.textContent = (all.length > 1 ? `${file.name} uploaded: ${all.length} sheets, each its own table`
+      : `${file.name} uploaded${a.rows !== null && a.rows !== undefined ? `: ${a.rows.toLocaleString("en-US")} rows` : ""}`) +
+      (skipped.length ? `; skipped: ${skipped.join(", ")}` : "") + "." + (r.warning ? ` Warning: ${r.warning}` : "");
     status.classList.toggle("warn", !!r.warning);
-    app.conv.artifacts.set(a.id, a);
-    app.conv.userUpload(file.name, a.id);
+    for (const one of all) app.conv.artifacts.set(one.id, one);
+    app.conv.userUpload(file.name, all.map((one) => one.id), skipped);
   } catch (e) {
     status.classList.add("error");
     label.textContent = `${file.name} was not uploaded: ${e.message}`;
@@ -388,6 +391,15 @@ chat.addEventListener("drop", (e) => {
   if (files.length > 1) toast("One file at a time: uploading the first.", "info");
   if (files[0]) uploadFile(files[0]).catch((err) => toast(err.message));
 });
+
+// ---- re-import: an uploaded CSV/TSV read again with the options of its card's form ---------
+app.reimport = async (aid, options) => {
+  const r = await api("POST", `/api/threads/${enc(app.thread.id)}/artifacts/${enc(aid)}/reimport`, options);
+  const a = r.artifact;
+  toast(`Re-imported ${a.name || aid}: ${Number(a.rows).toLocaleString("en-US")} rows × ${a.columns} columns.` +
+    (r.warning ? ` Warning: ${r.warning}` : ""), r.warning ? "error" : "info");
+  if (app.thread) await openThread(app.thread.id);
+};
 
 // ---- re-query ----------------------------------------------------------------------------
 app.requery = async (aid, button) => {

@@ -5,6 +5,7 @@ import { earlierButton, tagSeq } from "./history.js";
 import { $, bytes, h, num, setHtml, toast } from "./dom.js";
 import { addCopyButtons, chartViewer, collapsible, modelNotes } from "./code.js";
 import { GRID_FORMATS, gridButton } from "./grid.js";
+import { uploadCard } from "./upload.js";
 
 // what GET /api/artifacts/{id}/view shows in the browser (never SVG)
 export const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
@@ -115,7 +116,10 @@ export class Conversation {
 
   renderRecord(rec) {
     if (rec.role === "user") {
-      if (rec.meta && rec.meta.kind === "upload") this.userUpload(rec.meta.filename, rec.meta.artifact);
+      if (rec.meta && rec.meta.kind === "upload" && rec.meta.reimport) this.notice(`Re-imported ${rec.meta.filename}: artifact ${rec.meta.artifact} was replaced.`);
+      else if (rec.meta && rec.meta.kind === "upload") {
+        this.userUpload(rec.meta.filename, rec.meta.artifacts || [rec.meta.artifact], rec.meta.skipped_sheets || []);
+      }
       else {
         this.userMessage(rec.content, rec.seq);
         if (rec.turn_id) this.asked.set(rec.turn_id, rec.content);
@@ -154,10 +158,9 @@ export class Conversation {
     return el;
   }
 
-  userUpload(filename, aid) {
-    const el = h("div", { class: "msg user upload" }, "Uploaded ", h("strong", {}, filename || "a file"),
-      aid ? h("span", { class: "muted" }, ` (artifact ${aid}) `) : null,
-      aid && (this.artifacts.get(aid) || {}).format === "parquet" ? gridButton(aid, filename) : null);
+  // an uploaded file: its artifacts (a workbook: one per sheet), how it was read, the form to re-import it
+  userUpload(filename, ids, skipped = []) {
+    const el = uploadCard(this.app, this.artifacts, filename, ids.filter(Boolean), skipped);
     if (this.root.querySelector(".empty")) this.root.replaceChildren();
     this.root.append(el);
     this.scroll();

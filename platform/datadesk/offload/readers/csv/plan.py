@@ -15,6 +15,7 @@ from pathlib import Path
 
 from datadesk.offload.readers.csv import encoding as enc
 from datadesk.offload.readers.csv.dialect import Dialect, ReadChoices, is_totals, sniff_dialect
+from datadesk.offload.readers.csv.header import csv_has_header
 from datadesk.offload.readers.errors import TabularParseError
 
 
@@ -53,6 +54,8 @@ def plan_file(path: Path, delimiter: str = ",", choices: ReadChoices | None = No
         codec = enc.stream_encoding(head, encoding)
         text = enc.decode_head(head[bom:], codec, complete)
         dialect = sniff_dialect(text, complete, choices) or _unsniffed(delimiter, choices)
+        if choices.header_row is None and dialect.header_row == 1 and not _has_header(text, dialect):
+            dialect = replace(dialect, header_row=0)  # the first record is data, as a tool's text would say
         start = bom + _line_start(head[bom:], dialect.header_row - 1 if dialect.header else 0, codec)
         if start == bom and codec == enc.UTF8:
             start = 0  # pyarrow skips a UTF-8 BOM itself, and reads a whole file faster
@@ -62,6 +65,12 @@ def plan_file(path: Path, delimiter: str = ",", choices: ReadChoices | None = No
         dialect, end = replace(dialect, totals=last.strip()), last_at
     dialect = replace(dialect, encoding=encoding)
     return dialect, Span(start, end, codec, max(0, dialect.header_row - 1))
+
+
+def _has_header(text: str, dialect: Dialect) -> bool:
+    """Whether the first record is a header (`header.csv_has_header`, as for a tool's text)."""
+    lines = text.split("\n", 201)[:200]
+    return csv_has_header("\n".join(lines), dialect.delimiter)
 
 
 def _unsniffed(delimiter: str, choices: ReadChoices) -> Dialect:
