@@ -50,7 +50,7 @@ layout = Layout(home)
 create_demo_warehouse(layout.workspace_data_dir("demo"))
 ensure_demo_workspace(layout)
 sys.path.insert(0, root)
-from tests.fakes.mcp_bombs import mcp_bomb_config  # the fake MCP server, with a 200 MB answer
+from tests.fakes.mcp_bombs import mcp_bomb_config  # the fake MCP server, with a 300 MB answer
 MCP = mcp_bomb_config(home)
 
 def step(messages, tools):
@@ -168,9 +168,9 @@ def api_flood_1000(client: httpx.Client, base: str, headers: dict[str, str]) -> 
     return f"{got} in {wall:.1f} s", {"a_429": statuses.get(429, 0)}
 
 
-def mcp_result_200mb(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
-    """An MCP server (over stdio) that answers with a 200 MB result: refused past
-    limits.mcp_result_max_mb while it streams, never held whole."""
+def mcp_result_300mb(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
+    """An MCP server (over stdio) that answers with a 300 MB result: spooled to disk past 8 MB,
+    refused past limits.mcp_result_max_mb (256 MB) while it streams, never held whole."""
     return _tool_preview(turn(client, base, headers, "mcp: big"))
 
 
@@ -215,13 +215,13 @@ BOMBS: dict[str, Callable[[httpx.Client, str, dict[str, str]], str]] = {
     **_upload_bombs(),
     "answer_300kb": _answer(300),
     "answer_312kb": _answer(312),
-    "mcp_result_200mb": mcp_result_200mb,
+    "mcp_result_300mb": mcp_result_300mb,
     "api_flood_1000": api_flood_1000,
 }
 A_THREADS = {"api_flood_1000": 300}  # threads A holds before its bomb (default: none)
 
 
-TINY = ["sql_cross_join", "zip_50_levels", "mcp_result_200mb"]
+TINY = ["sql_cross_join", "zip_50_levels", "mcp_result_300mb"]
 
 
 def free_port() -> int:

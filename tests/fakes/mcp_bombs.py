@@ -2,7 +2,7 @@
 
 - `mcp_bomb_config(home)`: adds the fake MCP server (tests/fakes/mcp_server.py) to the demo
   workspace's workspace.toml as `[mcp.bomb]`, and returns the tool call that makes it answer
-  with a 200 MB result: `("bomb__big_text", {"mb": 200})`. A scripted model that returns
+  with a 300 MB result, past the default `limits.mcp_result_max_mb` (256): `("bomb__big_text", {"mb": 300})`. A scripted model that returns
   `tool_step(*call)` for user A's message runs the bomb through the real app.
 - `PeakRSS`: this process's peak resident memory over a block (VmHWM, reset through
   /proc/self/clear_refs, plus sampling of VmRSS where that reset is not allowed).
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKE_MCP = [sys.executable, str(ROOT / "tests" / "fakes" / "mcp_server.py")]
 
 
-def mcp_bomb_config(home: Path, ws: str = "demo", mb: float = 200, name: str = "bomb",
+def mcp_bomb_config(home: Path, ws: str = "demo", mb: float = 300, name: str = "bomb",
                     timeout_s: float = 60) -> tuple[str, dict[str, Any]]:
     """Declare the fake MCP server in `<home>/workspaces/<ws>/workspace.toml` (created by
     `ensure_demo_workspace` first); return (exposed tool name, arguments) of the bomb call."""

@@ -19,6 +19,10 @@ Tools:
 - `big_text(mb)` (read-only hint): a text of `mb` MiB (a 200 MB result: one 200 MB JSON-RPC line).
 - `trickle(mb, seconds, finish)`: writes this call's response line itself (id first), `mb` MiB of
   text spread over `seconds`; with `finish` it ends the line, else the line never ends.
+- `table(n, seconds)` (read-only hint): n rows x 10 columns (`table_row`) as a JSON array of
+  objects in one text content, the response line written by hand piece by piece (the server never
+  holds it whole; spread over `seconds`); it says the line's size on stderr (`table: N bytes`).
+- `error_text(text)`: an ordinary (not isError) text result, for servers that answer errors as text.
 
 `python tests/fakes/mcp_server.py --raw-ts` is a hand-written stdio server that orders keys as
 TypeScript's `JSON.stringify` does (`{"result": ..., "jsonrpc": "2.0", "id": 7}`: the id last),
@@ -43,6 +47,7 @@ import threading
 import time
 import zlib
 
+import anyio
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -169,6 +174,51 @@ async def trickle(mb: float, seconds: float, ctx: Context, finish: bool = True) 
         os.write(_WIRE, b'"}],"isError":false}}\n')
     await asyncio.Event().wait()  # never answers through the SDK (that would be a second response)
     return "unreachable"
+
+
+def table_row(i: int) -> str:
+    """Row i of `table` as JSON: 10 columns (int, str, float, int, date, timestamp, bool, str,
+    float, str); tests and bench/mcp_large.py compute its sums from the same formulas."""
+    return ('{"id":%d,"name":"name %d","amount":%s,"qty":%d,"day":"2024-%02d-%02d",'
+            '"ts":"2024-01-01T%02d:%02d:%02dZ","paid":%s,"region":"region %d","price":%d.5,"code":"C%07d"}'
+            % (i, i, repr(i * 0.25), i % 7, 1 + i % 12, 1 + i % 28, i % 24, i % 60, (i * 7) % 60,
+               "true" if i % 3 == 0 else "false", i % 11, i % 1000, i))
+
+
+def _write_all(data: bytes) -> int:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(_WIRE, view):]
+    return len(data)
+
+
+@server.tool(annotations=RO, structured_output=False)
+async def table(n: int, ctx: Context, seconds: float = 0.0) -> str:
+    """n rows x 10 columns as a JSON array of objects (one text content)."""
+    rid = json.dumps(ctx.request_context.request_id)
+    head = ('{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"[' % rid).encode()
+    size = _write_all(head)
+    step = 20_000
+    pieces = max(1, -(-n // step))
+    with anyio.CancelScope(shield=True):  # a cancelled call still ends its line, as an SDK server's would
+        for start in range(0, n, step):
+            text = ",".join(table_row(i) for i in range(start, min(n, start + step)))
+            if start + step < n:
+                text += ","
+            data = json.dumps(text)[1:-1].encode()  # the text as a JSON string's inside
+            size += _write_all(data)
+            if seconds:
+                await asyncio.sleep(seconds / pieces)
+        size += _write_all(b']"}],"isError":false}}\n')
+    print(f"table: {size} bytes", file=sys.stderr, flush=True)
+    await asyncio.Event().wait()  # answered by hand above; never through the SDK
+    return "unreachable"
+
+
+@server.tool(structured_output=False)
+def error_text(text: str) -> str:
+    """An ordinary text result (isError false) that says whatever it is given."""
+    return text
 
 
 def _maybe_extra() -> None:

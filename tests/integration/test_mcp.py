@@ -310,6 +310,16 @@ def test_allow_list_missing_secret_and_disabled(tmp_path: Path, monkeypatch: pyt
             r = await call(reg, c, "fake__crash")
             assert r.is_error and "unknown tool" in r.content
             assert (await call(reg, c, "fake__echo", text="ok")).content == "ok"
+            # a server that never came up: its tools are unknown, yet a call names it and why (issue 26)
+            r = await call(reg, c, "nocmd__query", sql="select 1")
+            assert r.is_error and "unknown tool" not in r.content, r.content
+            assert "the MCP server nocmd is down (command not found: /nonexistent/mcp-server-binary)" in r.content
+            r = await call(reg, c, "nosecret__echo", text="x")
+            assert "the MCP server nosecret is down" in r.content and "DATADESK_TEST_MISSING" in r.content
+            assert "not retried until [mcp.nosecret] in workspace.toml is fixed" in r.content
+            r = await call(reg, c, "off__echo", text="x")
+            assert r.is_error and "the MCP server off is disabled" in r.content
+            assert st["nocmd"]["unavailable_tools"] == [] and st["fake"]["unavailable_tools"] == []
         finally:
             await mgr.stop()
 
@@ -364,19 +374,28 @@ def test_mcp_server_duckdb(tmp_path: Path) -> None:
             spec = reg.get("duckdb__query", WS).spec
             assert spec.parameters["required"] == ["query"] and not spec.read_only
 
-            r = await call(reg, c, "duckdb__query", query="SELECT * FROM t ORDER BY id")
+            r = await call(reg, c, "duckdb__query", query="SELECT * FROM t LIMIT 3")
             assert not r.is_error
             # The server returns str(cursor.fetchall()): a Python repr of a list of tuples.
-            assert r.content.startswith("[(0, 'name 0', 0.0, datetime.date(2024, 1, 1)), "
-                                        "(1, 'name 1', 0.5, datetime.date(2024, 1, 2)), ")
-            assert r.content.endswith("(199999, 'name 199999', 99999.5, datetime.date(2024, 12, 10))]")
-            assert r.content.count("), (") == 199_999
+            assert r.content == ("[(0, 'name 0', 0.0, datetime.date(2024, 1, 1)), "
+                                 "(1, 'name 1', 0.5, datetime.date(2024, 1, 2)), "
+                                 "(2, 'name 2', 1.0, datetime.date(2024, 1, 3))]")
+            # all 200,000 rows (12 MB): spooled to disk, read from there as a table (issue 26)
+            r = await call(reg, c, "duckdb__query", query="SELECT * FROM t ORDER BY id")
+            assert not r.is_error and r.table is not None, r.content[:300]
+            assert "spooled to disk: Python repr of a list of tuples" in r.content
+            with r.table as table:
+                batches = list(table)
+            assert sum(b.num_rows for b in batches) == 200_000
+            assert sum(sum(v for v in b.column(0).to_pylist()) for b in batches) == sum(range(200_000))
+            assert not [p for p in c.thread.artifacts_dir.iterdir() if p.name.startswith(".mcp-")]
 
-            # errors are plain text, not isError results
+            # errors are plain text, not isError results: told to the model as errors (issue 26)
             r = await call(reg, c, "duckdb__query", query="SELECT * FROM missing_table")
-            assert not r.is_error and r.content.startswith("Database error: Catalog Error")
+            assert r.is_error and r.content.startswith("duckdb__query failed: the MCP server duckdb answered "
+                                                       "with an error: Database error: Catalog Error"), r.content
             r = await call(reg, c, "duckdb__query", query="CREATE TABLE z (a INTEGER)")
-            assert r.content.startswith("Database error:") and "read-only" in r.content
+            assert r.is_error and "Database error:" in r.content and "read-only" in r.content
         finally:
             await mgr.stop()
 

@@ -55,6 +55,12 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[tuple[str, str], Tool] = {}
+        self._explainers: list[Callable[[str, str | None], str | None]] = []
+
+    def explain_missing(self, explain: Callable[[str, str | None], str | None]) -> None:
+        """Add `explain(name, workspace)`: why a tool the registry does not have is missing (the
+        MCP server it belongs to is down), said to the model instead of "unknown tool"."""
+        self._explainers.append(explain)
 
     def register(self, spec: ToolSpec, handler: Handler, arguments: type[ToolArguments] | None = None) -> None:
         """Add a tool. With `arguments`, `spec.parameters` must be its schema (`arguments_schema`):
@@ -93,6 +99,10 @@ class ToolRegistry:
         """Run one call; every failure becomes an error result the model can act on."""
         tool = self.get(name, ctx.workspace)
         if tool is None:
+            for explain in self._explainers:
+                why = explain(name, ctx.workspace)
+                if why:
+                    return ToolResult(f"{name} failed: {why}", is_error=True)
             known = ", ".join(s.name for s in self.permitted(ctx.permissions, ctx.workspace)) or "none"
             return ToolResult(f"unknown tool {name!r}; available tools: {known}", is_error=True)
         if tool.spec.permission and tool.spec.permission not in ctx.permissions:

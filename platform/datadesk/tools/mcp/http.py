@@ -1,7 +1,9 @@
-"""The size bound of MCP results for servers over streamable HTTP (`limits.mcp_result_max_mb`).
+"""The size bound of MCP results for servers over streamable HTTP (`limits.mcp_result_max_mb`,
+at most `HTTP_HELD_MAX_BYTES`).
 
 The SDK reads a JSON response whole (`response.aread()`) and bounds only SSE events (its
-`max_sse_event_size`). `bounded_http_client` is the SDK's own client (`create_mcp_http_client`)
+`max_sse_event_size`): an answer over HTTP is held in memory, unlike one over stdio (spooled
+to disk past 8 MB, `spool.py`), so it stays bounded by the old 32 MB whatever the setting. `bounded_http_client` is the SDK's own client (`create_mcp_http_client`)
 with a response hook that counts the body of every POST response as it streams and raises
 `ResponseTooLarge` past the limit, before more is held. Requests ask for `Accept-Encoding:
 identity`; a compressed body is refused (its inflated size could not be bounded this way).
@@ -15,7 +17,15 @@ from typing import Any, AsyncIterator
 import httpx2
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from datadesk.tools.mcp.stdio import too_large_text
+from datadesk.tools.mcp.stdio import LIMIT_SETTING, too_large_text
+
+HTTP_HELD_MAX_BYTES = 32 * 1024**2  # the most of one answer held in memory (streamable HTTP)
+
+
+def http_too_large_text(limit_bytes: int) -> str:
+    """'more than 32 MB (...)': the refusal of an HTTP answer past what is held in memory."""
+    return (f"more than {limit_bytes / 2**20:g} MB (the most an MCP server over HTTP may send at once, held in "
+            f"memory; {LIMIT_SETTING} applies to stdio servers, whose answers are spooled to disk)")
 
 
 class ResponseTooLarge(httpx2.StreamError, httpx2.SSEError):

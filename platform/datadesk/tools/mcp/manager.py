@@ -27,8 +27,6 @@ redacted.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import os
@@ -41,13 +39,13 @@ from typing import Any, Callable
 import anyio
 import anyio.to_thread
 
-from datadesk.domain.records import ToolRecordMeta
 from datadesk.tools.mcp.config import (  # noqa: F401  (re-exported: the public names live here too)
     _ENV_REF, _SECRET_KEY, _BACKOFF_MAX_S, _HEALTHY_S, _MAX_DESCRIPTION, _MAX_STDERR_LINE, _PASSED_ENV, MCPConfigError, MCPServerConfig,
     _describe, exposed_tool_name, mask, masked_config, redact, resolve_values,
 )
+from datadesk.tools.mcp.results import ResultReader
+from datadesk.tools.mcp.spool import SPOOL_DIR, SPOOL_FAILED, SPOOL_META, SpooledAnswer
 from datadesk.tools.mcp.streams import _StderrPipe, _WatchedStream, warm_sdk_imports
-from datadesk.tools.mcp.shapes import source_hints
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
@@ -81,6 +79,9 @@ class _Server:
     stopping: bool = False
     stderr: _StderrPipe | None = None
     up_since: float | None = None  # monotonic time the current connection came up
+    transport: Any = None  # the stdio transport of the current connection (it holds spooled answers)
+    exit_code: int | None = None  # the stdio server's exit status when its last connection ended with it
+    known_tools: list[str] = field(default_factory=list)  # the tools it offered when last up
 
 
 class MCPManager:
@@ -88,13 +89,16 @@ class MCPManager:
 
     def __init__(self, registry: ToolRegistry,
                  save_image: Callable[[ToolContext, bytes, str], str] | None = None,
-                 result_max_bytes: int = 32 * 1024**2) -> None:
+                 result_max_bytes: int = 256 * 1024**2, min_free_bytes: int = 0) -> None:
         self.registry = registry
         self.save_image = save_image
+        self.results = ResultReader(save_image)
         if result_max_bytes <= 0:
             raise ValueError("limits.mcp_result_max_mb must be > 0")
         self.result_max_bytes = result_max_bytes  # limits.mcp_result_max_mb: one message from a server
+        self.min_free_bytes = min_free_bytes  # store.min_free_mb: what a spooled answer leaves free
         self._servers: dict[str, dict[str, _Server]] = {}
+        registry.explain_missing(self._explain_missing)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start_workspace(self, ws: str, servers: dict[str, MCPServerConfig], base_dir: Path) -> None:
@@ -173,6 +177,8 @@ class MCPManager:
                 "transport": srv.cfg.transport,
                 "state": srv.state,
                 "tools": list(srv.tools),
+                # while it is not up, the tools it offered when last up answer an error naming it
+                "unavailable_tools": [] if srv.state == "up" else list(srv.tools) or list(srv.known_tools),
                 "last_error": redact(srv.last_error, srv.secrets) if srv.last_error else None,
                 "restarts": srv.restarts,
                 "config": masked_config(srv.cfg),
@@ -195,6 +201,7 @@ class MCPManager:
                     first = False
                     srv.state = "starting"
                     srv.up_since = None
+                    srv.exit_code = None
                     try:
                         await self._serve_once(srv)
                         reason = srv.conn_closed or "the connection closed"
@@ -207,12 +214,15 @@ class MCPManager:
                         reason = _describe(exc)
                     if srv.stopping:
                         break
+                    if srv.exit_code is not None and "exited" not in reason:  # e.g. "Connection closed"
+                        during = "" if srv.up_since is not None else " while starting"
+                        reason = f"{_exited(srv.exit_code)}{during} ({reason})"
                     ended = time.monotonic()
                     if srv.stderr is not None:
                         await anyio.to_thread.run_sync(srv.stderr.join, 1.0)  # the last lines of a dying server
                         recent = [line for t, line in srv.stderr.tail if t >= ended - 3.0]
-                        if recent:
-                            reason = f"{reason}; last stderr: {recent[-1]}"
+                        if recent:  # the tail of a dying server's stderr: usually the real reason
+                            reason = f"{reason}; last stderr: {' | '.join(recent[-3:])[-600:]}"
                     srv.state = "down"
                     srv.session = None
                     srv.last_error = redact(reason, srv.secrets)[:1000]
@@ -264,11 +274,18 @@ class MCPManager:
             try:
                 # our bounded transport (tools/mcp/stdio.py), not the SDK's unbounded stdio_client
                 async with bounded_stdio_client(params, pipe.writer, max_bytes=self.result_max_bytes,
-                                                line_timeout_s=cfg.timeout_s, logger=srv.log) as (read, write, t):
+                                                line_timeout_s=cfg.timeout_s, logger=srv.log,
+                                                spool_dir=srv.base_dir / ".mcp-spool",
+                                                min_free_bytes=self.min_free_bytes) as (read, write, t):
                     pipe.close_writer()
-                    await self._session(srv, _WatchedStream(read, lambda: closed(
-                        t.close_reason or "the server process exited or closed its output")), write)
+                    srv.transport = t
+                    try:
+                        await self._session(srv, _WatchedStream(read, lambda: closed(
+                            t.close_reason or _exited(t.exit_code))), write)
+                    finally:
+                        srv.exit_code = t.exit_code
             finally:
+                srv.transport = None
                 pipe.close_writer()
         else:
             from mcp.client.streamable_http import streamable_http_client
@@ -276,7 +293,7 @@ class MCPManager:
             from datadesk.tools.mcp.http import bounded_http_client
 
             srv.stderr = None
-            limit = self.result_max_bytes
+            limit = self._limit(srv)  # over HTTP an answer is held in memory: at most HTTP_HELD_MAX_BYTES
             async with bounded_http_client(headers or None, limit) as client:
                 async with streamable_http_client(cfg.url, http_client=client,
                                                   max_sse_event_size=limit) as (read, write):
@@ -312,6 +329,7 @@ class MCPManager:
             except TimeoutError:
                 raise TimeoutError(f"the server did not initialize and list its tools within {limit:g} s") from None
             self._sync_tools(srv, tools)
+            srv.known_tools = list(srv.tools)
             srv.session = session
             srv.state = "up"
             srv.last_error = None
@@ -422,15 +440,42 @@ class MCPManager:
     def _down_error(self, srv: _Server) -> ToolError:
         if srv.stopping:
             return ToolError(f"the MCP server {srv.name} has been stopped")
+        if srv.state == "disabled":
+            return ToolError(f"the MCP server {srv.name} is disabled in this workspace ([mcp.{srv.name}] "
+                             "enabled = false); its tools are unavailable")
         reason = redact(srv.last_error or srv.conn_closed or "not connected", srv.secrets)
         if srv.state == "starting" and not srv.last_error and srv.restarts == 0:
             return ToolError(f"the MCP server {srv.name} is still starting; try again in a moment")
-        return ToolError(f"the MCP server {srv.name} is down ({reason}); it is being restarted")
+        retried = srv.task is not None and not srv.task.done()
+        then = ("it is being restarted" if retried else
+                f"it is not retried until [mcp.{srv.name}] in workspace.toml is fixed")
+        return ToolError(f"the MCP server {srv.name} is down ({reason}); its tools are unavailable, {then}")
+
+    def _explain_missing(self, name: str, ws: str | None) -> str | None:
+        """Why `name` is no tool in `ws` when it names one of a server that is not up (one that
+        failed to start never listed its tools): the server and its reason, not "unknown tool"."""
+        best: _Server | None = None
+        for srv in self._servers.get(ws or "", {}).values():
+            prefix = exposed_tool_name(srv.name, "")
+            if name.startswith(prefix) and (best is None or len(prefix) > len(exposed_tool_name(best.name, ""))):
+                best = srv
+        if best is None or best.state == "up":  # an up server without it: "unknown tool", with the list
+            return None
+        return str(self._down_error(best))
+
+    def _limit(self, srv: _Server) -> int:
+        """The largest answer `srv` may send: limits.mcp_result_max_mb (spooled to disk over stdio);
+        over HTTP, where the SDK holds an answer in memory, at most HTTP_HELD_MAX_BYTES."""
+        from datadesk.tools.mcp.http import HTTP_HELD_MAX_BYTES
+
+        return self.result_max_bytes if srv.cfg.command is not None else min(self.result_max_bytes,
+                                                                             HTTP_HELD_MAX_BYTES)
 
     async def _call(self, srv: _Server, exposed: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         from mcp import MCPError
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+        from datadesk.tools.mcp.http import http_too_large_text
         from datadesk.tools.mcp.stdio import LIMIT_SETTING, too_large_text
 
         info = srv.tools.get(exposed)
@@ -442,6 +487,7 @@ class MCPManager:
         timeout = srv.cfg.timeout_s
         late = (f"the MCP server {srv.name} did not answer within {timeout:g} s (timeout_s of [mcp.{srv.name}]); "
                 "ask it for less or raise its timeout_s")
+        spool_dir = SPOOL_DIR.set(ctx.thread.artifacts_dir)  # a large answer is spooled into the caller's thread
         try:
             with anyio.fail_after(timeout + 5):
                 result = await session.call_tool(info.real, args, read_timeout_seconds=timeout)
@@ -450,8 +496,15 @@ class MCPManager:
         except MCPError as exc:
             code = exc.code
             if LIMIT_SETTING in exc.message:  # the transport refused a result past limits.mcp_result_max_mb
-                raise ToolError(f"the MCP server {srv.name} answered with {too_large_text(self.result_max_bytes)}; "
+                limit = self._limit(srv)
+                size = too_large_text(limit) if limit == self.result_max_bytes else http_too_large_text(limit)
+                raise ToolError(f"the MCP server {srv.name} answered with {size}; "
                                 "ask it for less: filter, paginate or aggregate") from None
+            if SPOOL_FAILED in exc.message:  # the disk had no room for it
+                why = exc.message.split(SPOOL_FAILED, 1)[1].lstrip(": ")
+                raise ToolError(f"the MCP server {srv.name} sent an answer too large to keep in memory that "
+                                f"could not be saved to disk ({why}); ask it for less, or free space on the "
+                                "disk") from None
             if code == REQUEST_TIMEOUT:
                 raise ToolError(late) from None
             if code == CONNECTION_CLOSED:
@@ -465,67 +518,47 @@ class MCPManager:
             raise ToolError(f"the MCP server {srv.name} is down ({_describe(exc)}); it is being restarted") from None
         except RuntimeError as exc:  # e.g. structured content not matching the output schema
             raise ToolError(f"the MCP server {srv.name} sent an invalid result: {exc}") from None
-        return self._convert(srv, info, result, ctx)
+        finally:
+            SPOOL_DIR.reset(spool_dir)
+        answer = self._claim(srv, result)
+        if answer is None:
+            return self.results.convert(srv.name, info, result, ctx)
+        try:  # read from disk in a worker thread; a cancel waits for it, then the files go
+            return await anyio.to_thread.run_sync(self.results.convert_spooled, srv.name, info, answer, ctx)
+        except Exception as exc:
+            answer.release()
+            srv.log.warning("MCP server %s: reading a spooled answer failed: %s", srv.name, _describe(exc))
+            raise ToolError(f"the answer of the MCP server {srv.name} ({answer.size:,} bytes, spooled to disk) "
+                            f"could not be read: {_describe(exc)}") from None
+        except BaseException:
+            answer.release()
+            raise
+
+    @staticmethod
+    def _claim(srv: _Server, result: Any) -> SpooledAnswer | None:
+        """The spooled answer a substitute result stands for (None: an ordinary result)."""
+        meta = getattr(result, "meta", None)
+        token = meta.get(SPOOL_META) if isinstance(meta, dict) else None
+        if not isinstance(token, str):
+            return None
+        transport = srv.transport
+        answer = transport.claim(token) if transport is not None else None
+        if answer is None:
+            raise ToolError(f"the answer of the MCP server {srv.name} was spooled to disk but is gone "
+                            "(the connection closed meanwhile); try again")
+        return answer
 
     def _convert(self, srv: _Server, info: _ToolInfo, result: Any, ctx: ToolContext) -> ToolResult:
-        import mcp.types as mt
+        return self.results.convert(srv.name, info, result, ctx)
 
-        parts: list[str] = []
-        images: list[str] = []
-        for item in getattr(result, "content", None) or []:
-            if isinstance(item, mt.TextContent):
-                parts.append(item.text)
-            elif isinstance(item, mt.ImageContent):
-                parts.append(self._image(srv, item, ctx, images))
-            elif isinstance(item, mt.AudioContent):
-                parts.append(f"(audio content, {item.mime_type}, not shown)")
-            elif isinstance(item, mt.ResourceLink):
-                parts.append(f"resource: {item.uri}" + (f" ({item.name})" if item.name else ""))
-            elif isinstance(item, mt.EmbeddedResource):
-                res = item.resource
-                if isinstance(res, mt.TextResourceContents):
-                    parts.append(res.text)
-                else:
-                    size = len(getattr(res, "blob", "") or "") * 3 // 4
-                    parts.append(f"(binary resource {res.uri}, about {size:,} bytes, not shown)")
-            else:
-                parts.append(f"({getattr(item, 'type', 'unknown')} content, not shown)")
-        structured = getattr(result, "structured_content", None)
-        if not [p for p in parts if p] and structured is not None:
-            parts.append(json.dumps(structured, ensure_ascii=False, default=str))
-        content = "\n".join(parts)
-        is_error = bool(getattr(result, "is_error", False))
-        if not content:
-            content = "the tool reported an error without a message" if is_error else "(no output)"
-        meta = ToolRecordMeta(mcp_server=srv.name, mcp_tool=info.real, images=images or None)
-        data = None
-        if structured is not None:
-            try:
-                if len(json.dumps(structured, default=str)) <= 65536:
-                    data = structured
-            except (TypeError, ValueError):
-                data = None
-        # structuredContent (with the outputSchema's formats) is preferred over the text by the
-        # offload pipeline's shape detection; the input schema tells its paging and row caps.
-        hints = None if is_error else source_hints(info.spec.parameters, info.output_schema, structured,
-                                                   info.spec.description)
-        return ToolResult(content=content, is_error=is_error, data=data, meta=meta, source=hints)
 
-    def _image(self, srv: _Server, item: Any, ctx: ToolContext, images: list[str]) -> str:
-        mime = (item.mime_type or "application/octet-stream").lower()
-        try:
-            data = base64.b64decode(item.data, validate=True)
-        except (binascii.Error, ValueError):
-            return f"(an image from {srv.name} could not be decoded)"
-        if self.save_image is None:
-            return f"(an image was returned: {mime}, {len(data):,} bytes; images are not kept here)"
-        try:
-            aid = self.save_image(ctx, data, mime)
-        except Exception as exc:  # noqa: BLE001 - quota, disk, cleared thread: a note, not a failure
-            srv.log.warning("MCP server %s: image not saved: %s", srv.name, _describe(exc))
-            return f"(an image was returned but not saved: {_describe(exc)})"
-        images.append(aid)
-        return f"image: artifact {aid} ({len(data):,} bytes {mime}), shown to the user in the chat"
+def _exited(code: int | None) -> str:
+    """Why a stdio connection ended on the server's side, with its exit status when it is known."""
+    if code is None:
+        return "the server process exited or closed its output"
+    if code < 0:
+        return f"the server process was killed by signal {-code}"
+    return f"the server process exited with status {code}"
 
 
 def _is_transport_failure(exc: BaseException) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -70,8 +71,8 @@ def locate(text: Any, header_rows: bool = True) -> JsonRows:
     if isinstance(text, str):
         body: Any = text.lstrip()
         first = body[:1]
-    else:  # bytes or an Arrow buffer: no copy
-        body = memoryview(text)
+    else:  # bytes, an Arrow buffer or a memory-mapped file (an MCP answer spooled to disk): no copy
+        body = text if isinstance(text, mmap.mmap) else memoryview(text)
         first = bytes(body[:256]).lstrip()[:1]
     if first in ("[", b"["):
         stream = open_records(body, is_exact)  # an array of objects, streamed by pyarrow

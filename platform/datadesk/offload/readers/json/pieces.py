@@ -24,6 +24,7 @@ pyarrow would read as timestamps are read as text and typed by our own casts
 
 from __future__ import annotations
 
+import mmap
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
@@ -82,7 +83,7 @@ def open_records(body: Any, exact: Callable[[pa.Table], bool]) -> Records | None
     piece read now; None when it cannot be read this way (the caller reads it row by row)."""
     if isinstance(body, str) and not body.isascii():
         body = body.encode("utf-8")  # slices by byte offset below; an ASCII str is sliced as it is
-    elif not isinstance(body, (str, bytes)):
+    elif not isinstance(body, (str, bytes, mmap.mmap)):  # a mapped file is sliced as it is, piece by piece
         body = bytes(body)  # an Arrow buffer or a memoryview
     text = isinstance(body, str)
     start, end = body.find("[" if text else b"[") + 1, body.rfind("]" if text else b"]")
