@@ -219,8 +219,10 @@ def test_app_image_completes_a_turn_with_a_docker_kernel() -> None:
                 tid = c.post("/api/threads", json={}).json()["id"]
                 events = parse_sse(c.post(f"/api/threads/{tid}/messages",
                                           json={"content": "What is 6 times 7? Save it as a report."}).text)
+                # this app's kernels only: other tests (xdist workers) run kernels on the same engine
                 kernels = client.containers.list(filters={"label": "datadesk.sandbox=1"})
-                labels = [k.labels.get("datadesk.home") for k in kernels]
+                labels = [k.labels.get("datadesk.home") for k in kernels
+                          if k.labels.get("datadesk.home") in _home_labels(home)]
 
             kinds = [e for e, _ in events]
             assert kinds[-2:] == ["message.completed", "done"], events

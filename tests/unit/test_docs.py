@@ -118,9 +118,21 @@ def test_every_builtin_tool_is_documented(tmp_path: Path) -> None:
 def test_readme_names_the_two_setup_commands_and_ci_uses_the_test_one() -> None:
     blocks = re.findall(r"```sh\n(.*?)\n```", README, flags=re.S)
     assert "pip install -e . && datadesk serve" in blocks
-    test_cmd = "pip install -e '.[test]' && python -m pytest"
+    # both lanes: the parallel one (pytest-xdist), then the serial one
+    test_cmd = """pip install -e '.[test]' && python -m pytest -n auto -m "not serial" && python -m pytest -m serial"""
     assert test_cmd in blocks
-    assert test_cmd in (ROOT / ".ci" / "run").read_text()
+    assert test_cmd in (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test_cmd in (DOCS / "getting-started.md").read_text()
+
+
+def test_every_pytest_marker_is_in_the_table_of_the_test_docs() -> None:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    names = [m.split(":")[0] for m in config["markers"]]
+    page = (DOCS / "getting-started.md").read_text()
+    missing = [n for n in names if f"| `{n}` |" not in page]
+    assert "serial" in names and not missing, f"markers missing from docs/getting-started.md: {missing}"
 
 
 def test_slugs_match_python_markdown() -> None:
