@@ -113,8 +113,9 @@ class ArtifactStore:
 
     @staticmethod
     def original_name(aid: str, ext: str) -> str:
-        """The name of an upload's kept original beside its data (`<aid>.source.<ext>`)."""
-        return f"{aid}.source.{ext}"
+        """The name of an upload's kept original beside its data (`<aid>.original-<ext>`: no data
+        suffix, so it is not linked into the sandbox's /data with the artifacts)."""
+        return f"{aid}.original-{ext}"
 
     def original_paths(self, thread: Thread, art: Artifact) -> list[Path]:
         """The kept original of an upload: the one its metadata names, and any of its name

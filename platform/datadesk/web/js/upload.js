@@ -82,6 +82,12 @@ function reimportForm(app, a) {
   return form;
 }
 
+// Whether a reading is worth a line: a CSV's always (its guess), a sheet's when something was skipped.
+function worthSaying(r) {
+  if (r.sheet === undefined) return true;
+  return r.header_row > 1 || r.merged_header || (r.skipped || []).length > 0 || !!r.totals;
+}
+
 // How one artifact of the upload was read: the guess, what was left out, and the form.
 function readingBox(app, a) {
   const r = a.reading;
@@ -107,9 +113,11 @@ export function uploadCard(app, artifacts, filename, ids, skipped = []) {
   for (const aid of ids) {
     const a = artifacts.get(aid) || {};
     const sheet = a.origin && a.origin.sheet;
-    const size = a.rows !== null && a.rows !== undefined ? ` · ${num(a.rows)} rows × ${a.columns} columns` : "";
+    const size = a.rows !== null && a.rows !== undefined
+      ? ` · ${num(a.rows)} row${a.rows === 1 ? "" : "s"} × ${a.columns} column${a.columns === 1 ? "" : "s"}` : "";
     list.append(h("li", {}, sheet ? h("strong", {}, sheet) : null, h("span", { class: "muted" }, ` artifact ${aid}${size} `),
-      a.format === "parquet" ? gridButton(aid, a.name || filename) : null, a.reading ? readingBox(app, a) : null));
+      a.format === "parquet" ? gridButton(aid, a.name || filename) : null,
+      a.reading && worthSaying(a.reading) ? readingBox(app, a) : null));
   }
   el.append(list);
   if (skipped && skipped.length) el.append(h("p", { class: "muted" }, `Sheets skipped: ${skipped.join(", ")}`));
