@@ -1,4 +1,5 @@
-"""Artifact endpoints: list, read, download, re-query, and uploads (streamed multipart)."""
+"""Artifact endpoints: list, read, download, re-query, uploads (streamed multipart) and the
+re-import of a CSV/TSV upload with the analyst's reading options."""
 
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ from datadesk.api.render import data_uri, markdown_html, report_page, sanitize
 from datadesk.api.guards.security import SANDBOX_CSP
 from datadesk.composition import Runtime
 from datadesk.domain.artifacts import Artifact
+from datadesk.domain.ids import check_id
 from datadesk.domain.users import User
 from datadesk.offload.grid.csv_download import FORMULA_PARAM, CSVError, keep_formulas, parquet_csv
 from datadesk.offload.grid.pages import Column, GridError, GridLimit, GridReader, GridView, parse_request
 from datadesk.offload.artifacts.expired import expired_message
 from datadesk.offload.artifacts.store import regular_file
+from datadesk.offload.readers.csv.dialect import ChoiceError, ReadChoices
+from datadesk.offload.readers.csv.encoding import ENCODINGS
 from datadesk.sandbox.files import read_regular
 from datadesk.sources.sqllimits import SQLLimits
 from datadesk.store.files import not_saved
@@ -55,6 +59,9 @@ class ArtifactOut(msgspec.Struct):
     partial_reason: str | None = None
     partial_by: str | None = None  # "source": the source itself cut the result
     shape: str | None = None  # what the source sent ("Python repr of a list of dicts", ...)
+    name: str | None = None  # an upload's file name, with its sheet ("sales.xlsx — Q1")
+    reading: dict[str, Any] | None = None  # how an upload was read (CSV dialect, sheet layout)
+    can_reimport: bool = False  # a CSV/TSV upload whose original is kept: POST .../reimport
 
 
 def artifact_out(rt: Runtime, thread_id: str, art: Artifact) -> ArtifactOut:
@@ -66,7 +73,8 @@ def artifact_out(rt: Runtime, thread_id: str, art: Artifact) -> ArtifactOut:
         created=art.created, last_used=art.last_used, expires_at=expires, expired_at=art.expired_at,
         sandbox_path=art.sandbox_path, origin=msgspec.to_builtins(art.origin),
         can_requery=bool(tool and tool.spec.read_only), partial_reason=art.partial_reason,
-        partial_by=art.partial_by, shape=art.shape,
+        partial_by=art.partial_by, shape=art.shape, name=art.name, reading=art.reading,
+        can_reimport=bool(art.original) and art.available,
     )
 
 
@@ -114,7 +122,8 @@ def download_stem(title: str, art: Artifact) -> str:
     """A file name (no extension) for an artifact: the file's own name (uploads, code outputs),
     else the thread's title, else the table the query reads (`readings_2024`), else the id."""
     if art.origin.filename:
-        return Path(art.origin.filename).stem
+        stem = Path(art.origin.filename).stem
+        return f"{stem}_{art.origin.sheet}" if art.origin.sheet else stem
     if title.strip().lower() not in GENERIC_TITLES:
         return title
     sql = ""
@@ -384,10 +393,37 @@ class ArtifactController(Controller):
             raise ClientException("send the file as multipart/form-data with a 'file' field")
         limit = rt.settings.offload.upload_max_bytes
         got: dict[str, int] = {}
-        art = await rt.attachments.upload(
+        upload = await rt.attachments.upload(
             handle, user, lambda fd: _receive_file(request, options["boundary"], fd, limit, got))
+        arts = [msgspec.to_builtins(artifact_out(rt, handle.id, a)) for a in upload.artifacts]
+        out: dict[str, Any] = {"artifact": arts[0], "artifacts": arts,
+                               "skipped_sheets": [{"sheet": n, "why": w} for n, w in upload.skipped]}
+        warning = upload_warning(upload.artifacts[0], got.get("bytes", 0))
+        if warning:
+            out["warning"] = warning
+        return out
+
+    @post("/threads/{tid:str}/artifacts/{aid:str}/reimport", status_code=200)
+    async def reimport(self, tid: FromPath[str], aid: FromPath[str], request: Request, user: CurrentUser,
+                       rt: RuntimeDep) -> dict[str, Any]:
+        """Read a CSV/TSV upload's kept original again with the options of the JSON body
+        (`delimiter`, `decimal`, `thousands`, `header_row`, `encoding`; any left out is sniffed
+        again) and replace the artifact's data in place (same id). 400 naming a bad field."""
+        handle = find_thread(rt, user, tid)
+        check_id(aid, "artifact")
+        raw = await request.body()
+        try:
+            body = msgspec.json.decode(raw) if raw.strip() else {}
+        except msgspec.DecodeError as exc:
+            raise ClientException(f"body: not JSON ({exc})", extra={"field": "body"}) from None
+        try:
+            choices = ReadChoices.parse(body, ENCODINGS)
+        except ChoiceError as exc:
+            raise ClientException(str(exc), extra={"field": exc.field}) from None
+        upload = await rt.attachments.reimport(handle, user, aid, choices)
+        art = upload.artifacts[0]
         out: dict[str, Any] = {"artifact": msgspec.to_builtins(artifact_out(rt, handle.id, art))}
-        warning = upload_warning(art, got.get("bytes", 0))
+        warning = upload_warning(art, art.original_bytes)
         if warning:
             out["warning"] = warning
         return out
