@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,12 @@ def test_a_spooled_answer_past_the_limit_is_refused_naming_the_setting(tmp_path:
     asyncio.run(main())
 
 
-def test_a_cancelled_call_removes_its_spool_file(tmp_path: Path) -> None:
+def test_a_cancelled_call_removes_its_spool_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="datadesk.mcp.fake")
+
+    def line_ended() -> bool:  # the fake says so on stderr once it wrote the whole line
+        return any(r.getMessage().startswith("table: ") for r in caplog.records if r.name == "datadesk.mcp.fake")
+
     async def main() -> None:
         reg = ToolRegistry()
         mgr = MCPManager(reg)
@@ -161,7 +167,8 @@ def test_a_cancelled_call_removes_its_spool_file(tmp_path: Path) -> None:
                 await task
             assert await wait_for(lambda: temp_files(c) == [], 5, 0.02), temp_files(c)  # at once
             # the server still ends that line (its writes may not interleave with another answer's)
-            await asyncio.sleep(7)
+            assert await wait_for(line_ended, 60, 0.05)
+            await asyncio.sleep(0.2)
             assert temp_files(c) == []  # the rest of the line was skipped, never spooled
             r = await call(reg, c, "fake__echo", text="after")
             assert (r.content, r.is_error) == ("after", False)

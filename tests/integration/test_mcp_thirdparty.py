@@ -8,9 +8,12 @@ result must become a typed Parquet artifact with the exact rows and sums of the 
 | mcp-server-motherduck 1.1.0 | JSON `{columns, columnTypes, rows: [[...]]}`          | 1,024 rows: `truncated`, `warning` |
 | mcp-csv-database 0.1.7      | JSON envelope `{status, columns, row_count, limited, data: [{...}]}`, indent 2 | `limit` argument, default 100 |
 | mcp-server-duckdb 1.1.0     | Python repr of a list of tuples (`str(fetchall())`)   | none                   |
+| mcp-alchemy 2026.10.15.202659 | vertical records: `1. row` then `col: value` lines, `Result: N rows` | `EXECUTE_QUERY_MAX_CHARS` (4,000): "showing first N rows (output truncated)" |
+| chdb-mcp 0.2.0 (chDB 4.4.0) | any ClickHouse format: `Vertical` gives `Row 1:` / `──` / `col: value` records | 1,000 rows ("Showed first 1000."), `CHDB_MCP_MAX_RESULT_BYTES` (1 MiB) |
 
 Each needs its own `mcp` (and DuckDB) version, so `.ci/run` installs it in its own venv
-(`.venv-mcp-sqlite`, `.venv-mcp-motherduck`, `.venv-mcp-csvdb`, `.venv-mcp-duckdb`);
+(`.venv-mcp-sqlite`, `.venv-mcp-motherduck`, `.venv-mcp-csvdb`, `.venv-mcp-duckdb`,
+`.venv-mcp-alchemy`, `.venv-mcp-chdb`);
 DATADESK_MCP_<NAME> points at another console script. Without one the test skips;
 DATADESK_REQUIRE_MCP_<NAME>=1 (set by .ci/run) makes that a failure. All data is local
 (SQLite / DuckDB files, a CSV folder); telemetry and update checks are switched off.
@@ -263,6 +266,137 @@ def test_mcp_server_duckdb_repr_of_tuples_through_the_pipeline(rt: Runtime, tmp_
             assert pc.sum(table["col_1"]).as_py() == sum(range(200_000))
             assert pc.sum(table["col_3"]).as_py() == sum(i * 0.25 for i in range(200_000))
             assert str(table.schema.field("col_4").type) == "date32[day]"
+        finally:
+            await mgr.stop()
+
+    asyncio.run(main())
+
+
+# -- mcp-alchemy: vertical records (`1. row`, `col: value`), cut by its own EXECUTE_QUERY_MAX_CHARS ---
+def _orders_db(path: Path, rows: int) -> None:
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE orders (id INTEGER, customer TEXT, amount REAL, day TEXT, paid INTEGER)")
+    con.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
+                    [(i, f"customer {i % 7}", i * 0.25, f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}", i % 2)
+                     for i in range(rows)])
+    con.commit()
+    con.close()
+
+
+def test_mcp_alchemy_vertical_records_and_its_own_cut(rt: Runtime, tmp_path: Path) -> None:
+    cmd = server_command("alchemy", "mcp-alchemy")
+    db = tmp_path / "shop.db"
+    _orders_db(db, 3_000)
+
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg)
+        try:
+            env = {**QUIET, "DB_URL": f"sqlite:///{db}", "EXECUTE_QUERY_MAX_CHARS": "100000000"}
+            await started(mgr, "alchemy", MCPServerConfig(command=cmd, timeout_s=120, startup_timeout_s=60, env=env),
+                          tmp_path, "mcp-alchemy")
+            c = ctx(tmp_path)
+            outcome, table = await offload(rt, reg, c, "alchemy__execute_query", query="SELECT * FROM orders ORDER BY id")
+            art = outcome.artifact
+            assert art.shape == "vertical records (N. row)" and art.status == "ready" and art.partial_by is None
+            assert table.num_rows == art.rows == 3_000
+            assert table.column_names == ["id", "customer", "amount", "day", "paid"]
+            assert str(table.schema.field("id").type) == "int64" and str(table.schema.field("day").type) == "date32[day]"
+            assert pc.sum(table["id"]).as_py() == sum(range(3_000))
+            assert pc.sum(table["amount"]).as_py() == sum(i * 0.25 for i in range(3_000))
+            assert pc.sum(table["paid"]).as_py() == 1_500
+            assert "sent as: vertical records (N. row)" in outcome.result.content
+            # an error is ordinary text ("Error: (sqlite3.OperationalError) no such column"): told as an error
+            r = await reg.run("alchemy__execute_query", json.dumps({"query": "SELECT nope FROM orders"}), c)
+            assert r.is_error and "the MCP server alchemy answered with an error: Error: (sqlite3.OperationalError) " \
+                                  "no such column: nope" in r.content, r.content
+        finally:
+            await mgr.stop()
+        # its default cut (4,000 characters): "showing first N rows (output truncated)", said as the source's cut
+        reg = ToolRegistry()
+        mgr = MCPManager(reg)
+        try:
+            env = {**QUIET, "DB_URL": f"sqlite:///{db}"}
+            await started(mgr, "alchemy", MCPServerConfig(command=cmd, timeout_s=120, startup_timeout_s=60, env=env),
+                          tmp_path, "mcp-alchemy")
+            c = ctx(tmp_path)
+            outcome, table = await offload(rt, reg, c, "alchemy__execute_query", query="SELECT * FROM orders ORDER BY id")
+            art = outcome.artifact
+            assert art.status == "partial" and art.partial_by == "source" and 0 < table.num_rows == art.rows < 3_000
+            assert f"showing first {art.rows} rows (output truncated)" in (art.source_note or "")
+            assert "PARTIAL (by the source)" in outcome.result.content
+            assert pc.sum(table["id"]).as_py() == sum(range(art.rows))
+        finally:
+            await mgr.stop()
+
+    asyncio.run(main())
+
+
+# -- chdb-mcp: ClickHouse's Vertical format (`Row 1:`, a rule, `col: value`) on a local CSV file ------
+def _sales_csv(folder: Path, rows: int) -> Path:
+    path = folder / "sales.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "region", "amount", "units"])
+        for i in range(rows):
+            w.writerow([i, f"region {i % 11}", i * 0.25, i % 13])
+    return path
+
+
+def _chdb_config(cmd: list[str], tmp_path: Path, max_bytes: int | None = None) -> MCPServerConfig:
+    env = {**QUIET, "HOME": str(tmp_path), "CHDB_MCP_SESSION_PATH": str(tmp_path / "chdb-session")}
+    if max_bytes is not None:
+        env["CHDB_MCP_MAX_RESULT_BYTES"] = str(max_bytes)
+    return MCPServerConfig(command=cmd, timeout_s=120, startup_timeout_s=90, env=env)
+
+
+def test_chdb_mcp_vertical_records(rt: Runtime, tmp_path: Path) -> None:
+    cmd = server_command("chdb", "chdb-mcp")
+    path = _sales_csv(tmp_path, 3_000)
+
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg)
+        try:
+            await started(mgr, "chdb", _chdb_config(cmd, tmp_path, 100_000_000), tmp_path, "chdb-mcp")
+            c = ctx(tmp_path)
+            sql = (f"SELECT * FROM file('{path}', 'CSVWithNames') ORDER BY id "
+                   "SETTINGS output_format_pretty_max_rows = 100000")
+            outcome, table = await offload(rt, reg, c, "chdb__query", sql=sql, format="Vertical")
+            art = outcome.artifact
+            assert art.shape == "vertical records (Row N:)" and art.status == "ready" and art.partial_by is None
+            assert table.num_rows == art.rows == 3_000 and table.column_names == ["id", "region", "amount", "units"]
+            assert str(table.schema.field("id").type) == "int64" and str(table.schema.field("amount").type) == "double"
+            assert pc.sum(table["id"]).as_py() == sum(range(3_000))
+            assert pc.sum(table["amount"]).as_py() == sum(i * 0.25 for i in range(3_000))
+            assert pc.sum(table["units"]).as_py() == sum(i % 13 for i in range(3_000))
+            # an unknown table: told to the model as an error naming the server
+            r = await reg.run("chdb__query", json.dumps({"sql": "SELECT * FROM nope", "format": "Vertical"}), c)
+            assert r.is_error and "the MCP server chdb answered with an error" in r.content and "nope" in r.content
+        finally:
+            await mgr.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.xfail(reason="waits on the readers: ClickHouse's own cut, a trailing 'Showed first 1000.', "
+                          "is not yet read as the source's cut (offload/source_cut.py)", strict=False)
+def test_chdb_mcp_vertical_records_past_its_own_row_cap(rt: Runtime, tmp_path: Path) -> None:
+    cmd = server_command("chdb", "chdb-mcp")
+    path = _sales_csv(tmp_path, 3_000)
+
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg)
+        try:
+            await started(mgr, "chdb", _chdb_config(cmd, tmp_path, 100_000_000), tmp_path, "chdb-mcp")
+            c = ctx(tmp_path)
+            sql = f"SELECT * FROM file('{path}', 'CSVWithNames') ORDER BY id"
+            outcome, table = await offload(rt, reg, c, "chdb__query", sql=sql, format="Vertical")
+            art = outcome.artifact
+            assert table.num_rows == art.rows == 1_000 and pc.sum(table["id"]).as_py() == sum(range(1_000))
+            assert art.status == "partial" and art.partial_by == "source"
+            assert "Showed first 1000" in (art.source_note or "")
         finally:
             await mgr.stop()
 
