@@ -301,3 +301,47 @@ def test_a_count_right_under_a_fixed_width_table_is_no_row() -> None:
     t, stream = table(text)
     assert t.to_pylist() == [{"name": "ann", "amount": 1.5}, {"name": "bob", "amount": 2.0}]
     assert stream.facts.prose == ["Result: 2 rows"] and not judge(stream.facts, 2).partial
+
+
+def test_a_table_tag_inside_a_cell_or_a_sentence_is_no_html_table() -> None:
+    csv = 'id,snippet\n1,"see <table><tr><td>x</td></tr></table>"\n2,plain\n'
+    t, stream = table(csv)
+    assert stream.facts.shape.startswith("CSV") and t.num_rows == 2
+    assert parse_text("The page uses <table><tr><td>layout</td></tr></table> markup.") is None
+
+
+@pytest.mark.parametrize("text", [
+    SHAPES["html_table"](2_500), TRUNCATED["html_table"](40, truncated=True),
+    "<table><thead><tr><th>a &amp; b</th><th>c</th></tr></thead><tbody><tr><td> x\n  y </td><td>&lt;1&gt;</td></tr>"
+    "<tr><td></td><td>2</td></tr></tbody><tfoot><tr><td>t</td><td>9</td></tr></tfoot></table><p>after</p>",
+])
+def test_a_plain_html_table_reads_as_the_tokenizer_reads_it(text: str) -> None:
+    from datadesk.offload.readers.base import SourceFacts
+    from datadesk.offload.readers.html.pyarrow_engine import plain_batches
+    from datadesk.offload.readers.html.stdlib_engine import HtmlText, table_batches
+
+    fast, slow = SourceFacts("HTML table"), SourceFacts("HTML table")
+    batches = plain_batches(HtmlText(text, fast), 1_000)
+    assert batches is not None
+    one = pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="permissive")
+    other = pa.concat_tables([pa.Table.from_batches([b]) for b in table_batches(HtmlText(text, slow), 1_000)],
+                             promote_options="permissive")
+    assert one.equals(other) and fast.prose == slow.prose
+
+
+@pytest.mark.parametrize("text", [
+    "<table><tr><th>a</th></tr><tr><td>1 < 2</td></tr></table>",  # a `<` in a cell
+    "<table><tr><th>a</th></tr><!-- a comment --><tr><td>1</td></tr></table>",
+    "<TABLE><TR><TH>a</TH></TR><TR><TD>1</TD></TR></TABLE>",
+    "<table><tr><th colspan=2>a</th></tr><tr><td>1</td><td>2</td></tr></table>",
+    "<table><tr><th>a</th><th>b</th></tr><tr><td>1</td></tr></table>",  # a short row: padded by the tokenizer
+    "<table><tr><td>1</td></tr></table>",  # no header row: the tokenizer decides
+    "<table><tr><th>a</th></tr><tr><td><b>1</b></td></tr></table>",
+])
+def test_what_is_not_plain_goes_to_the_tokenizer(text: str) -> None:
+    from datadesk.offload.readers.base import SourceFacts
+    from datadesk.offload.readers.html.pyarrow_engine import plain_batches
+    from datadesk.offload.readers.html.stdlib_engine import HtmlText
+
+    assert plain_batches(HtmlText(text, SourceFacts("HTML table")), 10) is None
+    assert parse_text(text) is not None

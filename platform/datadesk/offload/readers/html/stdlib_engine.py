@@ -53,11 +53,13 @@ class HtmlText:
 
 
 def find_table(text: str, max_lines: int = 20) -> int | None:
-    """Where the first `<table>` opens (after at most `max_lines` lines), when rows follow it."""
+    """Where the first `<table>` opens (after at most `max_lines` lines), when rows follow it. Its
+    line starts with a tag: a `<table>` inside a CSV cell or a sentence is text, not a table."""
     m = _TABLE_TAG.search(text, 0, 1 << 16)
     if m is None or text.count("\n", 0, m.start()) > max_lines or _ROW_TAG.search(text, m.end()) is None:
         return None
-    return m.start()
+    before = text[text.rfind("\n", 0, m.start()) + 1:m.start()].lstrip()
+    return m.start() if not before or before.startswith("<") else None
 
 
 @dataclass
@@ -180,7 +182,17 @@ class _Tokens(HTMLParser):
         self._end_row()
 
 
+def prose_of(text: str) -> list[str]:
+    """The text of an HTML text that holds no table, as the tokenizer reads it (no script)."""
+    tokens = _Tokens()
+    tokens.feed(text)
+    tokens.finish()
+    return tokens.prose
+
+
 def _span(value: str | None) -> int:
+    if value is None:
+        return 1
     try:
         n = int(str(value).strip())
     except (TypeError, ValueError):

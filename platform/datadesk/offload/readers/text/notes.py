@@ -63,11 +63,14 @@ def more_rows(lines: list[str]) -> int | None:
     return None
 
 
+_HINT = re.compile(r"row|record|result|output|trunc|limit|cut|capped|more|\.\.\.|…", re.I)  # in every note
+
+
 def is_note(line: str, loose: bool = False) -> bool:
     """A line that states a count or a cut: it ends a table, it is never one of its rows.
     `loose`: any short line with the words of a cut (where no row could be that line)."""
     s = line.strip()
-    if not s or len(s) > 120:
+    if not s or len(s) > 120 or not (loose or _HINT.search(s)):  # one search for a row, not five
         return False
     return bool(_COUNT.fullmatch(s) or _SHOWN_OF.fullmatch(s) or _MORE.fullmatch(s) or _CUT.fullmatch(s)
                 or (loose and CUT_WORDS.search(s)))
