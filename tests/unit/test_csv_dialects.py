@@ -211,3 +211,44 @@ def test_every_sheet_with_its_layout(tmp_path: Path, memory: int) -> None:
     assert facts.reading["merged_header"] and facts.reading["header_row"] == 3
     assert _table(tables[2].stream).to_pylist() == [{"k": "a", "v": 1}]
     assert list(tmp_path.glob("*.batches.tmp")) == []
+
+
+# ------------------------------------------------- the kept original and the quotas
+
+def test_the_kept_original_counts_in_the_quota_and_goes_with_its_artifact(tmp_path: Path) -> None:
+    import msgspec
+
+    from datadesk.domain.artifacts import ArtifactOrigin
+    from datadesk.llm.tokens import count_tokens
+    from datadesk.offload.artifacts.quota import ArtifactQuota
+    from datadesk.offload.artifacts.store import ArtifactStore, new_artifact_id
+    from datadesk.offload.pipeline import OffloadPipeline
+    from datadesk.offload.uploads import ingest_upload
+    from datadesk.settings import OffloadSettings
+    from datadesk.store.layout import Layout
+    from datadesk.store.threads import Thread
+
+    layout = Layout(tmp_path / "home")
+    store = ArtifactStore(layout)
+    settings = OffloadSettings(user_max_bytes=60_000)
+    pipeline = OffloadPipeline(settings, store, count_tokens)
+    d = layout.thread_dir("demo", "alice", "t1")
+    d.mkdir(parents=True)
+    thread = Thread(d)
+    origin = ArtifactOrigin(source="upload", user="alice", thread="t1", workspace="demo", filename="a.csv")
+    staged = d / "artifacts" / ".upload-x.tmp"
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    staged.write_text("k;v\n" + "".join(f"k{i};{i},5\n" for i in range(5_000)))  # ~50 KB
+    size = staged.stat().st_size
+    (art, _, _), = ingest_upload(pipeline, thread, staged, "a.csv", origin).tables
+    assert art.original == f"{art.id}.original-csv" and art.original_bytes == size
+    assert art.stored_bytes == art.bytes + size and (thread.artifacts_dir / art.original).exists()
+    assert not staged.exists()
+    # a second upload passes the user's bytes quota only because the first one's original counts
+    other = msgspec.structs.replace(art, id=new_artifact_id(), file="x.parquet", original=None, original_bytes=0,
+                                    last_used=art.last_used + 10)
+    (thread.artifacts_dir / "x.parquet").write_bytes(b"x" * 20_000)
+    store.save(thread, msgspec.structs.replace(other, bytes=20_000))
+    evicted = ArtifactQuota(settings, store).enforce(trigger_user="alice")
+    assert [e.artifact for e in evicted] == [art.id]
+    assert not (thread.artifacts_dir / art.original).exists() and store.load(thread, art.id).status == "expired"
