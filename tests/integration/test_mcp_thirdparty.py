@@ -296,12 +296,14 @@ def test_mcp_alchemy_vertical_records_and_its_own_cut(rt: Runtime, tmp_path: Pat
             await started(mgr, "alchemy", MCPServerConfig(command=cmd, timeout_s=120, startup_timeout_s=60, env=env),
                           tmp_path, "mcp-alchemy")
             c = ctx(tmp_path)
-            outcome, table = await offload(rt, reg, c, "alchemy__execute_query", query="SELECT * FROM orders ORDER BY id")
+            outcome, table = await offload(rt, reg, c, "alchemy__execute_query",
+                                           query="SELECT * FROM orders ORDER BY id")
             art = outcome.artifact
             assert art.shape == "vertical records (N. row)" and art.status == "ready" and art.partial_by is None
             assert table.num_rows == art.rows == 3_000
             assert table.column_names == ["id", "customer", "amount", "day", "paid"]
-            assert str(table.schema.field("id").type) == "int64" and str(table.schema.field("day").type) == "date32[day]"
+            assert str(table.schema.field("id").type) == "int64"
+            assert str(table.schema.field("day").type) == "date32[day]"
             assert pc.sum(table["id"]).as_py() == sum(range(3_000))
             assert pc.sum(table["amount"]).as_py() == sum(i * 0.25 for i in range(3_000))
             assert pc.sum(table["paid"]).as_py() == 1_500
@@ -320,7 +322,8 @@ def test_mcp_alchemy_vertical_records_and_its_own_cut(rt: Runtime, tmp_path: Pat
             await started(mgr, "alchemy", MCPServerConfig(command=cmd, timeout_s=120, startup_timeout_s=60, env=env),
                           tmp_path, "mcp-alchemy")
             c = ctx(tmp_path)
-            outcome, table = await offload(rt, reg, c, "alchemy__execute_query", query="SELECT * FROM orders ORDER BY id")
+            outcome, table = await offload(rt, reg, c, "alchemy__execute_query",
+                                           query="SELECT * FROM orders ORDER BY id")
             art = outcome.artifact
             assert art.status == "partial" and art.partial_by == "source" and 0 < table.num_rows == art.rows < 3_000
             assert f"showing first {art.rows} rows (output truncated)" in (art.source_note or "")
@@ -365,8 +368,10 @@ def test_chdb_mcp_vertical_records(rt: Runtime, tmp_path: Path) -> None:
             outcome, table = await offload(rt, reg, c, "chdb__query", sql=sql, format="Vertical")
             art = outcome.artifact
             assert art.shape == "vertical records (Row N:)" and art.status == "ready" and art.partial_by is None
-            assert table.num_rows == art.rows == 3_000 and table.column_names == ["id", "region", "amount", "units"]
-            assert str(table.schema.field("id").type) == "int64" and str(table.schema.field("amount").type) == "double"
+            assert table.num_rows == art.rows == 3_000
+            assert table.column_names == ["id", "region", "amount", "units"]
+            assert str(table.schema.field("id").type) == "int64"
+            assert str(table.schema.field("amount").type) == "double"
             assert pc.sum(table["id"]).as_py() == sum(range(3_000))
             assert pc.sum(table["amount"]).as_py() == sum(i * 0.25 for i in range(3_000))
             assert pc.sum(table["units"]).as_py() == sum(i % 13 for i in range(3_000))

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 _HEAD_BYTES = 64 * 1024  # of a spooled text: read to tell an error, and shown for one
 _SHOWN_ERROR = 2_000  # characters of an error text the model gets
+_NO_MESSAGE = "the tool reported an error without a message"
 
 # -- an error given as ordinary text ------------------------------------------------------------
 _DUCKDB = ("Catalog|Binder|Parser|Conversion|Invalid Input|Constraint|IO|Out of Range|Not implemented|"
@@ -188,7 +189,7 @@ class ResultReader:
         is_error = bool(getattr(result, "is_error", False))
         meta = ToolRecordMeta(mcp_server=server, mcp_tool=info.real, images=images or None)
         if is_error:
-            return error_result(info.spec.name, server, _shown(content) or "the tool reported an error without a message", meta)
+            return error_result(info.spec.name, server, _shown(content) or _NO_MESSAGE, meta)
         reason = error_text(content) if not images else None
         if reason is not None:
             return error_result(info.spec.name, server, reason, meta)
@@ -266,7 +267,7 @@ class ResultReader:
             meta = ToolRecordMeta(mcp_server=server, mcp_tool=info.real, images=images or None)
             head = _read_head(texts[0][0]) if texts else "\n".join(p for p in parts if p)
             if answer.is_error:
-                return error_result(info.spec.name, server, _shown(head) or "the tool reported an error without a message", meta)
+                return error_result(info.spec.name, server, _shown(head) or _NO_MESSAGE, meta)
             reason = error_text(head[:_SHORT + 1] if len(head) > _SHORT else head)
             if reason is not None:
                 return error_result(info.spec.name, server, reason, meta)
