@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from datadesk.offload.readers.base import Rest, SourceFacts
 from datadesk.offload.readers.casts import text_column
@@ -99,44 +100,70 @@ def _split(line: str, delimiter: str) -> tuple[str | None, str]:
 
 
 def record_batches(source: VerticalRecords, batch_rows: int, rest: Rest | None = None) -> Iterator[pa.RecordBatch]:
-    """Typed batches of the records, `batch_rows` records each; the trailer goes to the facts."""
+    """Typed batches of the records, `batch_rows` records each; the trailer goes to the facts.
+
+    Records laid out as record 1 is (the same fields in the same order, one line each, the same
+    lines between them: what a shell prints) are cut a batch at a time by list slicing and
+    pyarrow (`_Layout`); from the first record that is not, they are read line by line."""
+    i, emitted = source.start, False
+    layout = _Layout.of(source)
+    if layout is not None:
+        for batch, i in layout.batches(source, batch_rows):
+            emitted = True
+            yield batch
+    yield from _line_by_line(source, i, batch_rows, layout.names if layout else None, emitted)
+
+
+def _record(source: VerticalRecords, i: int, names: list[str] | None) -> tuple[str, int, list[str], list[str], int, bool]:
+    """The record whose opening line is `i`: (its number, `i`, keys, values, the line after it,
+    whether every field was one line); None for the number when line `i` opens none."""
     lines, n = source.lines, len(source.lines)
-    i = source.start
-    names: list[str] | None = None  # record 1's columns, as written
-    index: dict[str, int] = {}
-    cols: list[list[str | None]] = []
-    rows = 0
-    emitted = False
-    while i < n:
-        m = source.opener.match(lines[i])
-        if m is None:
-            break
-        number, opened = m.group(1), i
+    m = source.opener.match(lines[i])
+    if m is None:
+        return None, i, [], [], i, False
+    number, opened = m.group(1), i
+    i += 1
+    if i < n and _RULE.match(lines[i]):
         i += 1
-        if i < n and _RULE.match(lines[i]):
-            i += 1
-        keys: list[str] = []
-        values: list[str] = []
-        while i < n:
-            line = lines[i]
-            if not line.strip() or source.opener.match(line):
-                break
-            key, value = _split(line, source.delimiter)
-            # "2 rows in set (0.00 sec)", "Result: 2 rows", after record 1 any words of a cut
-            if not (names and key in names) and is_note(line, loose=names is not None):
-                break
-            if key:
-                keys.append(key)
-                values.append(value)
-            elif values:  # a value with a line break (psql marks it with "+" and an empty column)
-                above = values[-1].rstrip()
-                if source.delimiter == "|":
-                    above = above.removesuffix("+").rstrip()
-                values[-1] = above + "\n" + value.strip()
-            else:
-                raise TabularParseError(f"{source.shape}: record {number} (line {opened + 1}) does not start "
-                                        f"with a `column{source.delimiter} value` line: {line.strip()[:80]!r}")
-            i += 1
+    keys: list[str] = []
+    values: list[str] = []
+    plain = True
+    while i < n:
+        line = lines[i]
+        if not line.strip() or source.opener.match(line):
+            break
+        key, value = _split(line, source.delimiter)
+        # "2 rows in set (0.00 sec)", "Result: 2 rows", after record 1 any words of a cut
+        if not (names and key in names) and is_note(line, loose=names is not None):
+            break
+        if key:
+            keys.append(key)
+            values.append(value)
+        elif values:  # a value with a line break (psql marks it with "+" and an empty column)
+            above = values[-1].rstrip()
+            if source.delimiter == "|":
+                above = above.removesuffix("+").rstrip()
+            values[-1] = above + "\n" + value.strip()
+            plain = False
+        else:
+            raise TabularParseError(f"{source.shape}: record {number} (line {opened + 1}) does not start "
+                                    f"with a `column{source.delimiter} value` line: {line.strip()[:80]!r}")
+        i += 1
+    return number, opened, keys, values, i, plain
+
+
+def _line_by_line(source: VerticalRecords, i: int, batch_rows: int, names: list[str] | None,
+                  emitted: bool) -> Iterator[pa.RecordBatch]:
+    lines, n = source.lines, len(source.lines)
+    while i < n and not lines[i].strip():
+        i += 1
+    index = {k: j for j, k in enumerate(names)} if names and len(set(names)) == len(names) else {}
+    cols: list[list[str | None]] = [[] for _ in names] if names else []
+    rows = 0
+    while i < n:
+        number, opened, keys, values, i, _ = _record(source, i, names)
+        if number is None:
+            break
         if names is None:
             names = keys
             if not names:
@@ -157,6 +184,69 @@ def record_batches(source: VerticalRecords, batch_rows: int, rest: Rest | None =
         yield _batch(cols, names)
     if source.facts is not None:  # what the source wrote after the records: its count, its cut
         source.facts.prose.extend(ln.strip() for ln in lines[i:] if ln.strip())
+
+
+@dataclass
+class _Layout:
+    """How record 1 is laid out, when records 1 and 2 are alike: `stride` lines from one record's
+    opening line to the next one's, its field lines at `offsets`, each starting `prefixes`
+    (the column, its padding and the delimiter, exactly as written), blank lines at `gaps`."""
+
+    names: list[str]
+    stride: int
+    offsets: list[int]
+    prefixes: list[str]
+    gaps: list[int]
+
+    @classmethod
+    def of(cls, source: VerticalRecords) -> "_Layout | None":
+        lines = source.lines
+        number, opened, keys, _, after, plain = _record(source, source.start, None)
+        if number is None or not keys or not plain or len(set(keys)) != len(keys):
+            return None
+        first = opened + 1 + (1 if opened + 1 < len(lines) and _RULE.match(lines[opened + 1]) else 0)
+        nxt = after
+        while nxt < len(lines) and not lines[nxt].strip():
+            nxt += 1
+        if nxt >= len(lines) or not source.opener.match(lines[nxt]):
+            return None  # one record: nothing to gain
+        offsets = list(range(first - opened, first - opened + len(keys)))
+        prefixes = [lines[opened + o][:lines[opened + o].find(source.delimiter) + 1] for o in offsets]
+        return cls(keys, nxt - opened, offsets, prefixes, list(range(after - opened, nxt - opened)))
+
+    def batches(self, source: VerticalRecords, batch_rows: int) -> Iterator[tuple[pa.RecordBatch, int]]:
+        """(batch, the line after it) for the records laid out like record 1, from the first one."""
+        lines, n, s = source.lines, len(source.lines), self.stride
+        i = source.start
+        fields_end = self.offsets[-1] + 1
+        while True:
+            count = 0  # records from i opening where they should, with all their field lines there
+            while count < batch_rows and i + count * s + fields_end <= n and source.opener.match(lines[i + count * s]):
+                count += 1
+            if count and not self._ends_well(lines, i + (count - 1) * s + fields_end, source):
+                count -= 1  # the last one may go on (a value over two lines): line by line
+            if count == 0:
+                return
+            block = lines[i:i + count * s]
+            full = count == batch_rows  # more may follow: the last record's blank lines must be there too
+            if any(ln.strip() for g in self.gaps for ln in block[g::s][:count if full else count - 1]):
+                return
+            arrays = []
+            for offset, prefix in zip(self.offsets, self.prefixes):
+                col = pa.array(block[offset::s][:count], pa.string())
+                if not pc.all(pc.starts_with(col, prefix)).as_py():
+                    return  # another order, a line more or less: line by line from here
+                arrays.append(text_column(pc.utf8_slice_codeunits(col, len(prefix))))
+            after = i + count * s if full else i + (count - 1) * s + fields_end
+            yield pa.RecordBatch.from_arrays(arrays, names=unique_names(self.names)), after
+            if not full:
+                return
+            i = after
+
+    def _ends_well(self, lines: list[str], at: int, source: VerticalRecords) -> bool:
+        """The line after a record's fields ends it: the end, a blank line, the next record, a note."""
+        return at >= len(lines) or not lines[at].strip() or bool(source.opener.match(lines[at])) \
+            or is_note(lines[at], loose=True)
 
 
 def _place(source: VerticalRecords, number: str, opened: int, keys: list[str], values: list[str],
