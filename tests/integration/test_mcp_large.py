@@ -179,6 +179,25 @@ def test_a_cancelled_call_removes_its_spool_file(tmp_path: Path, caplog: pytest.
     asyncio.run(main())
 
 
+def test_an_answer_the_disk_has_no_room_for_is_refused_naming_the_free_space(tmp_path: Path) -> None:
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg, min_free_bytes=10**18)  # store.min_free_mb far above what any disk has
+        await mgr.start_workspace(WS, {"fake": MCPServerConfig(command=FAKE_MCP, timeout_s=120)}, tmp_path)
+        c = ctx(tmp_path)
+        try:
+            r = await call(reg, c, "fake__table", n=N)
+            assert r.is_error and "the MCP server fake sent an answer too large to keep in memory that could not " \
+                                  "be saved to disk (the disk has only" in r.content, r.content
+            assert "below store.min_free_mb" in r.content and temp_files(c) == []
+            r = await call(reg, c, "fake__echo", text="next")  # the connection is kept
+            assert (r.content, r.is_error) == ("next", False)
+        finally:
+            await mgr.stop()
+
+    asyncio.run(main())
+
+
 def test_http_answers_stay_bounded_in_memory(tmp_path: Path) -> None:
     """Over streamable HTTP the SDK holds an answer in memory: past 32 MB it is refused, whatever
     limits.mcp_result_max_mb (which spools stdio answers)."""

@@ -26,6 +26,7 @@ import json
 import logging
 import mmap
 import re
+import weakref
 from typing import Any, Callable, Iterator
 
 import msgspec
@@ -280,6 +281,7 @@ class ResultReader:
                 table, text = self._file_table(answer, path, hints)
                 if table is not None:
                     table.also_on_close(answer.release)
+                    weakref.finalize(table, answer.release)  # a result dropped unread: its files go too
                     kept = True
                     shape = getattr(getattr(table, "facts", None), "shape", "a table")
                     return ToolResult(content=f"(an answer of {answer.size:,} bytes from the MCP server {server}, "
