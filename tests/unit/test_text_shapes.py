@@ -157,7 +157,7 @@ def test_stated_rows(line: str, rows: int | None) -> None:
 
 
 def test_note_lines() -> None:
-    for line in ("(truncated)", "... 968 more rows", "…", "LIMIT reached", "results limited to 32 rows",
+    for line in ("(truncated)", "... 968 more rows", "…", "LIMIT reached", "results limited to 32 rows", "Showed first 9.",
                  "showing first 32 rows (output truncated)", "(32 rows)"):
         assert is_note(line), line
     for line in ("| 1 | 2 |", "north  12.5", "name: ann", "a partial refund"):
@@ -178,7 +178,8 @@ def test_a_count_beside_the_table_is_checked_against_the_rows_read() -> None:
 
 
 @pytest.mark.parametrize("words", ["showing first 32 rows (output truncated)", "... 968 more rows", "(truncated)",
-                                   "results limited to 32 rows", "has_more: true", "LIMIT reached"])
+                                   "results limited to 32 rows", "has_more: true", "LIMIT reached",
+                                   "Showed first 32."])  # (ClickHouse's)
 @pytest.mark.parametrize("shape", ["markdown", "ascii_box", "psql", "html_table", "vertical_records"])
 def test_a_sources_own_cut_words_mark_it_partial(shape: str, words: str) -> None:
     text = SHAPES[shape](32)

@@ -24,10 +24,10 @@ _SHOWN_OF = re.compile(r"\(?\s*(?:showing|shown|displaying|returned|returning)\s
 _MORE = re.compile(r"\s*[.…]*\s*(?:and\s+)?\(?\+?\s*([\d][\d,]*)\s+more\s+(?:rows|records|results)\b.*", re.I)
 _CUT = re.compile(r"\s*[(\[]?\s*(?:output\s+|results?\s+)?truncated\b.*|\s*(?:\.{3,}|…+)\s*\Z|.*\blimit reached\b.*"
                   r"|\s*\(?\s*(?:results?|rows|output)\s+(?:limited|truncated|capped|cut)\s+(?:to|at)\s+[\d,]+\b.*"
-                  r"|\s*\(?\s*showing\s+(?:only\s+)?(?:the\s+)?first\s+[\d,]+\s+(?:rows|results|records)\b.*", re.I)
+                  r"|\s*\(?\s*show(?:ing|ed|n)\s+(?:only\s+)?(?:the\s+)?first\s+[\d,]+\b.*", re.I)
 # A source's own words that it cut the result (judged by `offload.source_cut` in its prose and
 # metadata): "showing first 32 rows (output truncated)", "... 968 more rows", "has_more: true".
-CUT_WORDS = re.compile(r"truncat|limited to|limit(ed)? of|limit reached|only (the )?first|showing (the )?first"
+CUT_WORDS = re.compile(r"truncat|limited to|limit(ed)? of|limit reached|only (the )?first|show(ing|ed|n)? (only )?(the )?first"
                        r"|first \d[\d,]* (rows|results)|more (rows|results|data|available)|has[ _]?more|next page"
                        r"|were omitted|omitted|capped|cut off|partial", re.I)
 
@@ -63,7 +63,7 @@ def more_rows(lines: list[str]) -> int | None:
     return None
 
 
-_HINT = re.compile(r"row|record|result|output|trunc|limit|cut|capped|more|\.\.\.|…", re.I)  # in every note
+_HINT = re.compile(r"row|record|result|output|trunc|limit|cut|capped|more|show|\.\.\.|…", re.I)  # in every note
 
 
 def is_note(line: str, loose: bool = False) -> bool:
