@@ -38,9 +38,6 @@ FAST = ("json_records", "ndjson", "json_columns_rows", "csv_header", "tsv", "mar
 NAMES = ["id", "amount", "price", "name", "day", "ts", "paid"]
 TOOL = "crm__export_rows"
 DOORS = ("tool", "upload", "paste")
-# The upload door reads a CSV's first record as its header always (pyarrow's file reader), the
-# tool door asks `csv_has_header` first: the CSV readers' part (readers/csv/), not this one's.
-KNOWN = {"csv_no_header": "the CSV file reader takes the first record for a header"}
 
 
 @pytest.fixture
@@ -125,9 +122,7 @@ def same_table(shape: str, n: int, app, text: str | None = None) -> dict[str, di
     return {door: art for door, (art, _) in got.items()}
 
 
-@pytest.mark.parametrize("shape", [
-    pytest.param(s, marks=pytest.mark.xfail(reason=KNOWN[s], strict=False)) if s in KNOWN else s
-    for s in sorted(SHAPES)])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_every_shape_is_the_same_table_through_every_door(shape: str, app) -> None:
     arts = same_table(shape, N, app)
     assert all(a["status"] == "ready" for a in arts.values()), {d: a["status"] for d, a in arts.items()}
