@@ -365,3 +365,15 @@ def test_vertical_records_laid_out_alike_and_not_read_the_same(shape: str) -> No
     assert mixed.slice(2000).equals(fast.slice(2000)) and mixed.slice(0, 1700).equals(fast.slice(0, 1700))
     if shape == "vertical_records":
         assert stream.facts.prose == ["2500 rows in set (0.02 sec)"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "cp1252"])
+def test_a_text_read_whole_is_read_in_the_encoding_its_bytes_say(encoding: str, tmp_path: Path) -> None:
+    text = "| name | city |\n|---|---|\n| José | Zürich |\n| Anaïs | Genève |\n"
+    path = tmp_path / "t.md"
+    path.write_bytes(text.encode(encoding))
+    fmt = sniff_file(path)
+    assert fmt == "drawn table"
+    _, batches = file_batches(path, fmt)
+    assert pa.Table.from_batches(list(batches)).to_pylist() == [{"name": "José", "city": "Zürich"},
+                                                                {"name": "Anaïs", "city": "Genève"}]
