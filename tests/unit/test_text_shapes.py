@@ -66,7 +66,8 @@ def test_html_first_table_and_those_with_its_columns() -> None:
 
 
 def test_html_without_header_cells_uses_the_rows_to_decide() -> None:
-    named = "<table><tr><td>id</td><td>city</td></tr><tr><td>1</td><td>Oslo</td></tr><tr><td>2</td><td>Rome</td></tr></table>"
+    named = ("<table><tr><td>id</td><td>city</td></tr><tr><td>1</td><td>Oslo</td></tr>"
+             "<tr><td>2</td><td>Rome</td></tr></table>")
     assert table(named)[0].column_names == ["id", "city"]
     data = "<table><tr><td>1</td><td>Oslo</td></tr><tr><td>2</td><td>Rome</td></tr></table>"
     assert table(data)[0].to_pylist() == [{"column_1": 1, "column_2": "Oslo"}, {"column_1": 2, "column_2": "Rome"}]
@@ -75,7 +76,8 @@ def test_html_without_header_cells_uses_the_rows_to_decide() -> None:
 def test_html_scripts_are_never_run_nor_read_and_nested_tables_flatten() -> None:
     html = ("<html><head><title>x</title><script>alert('no')</script></head><body>"
             "<table><tr><th>k</th><th>v</th></tr>"
-            "<tr><td>a<script>document.write('<td>evil</td>')</script></td><td><table><tr><td>in</td></tr></table></td></tr>"
+            "<tr><td>a<script>document.write('<td>evil</td>')</script></td>"
+            "<td><table><tr><td>in</td></tr></table></td></tr>"
             "<tr><td>b<br>c</td><td>&lt;tag&gt;</td></tr></table></body></html>")
     t, stream = table(html)
     assert t.to_pylist() == [{"k": "a", "v": "in"}, {"k": "b c", "v": "<tag>"}]
@@ -139,7 +141,8 @@ def test_vertical_records_in_another_order_are_placed_by_name() -> None:
     ("1. row\nid: 1\n\n2. row\nid: 2\n\n3. row\nid: 3\ncity: Oslo\n",
      "record 3 (line 7) has a column 'city' that record 1 does not have"),
     ("1. row\nid: 1\n\n2. row\nid: 2\nid: 3\n", "record 2 (line 4) has the column 'id' twice"),
-    ("-[ RECORD 1 ]-\nid | 1\n-[ RECORD 2 ]-\n  | orphan\n", "record 2 (line 3) does not start with a `column| value` line"),
+    ("-[ RECORD 1 ]-\nid | 1\n-[ RECORD 2 ]-\n  | orphan\n",
+     "record 2 (line 3) does not start with a `column| value` line"),
 ])
 def test_ragged_vertical_records_name_the_record(text: str, message: str) -> None:
     assert message in refused(text)
@@ -157,7 +160,8 @@ def test_stated_rows(line: str, rows: int | None) -> None:
 
 
 def test_note_lines() -> None:
-    for line in ("(truncated)", "... 968 more rows", "…", "LIMIT reached", "results limited to 32 rows", "Showed first 9.",
+    for line in ("(truncated)", "... 968 more rows", "…", "LIMIT reached", "results limited to 32 rows",
+                 "Showed first 9.",
                  "showing first 32 rows (output truncated)", "(32 rows)"):
         assert is_note(line), line
     for line in ("| 1 | 2 |", "north  12.5", "name: ann", "a partial refund"):

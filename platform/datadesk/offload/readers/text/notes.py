@@ -27,7 +27,8 @@ _CUT = re.compile(r"\s*[(\[]?\s*(?:output\s+|results?\s+)?truncated\b.*|\s*(?:\.
                   r"|\s*\(?\s*show(?:ing|ed|n)\s+(?:only\s+)?(?:the\s+)?first\s+[\d,]+\b.*", re.I)
 # A source's own words that it cut the result (judged by `offload.source_cut` in its prose and
 # metadata): "showing first 32 rows (output truncated)", "... 968 more rows", "has_more: true".
-CUT_WORDS = re.compile(r"truncat|limited to|limit(ed)? of|limit reached|only (the )?first|show(ing|ed|n)? (only )?(the )?first"
+CUT_WORDS = re.compile(r"truncat|limited to|limit(ed)? of|limit reached|only (the )?first"
+                       r"|show(ing|ed|n)? (only )?(the )?first"
                        r"|first \d[\d,]* (rows|results)|more (rows|results|data|available)|has[ _]?more|next page"
                        r"|were omitted|omitted|capped|cut off|partial", re.I)
 

@@ -114,7 +114,8 @@ def record_batches(source: VerticalRecords, batch_rows: int, rest: Rest | None =
     yield from _line_by_line(source, i, batch_rows, layout.names if layout else None, emitted)
 
 
-def _record(source: VerticalRecords, i: int, names: list[str] | None) -> tuple[str, int, list[str], list[str], int, bool]:
+def _record(source: VerticalRecords, i: int,
+            names: list[str] | None) -> tuple[str | None, int, list[str], list[str], int, bool]:
     """The record whose opening line is `i`: (its number, `i`, keys, values, the line after it,
     whether every field was one line); None for the number when line `i` opens none."""
     lines, n = source.lines, len(source.lines)
