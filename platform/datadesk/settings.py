@@ -103,7 +103,9 @@ class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True):
     uploads: int = 2  # uploads converting at once in one app process (an .xlsx is a bounded child process each)
     uploads_queue_s: float = 30.0  # how long an upload waits for a free slot before it is refused
     app_memory_mb: int = 2_048  # the app process's memory ceiling: near it no new query starts, past it they stop
-    mcp_result_max_mb: int = 32  # one message from an MCP server (a tool result); past it the call is refused
+    # one answer from an MCP server (a tool result; past 8 MB a stdio server's is spooled to disk, over HTTP
+    # at most 32 MB are held); past it the call is refused. 256 fits 1,000,000 rows x 10 columns as JSON
+    mcp_result_max_mb: int = 256
 
 
 class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -121,6 +123,7 @@ class OffloadSettings(msgspec.Struct, forbid_unknown_fields=True):
     upload_max_rows: int = 10_000_000
     upload_max_columns: int = 4_096
     upload_max_cell_bytes: int = 1024**2
+    upload_max_text_bytes: int = 128 * 1024**2  # a text read whole (Markdown, HTML, a repr, a JSON envelope)
     upload_max_seconds: float = 300.0
     upload_max_memory_bytes: int = 1024**3  # an .xlsx is parsed in a child process of this address space
     ttl_s: float = 7 * 24 * 3600

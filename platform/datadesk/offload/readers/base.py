@@ -1,5 +1,6 @@
-"""What every reader shares: the facts found beside the rows, the stream they come in, and
-where a reader hands what it refuses part way (`Rest`, wired by `readers/__init__.py`)."""
+"""What every reader shares: the facts found beside the rows, the stream they come in, a table
+of a file of several (`FileTable`), and where a reader hands what it refuses part way (`Rest`,
+wired by `readers/__init__.py`)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ from datadesk.domain.tools import TabularStream
 
 @dataclass
 class SourceFacts:
-    """What came with the rows: the shape, the envelope's other keys, prose around a table."""
+    """What came with the rows: the shape, the envelope's other keys, prose around a table (a
+    reader may add to it while it reads: the trailer after vertical records, the text around an
+    HTML table), and the row count the source stated beside them (None: read from the prose by
+    `source_cut`, which judges all of it once the rows are read)."""
 
     shape: str
     envelope: dict[str, Any] = field(default_factory=dict)
     prose: list[str] = field(default_factory=list)
     hints: SourceHints | None = None
+    stated_rows: int | None = None
+    reading: dict[str, Any] | None = None  # how a file was read (CSV dialect, sheet): the card, a re-import
 
 
 class ShapedStream(TabularStream):
@@ -28,6 +34,16 @@ class ShapedStream(TabularStream):
     def __init__(self, schema: pa.Schema | None, batches: Iterator[pa.RecordBatch], facts: SourceFacts) -> None:
         super().__init__(schema, batches)
         self.facts = facts
+
+
+@dataclass
+class FileTable:
+    """One table of a file (`readers.file_tables`): `name` (a workbook's sheet; None for a file
+    of one table) and its stream, or why it was skipped (`skipped`: "empty", "a chart ...")."""
+
+    name: str | None
+    stream: TabularStream | None = None
+    skipped: str | None = None
 
 
 class Rest(Protocol):

@@ -2,19 +2,20 @@
 locates of `ORDER` (`readers/__init__.py`).
 
 - A file (an upload, a paste once staged): `FileHead` is what the sniffs read of it (its first
-  64 KiB, its last bytes, its size, its head decoded as text); magic numbers first, then
-  JSON, TSV and CSV by the text's beginning (first 20 records: most as wide as the first).
+  64 KiB, its last bytes, its size, its head decoded as text); magic numbers first, then by the
+  text's beginning: a Python repr, JSON, an HTML table, vertical records, a drawn table, TSV,
+  CSV (any dialect of `csv.dialect`: `,` `;` tab `|`, after a title block; most records as wide
+  as the header), any other table a tool's text may hold.
+  Where the text is a shape of a tool's text, its head is sniffed as one (`FileHead.probe`).
 - A tool's text: `TextProbe` holds it with its lines and the first table found in them
-  (`text.locate.find_table`); a Python repr and JSON by their first characters, then a table
-  in the lines (after up to 20 lines of prose): JSON or a repr in prose, CSV/TSV, a drawn one.
+  (`text.locate.find_table`); a Python repr and JSON by their first characters, an HTML
+  `<table>`, vertical records (`text.vertical`), then a table in the lines (after up to 20
+  lines of prose): JSON or a repr in prose, CSV/TSV, a drawn one.
   Each `locate_*` says where the rows are and what the model is told the shape was.
 """
 
 from __future__ import annotations
 
-import codecs
-import csv
-import io
 import re
 import zipfile
 from functools import cached_property
@@ -22,14 +23,18 @@ from pathlib import Path
 from typing import Callable
 
 from datadesk.offload.readers.base import SourceFacts
+from datadesk.offload.readers.csv.dialect import Dialect, consistent_delimiter, sniff_dialect
+from datadesk.offload.readers.csv.encoding import bom_length, decode_head, sniff_encoding, stream_encoding
 from datadesk.offload.readers.csv.header import csv_has_header
+from datadesk.offload.readers.csv.plan import plan_text
 from datadesk.offload.readers.csv.pyarrow_engine import DelimitedText
+from datadesk.offload.readers.html import stdlib_engine as html
 from datadesk.offload.readers.json.locate import JsonRows, locate
 from datadesk.offload.readers.text.locate import TextTable, find_table
 from datadesk.offload.readers.text.pyarrow_engine import DrawnTable
+from datadesk.offload.readers.text.vertical import VerticalRecords, find_records
 
 _SNIFF_CHARS = 64 * 1024
-_SNIFF_LINES = 20
 _WS = re.compile(r"[ \t\n\r]*")
 
 
@@ -69,6 +74,16 @@ class FileHead:
         cut = self.text.rfind("\n")
         return self.text[:cut] if cut > 0 else self.text
 
+    @cached_property
+    def dialect(self) -> Dialect | None:
+        """The delimited dialect of the head (`csv.dialect`), None when it is not delimited records."""
+        return sniff_dialect(self.text, self.complete) if self.text is not None else None
+
+    @cached_property
+    def probe(self) -> "TextProbe | None":
+        """The head as a tool's text, for the sniffs of shapes a tool's text may have."""
+        return TextProbe(self.records) if self.text is not None else None
+
 
 def is_parquet(head: FileHead) -> bool:
     return head.size >= 12 and head.data[:4] == b"PAR1" and head.tail == b"PAR1"
@@ -102,45 +117,52 @@ def is_json(head: FileHead) -> bool:
     return head.text[pos:pos + 1] in ("[", "{")
 
 
+def is_repr_text(head: FileHead) -> bool:
+    """A Python repr (`[(1, 'a'), ...]`, `[{'a': 1}]`, `{'a': [1, 2]}`): before JSON, whose
+    first character it shares."""
+    return head.text is not None and looks_like_repr(head.text)
+
+
+def is_html_text(head: FileHead) -> bool:
+    return head.probe is not None and has_html_table(head.probe)
+
+
+def is_vertical_text(head: FileHead) -> bool:
+    return head.probe is not None and has_vertical_records(head.probe)
+
+
+def is_drawn_text(head: FileHead) -> bool:
+    """A Markdown / box / psql / fixed-width table: before CSV, which a Markdown table whose
+    cells hold commas would pass for."""
+    return head.probe is not None and has_drawn_table(head.probe)
+
+
+def is_value_in_prose_text(head: FileHead) -> bool:
+    """JSON (or a repr) after a preamble: before CSV, which the commas of JSON would pass for."""
+    return head.probe is not None and has_value_in_prose(head.probe)
+
+
+def is_text_table(head: FileHead) -> bool:
+    """Any other table a tool's text may hold (CSV after a preamble the CSV sniff refused ...)."""
+    return head.probe is not None and head.probe.table is not None
+
+
 def is_tsv(head: FileHead) -> bool:
-    return _delimited(head.records, "\t")
+    return head.dialect is not None and head.dialect.delimiter == "\t"
 
 
 def is_csv(head: FileHead) -> bool:
-    return _delimited(head.records, ",")
-
-
-def _delimited(prefix: str | None, delimiter: str) -> bool:
-    """Records split by `delimiter`, most as wide as the first: a table, even if one row is
-    ragged (reading it then names the bad line instead of calling it "not a table")."""
-    if prefix is None or delimiter not in prefix:
-        return False
-    try:
-        records = [r for r in csv.reader(io.StringIO(prefix), delimiter=delimiter) if r]
-    except csv.Error:
-        return False
-    sample = records[:_SNIFF_LINES]
-    if len(sample) >= 2 and len(sample[0]) >= 2:
-        same = sum(1 for r in sample if len(r) == len(sample[0]))
-        return same == len(sample) or (len(sample) >= 3 and same >= min(len(sample) - 1, 0.8 * len(sample)))
-    return False
+    """Records split by `,` `;` or `|` (`csv.dialect`: after a title, with a ragged row)."""
+    return head.dialect is not None and head.dialect.delimiter != "\t"
 
 
 def _text_prefix(head: bytes, complete: bool) -> str | None:
-    """Decode a file head for sniffing, or None when it looks binary."""
-    if head.startswith(codecs.BOM_UTF8):
-        head = head[3:]
-    if b"\x00" in head:
+    """Decode a file head for sniffing in the encoding its bytes say (UTF-8, UTF-16 by its BOM
+    or its NULs, else Windows-1252: `csv.encoding`), or None when it looks binary."""
+    encoding = sniff_encoding(head, complete)
+    if encoding is None:
         return None
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if not complete and err.reason == "unexpected end of data" and err.end == len(head):
-            text = head[:err.start].decode("utf-8", "replace")
-        else:
-            # Probably a legacy 8-bit CSV: sniff it anyway; reading it will
-            # then fail with a precise "not UTF-8 at byte N".
-            text = head.decode("latin-1")
+    text = decode_head(head[bom_length(head, encoding):], stream_encoding(head, encoding), complete)
     controls = sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r")
     if controls > len(text) // 100:
         return None
@@ -170,6 +192,16 @@ class TextProbe:
     def table(self) -> TextTable | None:
         return find_table(self.lines)
 
+    @cached_property
+    def html(self) -> int | None:
+        """Where an HTML `<table>` opens: anywhere in the head of an HTML document (the text
+        starts with a tag), else after at most 20 lines of prose."""
+        return html.find_table(self.text, 1 << 30 if self.head == "<" else 20)
+
+    @cached_property
+    def vertical(self) -> VerticalRecords | None:
+        return find_records(self.lines)
+
     def shape(self, what: str) -> str:
         return what + (" in prose" if self.prose else "")
 
@@ -186,6 +218,14 @@ def is_python_repr(probe: TextProbe) -> bool:
 
 def is_json_value(probe: TextProbe) -> bool:
     return probe.head in ("[", "{")
+
+
+def has_html_table(probe: TextProbe) -> bool:
+    return probe.html is not None
+
+
+def has_vertical_records(probe: TextProbe) -> bool:
+    return probe.vertical is not None
 
 
 def has_value_in_prose(probe: TextProbe) -> bool:
@@ -226,14 +266,33 @@ def value_block(probe: TextProbe) -> TextProbe:
     return TextProbe("\n".join(probe.lines[table.start:table.end]), prose=_prose(table))
 
 
+def locate_html(probe: TextProbe) -> tuple[html.HtmlText, SourceFacts]:
+    """The HTML text; its prose (the text around the table) is found while it is read."""
+    facts = SourceFacts("HTML table")
+    return html.HtmlText(probe.text, facts), facts
+
+
+def locate_vertical(probe: TextProbe) -> tuple[VerticalRecords, SourceFacts]:
+    """The records; the trailer after them (a count, a cut) is added to the prose as they are read."""
+    records = probe.vertical
+    before = [ln for ln in probe.lines[:records.start] if ln.strip()]
+    records.facts = SourceFacts(records.shape + (" in prose" if before else ""), prose=before)
+    return records, records.facts
+
+
 def locate_delimited(probe: TextProbe) -> tuple[DelimitedText, SourceFacts]:
+    """CSV/TSV records (any delimiter of `csv.dialect`), read in the dialect a file of them would
+    be: decimal comma, thousands separators, a totals line at the end left out and said."""
     table, lines = probe.table, probe.lines
     prose = _prose(table)
     body = probe.text if not prose else "\n".join(lines[table.start:table.end])
-    delim = "\t" if table.kind == "tsv" else ","
+    delim = consistent_delimiter(lines[table.start:table.start + 6]) or ("\t" if table.kind == "tsv" else ",")
     header = csv_has_header("\n".join(lines[table.start:table.start + 200]), delim)
+    dialect, span = plan_text(body, delim, header)
     shape = f"{table.kind.upper()} {'with a header row' if header else 'without a header row'}"
-    return DelimitedText(body, delim, header), SourceFacts(shape + (" in prose" if prose else ""), prose=prose)
+    shape += dialect.details() + (" in prose" if prose else "")
+    facts = SourceFacts("; ".join([shape] + dialect.notes()), prose=prose)
+    return DelimitedText(body, delim, header, dialect, span), facts
 
 
 def locate_drawn(probe: TextProbe) -> tuple[DrawnTable, SourceFacts]:

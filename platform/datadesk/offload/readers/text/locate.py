@@ -13,6 +13,9 @@ import csv
 import re
 from dataclasses import dataclass
 
+from datadesk.offload.readers.csv.dialect import consistent_delimiter, field_count
+from datadesk.offload.readers.text.notes import is_note
+
 _MD_RULE = re.compile(r"\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*\Z")
 _BOX_RULE = re.compile(r"\s*[+|├┌└╞╒╘╔╚╠╟┼┬┴─═╤╧╪┤┐┘╡╕╛╗╝╣╢\-=]+\s*\Z")
 _PSQL_RULE = re.compile(r"\s*-+(\+-+)+\s*\Z")
@@ -65,8 +68,8 @@ def find_table(lines: list[str]) -> TextTable | None:
                 return None  # a document with a table in it, not a table: it stays text
             return TextTable(kind, k, end, lines[:k], lines[end:], shape)
         delimited = _delimited_at(lines, k)
-        if delimited is not None and (k == 0 or _header_like(lines[k], delimited[0])):
-            kind, end = delimited
+        if delimited is not None and (k == 0 or _header_like(lines[k], delimited[2])):
+            kind, end, _ = delimited
             return TextTable(kind, k, end, lines[:k], lines[end:], f"{kind.upper()} text")
     return None
 
@@ -98,34 +101,35 @@ def _block_end(lines: list[str], k: int, kind: str) -> int:
         while end < n and "|" in lines[end]:
             end += 1
         return end
-    end = k + 2
-    while end < n and lines[end].strip() and not lines[end].lstrip().startswith("("):
+    end = k + 2  # psql, fixed width: to a blank line, "(3 rows)" or another count or cut line (no pipe)
+    while end < n and lines[end].strip() and not lines[end].lstrip().startswith("(") \
+            and ("|" in lines[end] or not is_note(lines[end])):
         end += 1
     return end
 
 
-def _delimited_at(lines: list[str], k: int) -> tuple[str, int] | None:
-    """("csv"|"tsv", end) when lines from k on are delimited records (same field count)."""
+def _delimited_at(lines: list[str], k: int) -> tuple[str, int, str] | None:
+    """("csv"|"tsv", end, delimiter) when lines from k on are delimited records of one width
+    (tab, `,`, `;` or `|`: `csv.dialect.consistent_delimiter`, as a file's sniff tries them)."""
     sample = lines[k:k + 6]
     if len(sample) < 2:
         return None
-    for delim, kind in (("\t", "tsv"), (",", "csv")):
-        counts = [_fields(s, delim) for s in sample]
-        width = counts[0]
-        if width >= 2 and all(c == width for c in counts[1:]):
-            end = len(lines)
-            tail = max(k + 2, end - _MAX_PROSE_LINES)
-            while end > tail and (_fields(lines[end - 1], delim) != width or _is_note(lines[end - 1])):
-                end -= 1
-            return kind, end
-    return None
+    delim = consistent_delimiter(sample)
+    if delim is None:
+        return None
+    width = field_count(sample[0], delim)
+    end = len(lines)
+    tail = max(k + 2, end - _MAX_PROSE_LINES)
+    while end > tail and (field_count(lines[end - 1], delim) != width or _is_note(lines[end - 1])):
+        end -= 1
+    return ("tsv" if delim == "\t" else "csv"), end, delim
 
 
-def _header_like(line: str, kind: str) -> bool:
+def _header_like(line: str, delimiter: str) -> bool:
     """After prose, a delimited block must start with a header-like record (short names,
     no sentences), so that prose with a comma per line is not taken for a table."""
     try:
-        cells = next(csv.reader([line], delimiter="\t" if kind == "tsv" else ","))
+        cells = next(csv.reader([line], delimiter=delimiter))
     except (csv.Error, StopIteration):
         return False
     return all(0 < len(c.strip()) <= 64 and ". " not in c for c in cells)
@@ -135,12 +139,3 @@ def _is_note(line: str) -> bool:
     """A trailer such as "(2 rows, more available)" or "Total: 3 rows", not a record."""
     s = line.strip()
     return (s.startswith("(") and s.endswith(")")) or s.endswith(":") or s.endswith(".")
-
-
-def _fields(line: str, delim: str) -> int:
-    if not line.strip():
-        return 0
-    try:
-        return len(next(csv.reader([line], delimiter=delim)))
-    except (csv.Error, StopIteration):
-        return 0
