@@ -19,7 +19,7 @@ import pytest
 
 from datadesk.settings import LimitsSettings
 from datadesk.tools.mcp.manager import MCPManager, MCPServerConfig
-from datadesk.tools.mcp.stdio import LineSplitter, scan_head, scan_tail
+from datadesk.tools.mcp.framing import LineSplitter, scan_head, scan_tail
 from datadesk.tools.registry import ToolRegistry
 from tests.fakes.mcp_bombs import FAKE_MCP, PeakRSS, mcp_bomb_config
 from tests.integration.test_mcp import _free_port, call, ctx, one, wait_for
@@ -68,7 +68,7 @@ def test_ids_found_in_head_or_tail_only_at_the_top_level() -> None:
 def test_parse_matches_the_sdk_and_returns_bad_lines_as_errors() -> None:
     import mcp_types as types
 
-    from datadesk.tools.mcp.stdio import parse_message
+    from datadesk.tools.mcp.framing import parse_message
 
     lines = [b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":[1,2.5,null]}}}',
              b'{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"\\u00e9\\n\xc3\xa9"}}',

@@ -38,7 +38,7 @@ from datadesk.tools.mcp import spool as spool_mod
 from datadesk.tools.mcp.manager import MCPManager, MCPServerConfig
 from datadesk.tools.mcp.results import error_text
 from datadesk.tools.mcp.spool import SpooledAnswer
-from datadesk.tools.mcp.stdio import LineSplitter
+from datadesk.tools.mcp.framing import LineSplitter
 from datadesk.tools.registry import ToolContext, ToolRegistry
 from tests.fakes.mcp_bombs import FAKE_MCP, PeakRSS
 from tests.integration.test_mcp import call, one, wait_for

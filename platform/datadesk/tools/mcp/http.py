@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 import httpx2
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from datadesk.tools.mcp.stdio import LIMIT_SETTING, too_large_text
+from datadesk.tools.mcp.framing import LIMIT_SETTING, too_large_text
 
 HTTP_HELD_MAX_BYTES = 32 * 1024**2  # the most of one answer held in memory (streamable HTTP)
 

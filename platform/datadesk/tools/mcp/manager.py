@@ -476,7 +476,7 @@ class MCPManager:
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         from datadesk.tools.mcp.http import http_too_large_text
-        from datadesk.tools.mcp.stdio import LIMIT_SETTING, too_large_text
+        from datadesk.tools.mcp.framing import LIMIT_SETTING, too_large_text
 
         info = srv.tools.get(exposed)
         if info is None:

@@ -79,18 +79,10 @@ def csv_batches(source: Source, delimiter: str = ",", *, block_size: int = 1 << 
             raise _translate(exc, source, delimiter, span) from None
         except UnicodeDecodeError:
             raise _decode_error(source, span) from None
-        found = reader.schema.names
-        if len(found) > limits.columns:
-            raise limits.refuse_columns(len(found))
-        if names is None and not header:
-            names = [f"column_{i + 1}" for i in range(len(found))]
-            continue  # reopen with our names: the first record is data
-        if names is None and found != unique_names(found):
-            names = unique_names(found)
-            continue  # reopen with clean names: Parquet needs unique ones
-        if any(pa.types.is_binary(f.type) for f in reader.schema):
-            # pyarrow quietly types invalid UTF-8 text as binary.
-            raise _encoding_error(source, span)
+        renamed = _checked_names(reader.schema, names, header, limits, source, span)
+        if renamed is not None:
+            names = renamed
+            continue  # reopen with these names
         skip, restart = yielded, False
         while True:
             try:
@@ -126,6 +118,23 @@ def csv_batches(source: Source, delimiter: str = ",", *, block_size: int = 1 << 
             yield pa.RecordBatch.from_arrays(
                 [pa.array([], type=f.type) for f in reader.schema], schema=reader.schema)
         return
+
+
+def _checked_names(schema: pa.Schema, names: list[str] | None, header: bool, limits: UploadLimits,
+                   source: bytes | Path, span: Span) -> list[str] | None:
+    """The names to reopen with (None: read on): column_1... when the first record is data,
+    clean unique names when the header repeats one (Parquet needs unique ones). Refuses too many
+    columns and text that is not in the span's encoding (pyarrow quietly types it as binary)."""
+    found = schema.names
+    if len(found) > limits.columns:
+        raise limits.refuse_columns(len(found))
+    if names is None and not header:
+        return [f"column_{i + 1}" for i in range(len(found))]
+    if names is None and found != unique_names(found):
+        return unique_names(found)
+    if any(pa.types.is_binary(f.type) for f in schema):
+        raise _encoding_error(source, span)
+    return None
 
 
 def _numbers(batch: pa.RecordBatch, dialect: Dialect | None) -> pa.RecordBatch:
