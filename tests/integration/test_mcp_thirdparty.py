@@ -384,8 +384,6 @@ def test_chdb_mcp_vertical_records(rt: Runtime, tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(reason="waits on the readers: ClickHouse's own cut, a trailing 'Showed first 1000.', "
-                          "is not yet read as the source's cut (offload/source_cut.py)", strict=False)
 def test_chdb_mcp_vertical_records_past_its_own_row_cap(rt: Runtime, tmp_path: Path) -> None:
     cmd = server_command("chdb", "chdb-mcp")
     path = _sales_csv(tmp_path, 3_000)
