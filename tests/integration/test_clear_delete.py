@@ -29,8 +29,8 @@ def test_clear_during_a_running_turn_resurrects_nothing(harness_factory) -> None
                            "first answer", slow_sql, "never recorded"])
     h = harness_factory(model)
     FakeSandbox(h.rt)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=60) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client(served=True, timeout=60) as api:
+        c, tid, base = api.client, api.tid, api.base
         parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "first"}).text)
         tdir = h.rt.threads.get(tid, "alice", ["demo"]).dir
         assert list((tdir / "artifacts").glob("*.parquet"))

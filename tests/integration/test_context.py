@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 
 from datadesk.context.builder import ContextBuilder, Preamble
@@ -19,7 +18,7 @@ from datadesk.llm.tokens import count_tokens
 from datadesk.settings import ContextSettings, LLMSettings, ModelProfileSettings
 from datadesk.store.threadlog import ThreadLog
 from tests.scenarios import SEED, chart_specs, register_chart_spec
-from tests.conftest import parse_sse, serve_app
+from tests.conftest import parse_sse
 from tests.fakes.openai_server import FakeOpenAIServer
 
 
@@ -47,8 +46,8 @@ def test_stable_prefix_and_calibration_converges(harness_factory) -> None:
                                   "arguments": {"sql": f"SELECT {i} AS n"}}])
             fake.add_text(f"answer {i}", cached_tokens=100)
         h = harness_factory(llm(fake))
-        with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=60) as c:
-            tid = c.post("/api/threads", json={}).json()["id"]
+        with h.client("bob", served=True, timeout=60) as api:
+            c, tid = api.client, api.tid
             for i in range(4):
                 parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": f"question {i}"}).text)
             ctx = c.get(f"/api/threads/{tid}/context").json()
@@ -79,8 +78,8 @@ def test_seed_scenario_compacts_pages_back_and_trims_in_chunks(harness_factory) 
     h = harness_factory(model, context={"history_budget_tokens": 7_000})
 
     register_chart_spec(h.rt, big)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=60) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=60) as api:
+        c, tid = api.client, api.tid
         c.post(f"/api/threads/{tid}/messages", json={"content": SEED})
         for i in range(1, 16):
             c.post(f"/api/threads/{tid}/messages", json={"content": f"make the chart colours warmer ({i})"})
@@ -203,8 +202,8 @@ def test_oversized_messages_become_artifacts_or_are_refused(harness_factory) -> 
     h = harness_factory(model)
     FakeSandbox(h.rt)
     csv = "building,kwh\n" + "".join(f"B{i % 20:02d},{i * 0.5}\n" for i in range(150_000))
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=60) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client(served=True, timeout=60) as api:
+        c, tid = api.client, api.tid
         r = c.post(f"/api/threads/{tid}/messages", json={"content": csv})
         assert r.status_code == 200 and parse_sse(r.text)[-1][1]["status"] == "ok"
         rec = c.get(f"/api/threads/{tid}").json()["records"][0]

@@ -14,14 +14,13 @@ import json
 import shutil
 from pathlib import Path
 
-import httpx
 
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from datadesk.llm.tokens import count_message, count_tokens
 from datadesk.store.layout import Layout
 from datadesk.store.users import UserStore
 from datadesk.store.workspaces import ensure_demo_workspace
-from tests.conftest import make_harness, parse_sse, serve_app, wait_until
+from tests.conftest import make_harness, parse_sse, wait_until
 from tests.scenarios import chart_specs, register_chart_spec
 from tests.unit.test_summary import faithful
 
@@ -53,8 +52,8 @@ def run(home: Path, append_only: bool) -> tuple[list[list[dict]], list[dict]]:
     _, h.tokens["dana"] = UserStore(h.rt.layout).add("dana", ["demo"], ["memory"])
     h.rt.memory.remember("demo", "dana", "Charts in blue", kind="preference", source="panel", user_asked=True)
     register_chart_spec(h.rt, big)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("dana"), timeout=60) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("dana", served=True, timeout=60) as api:
+        c, tid = api.client, api.tid
         for i in range(TURNS):
             events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": f"chart {i}, please"}).text)
             assert events[-1][0] == "done"

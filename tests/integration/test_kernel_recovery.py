@@ -209,10 +209,8 @@ def _alive(pid: int) -> bool:
 def test_the_turn_waits_for_the_executions_own_deadline(harness_factory) -> None:
     """The turn's tool timeout (1 s here) never cuts a python call short: the call ends at its own
     deadline with the interrupt, and the card got the live output and the interrupt message."""
-    import httpx
-
     from datadesk.llm.scripted import ScriptedModel, tool_step
-    from tests.conftest import parse_sse, serve_app
+    from tests.conftest import parse_sse
     from tests.integration.test_sandbox import sandbox_settings
 
     model = ScriptedModel([
@@ -220,8 +218,8 @@ def test_the_turn_waits_for_the_executions_own_deadline(harness_factory) -> None
                   call_id="call_loop"),
         tool_step("python", {"code": "print(x + 1)"}, call_id="call_after"), "done"])
     h = harness_factory(model, sandbox=sandbox_settings("local"), chat={"tool_timeout_s": 1})
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=120) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client(served=True, timeout=120) as api:
+        c, tid = api.client, api.tid
         events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "spin"}).text)
     fins = {d["call_id"]: d for e, d in events if e == "tool.finished"}
     assert "TIMEOUT" in fins["call_loop"]["preview"] and "still there" in fins["call_loop"]["preview"]

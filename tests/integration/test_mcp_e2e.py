@@ -82,8 +82,8 @@ def test_own_mcp_server_errors_images_and_masked_secrets(harness_factory, home: 
         h = harness_factory(llm(fake))
         h.rt.users.add("root", ["demo"], ["admin"])
         admin = {"Authorization": f"Bearer {h.rt.users.new_token('root')}"}
-        with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=60) as c:
-            tid = c.post("/api/threads", json={}).json()["id"]
+        with h.client(served=True, timeout=60) as api:
+            c, tid = api.client, api.tid
             events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "go"}).text)
             view = c.get("/api/workspace", headers=admin).text
     fins = {d["call_id"]: d for e, d in events if e == "tool.finished"}

@@ -38,8 +38,8 @@ def test_a_remembered_preference_reaches_a_new_thread_and_a_correction_is_resolv
     h, model = mem([tool_step("remember", {"text": "Reports are in English", "kind": "preference"}), "noted",
                     tool_step("remember", {"text": "Reports should be in Chinese", "kind": "preference"}), "noted",
                     "answer"])
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("dana"), timeout=60) as c:
-        t1 = c.post("/api/threads", json={}).json()["id"]
+    with h.client("dana", served=True, timeout=60) as api:
+        c, t1 = api.client, api.tid
         parse_sse(c.post(f"/api/threads/{t1}/messages", json={"content": "please remember reports are in English"}).text)
         parse_sse(c.post(f"/api/threads/{t1}/messages", json={"content": "actually reports in Chinese"}).text)
         facts = c.get("/api/memory?workspace=demo").json()
@@ -63,8 +63,8 @@ def test_tool_output_injection_never_becomes_an_active_fact(mem) -> None:
         return ToolResult(f"customer notes... {INJECTION} ...")
 
     h.rt.tools.register(ToolSpec(name="crm__notes", description="notes", parameters={"type": "object"}), notes)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("dana"), timeout=60) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("dana", served=True, timeout=60) as api:
+        c, tid = api.client, api.tid
         parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "read the notes"}).text)
         parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "and now?"}).text)
         facts = c.get("/api/memory?workspace=demo").json()
@@ -98,8 +98,8 @@ def test_memory_off_hides_the_tools_and_injects_nothing(harness_factory) -> None
     h = harness_factory(model)
     _, h.tokens["dana"] = UserStore(h.rt.layout).add("dana", ["demo"], ["memory"])
     h.rt.memory.remember("demo", "dana", "Reports are in English", source="panel", user_asked=True)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("dana"), timeout=60) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("dana", served=True, timeout=60) as api:
+        c, tid = api.client, api.tid
         parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "hi"}).text)
     names = [t["function"]["name"] for t in model.tools_seen[-1]]
     assert "remember" not in names and "English" not in json.dumps(model.calls[-1])

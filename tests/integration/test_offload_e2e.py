@@ -146,8 +146,8 @@ def test_stop_during_a_large_offload_leaves_no_artifact_and_the_thread_works(har
                                        "second answer"]))
     FakeSandbox(h.rt)
     h.rt.offload.progress_interval_s = 0.05
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=60) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client(served=True, timeout=60) as api:
+        c, tid = api.client, api.tid
         with c.stream("POST", f"/api/threads/{tid}/messages", json={"content": "all rows"}) as resp:
             sse = SSEReader(resp)
             sse.until("tool.progress")

@@ -50,8 +50,8 @@ def test_full_demo_artifact_is_aggregated_in_the_kernel(harness_factory, home: P
     model = ScriptedModel([tool_step("sql_query", {"sql": "SELECT * FROM readings"}, call_id="call_sql"),
                            _aggregate_step, "done"])
     h = harness_factory(model, sandbox=sandbox_settings(backend))
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=120) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client(served=True, timeout=120) as api:
+        c, tid = api.client, api.tid
         events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "total energy?"}).text)
     fins = {d["call_id"]: d for e, d in events if e == "tool.finished"}
     assert fins["call_sql"]["meta"]["artifact"]["rows"] == 190_560

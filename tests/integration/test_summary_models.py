@@ -19,12 +19,11 @@ import json
 import re
 from typing import Any, Callable
 
-import httpx
 import pytest
 
 from datadesk.llm.client import OpenAIChatModel
 from datadesk.settings import LLMSettings
-from tests.conftest import serve_app, wait_until
+from tests.conftest import wait_until
 from tests.fakes.openai_server import FakeOpenAIServer, FakeReply
 from tests.scenarios import SEED, chart_specs, register_chart_spec
 from tests.unit.test_summary import fake_fields
@@ -96,8 +95,8 @@ def run_seed(server: FakeOpenAIServer, harness_factory, summarize: Callable[[dic
     h = harness_factory(OpenAIChatModel(llm), llm={"provider": provider},
                         context={"history_budget_tokens": budget}, summary={"enabled": True})
     register_chart_spec(h.rt, chart_specs(900))
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=120) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=120) as api:
+        c, tid = api.client, api.tid
         assert c.post(f"/api/threads/{tid}/messages", json={"content": SEED}).status_code == 200
         if pin:  # the user pins their own first message in the UI
             assert c.post(f"/api/threads/{tid}/task-state", json={"seq": 1}).status_code == 200

@@ -7,11 +7,10 @@ import asyncio
 import json
 import threading
 
-import httpx
 
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from tests.scenarios import SEED, chart_specs, register_chart_spec
-from tests.conftest import serve_app, wait_until
+from tests.conftest import wait_until
 from tests.unit.test_summary import faithful
 
 
@@ -28,8 +27,8 @@ def seed_run(harness_factory, summaries: bool, budget: int = 6_000):
                         summary={"enabled": summaries})
 
     register_chart_spec(h.rt, big)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=60) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=60) as api:
+        c, tid = api.client, api.tid
         c.post(f"/api/threads/{tid}/messages", json={"content": SEED})
         for i in range(1, 16):
             c.post(f"/api/threads/{tid}/messages", json={"content": f"make the chart colours warmer ({i})"})
@@ -91,8 +90,8 @@ def test_clear_during_a_summary_job_writes_nothing_back(harness_factory) -> None
     model = ScriptedModel(then="ok")
     h = harness_factory(model, summary_model=ScriptedModel(then=gated),
                         context={"history_budget_tokens": 400}, summary={"enabled": True})
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=60) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=60) as api:
+        c, tid = api.client, api.tid
         for i in range(12):
             c.post(f"/api/threads/{tid}/messages", json={"content": f"constraint: rule {i}. " + "pad " * 40})
             if started.is_set():

@@ -8,14 +8,13 @@ import json
 import httpx
 
 from datadesk.llm.scripted import ScriptedModel
-from tests.conftest import serve_app
 
 
 def test_pin_unpin_inject_and_clear(harness_factory) -> None:
     model = ScriptedModel(then="OK.")
     h = harness_factory(model)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=60) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=60) as api:
+        c, tid, base = api.client, api.tid, api.base
         url = f"/api/threads/{tid}/task-state"
         c.post(f"/api/threads/{tid}/messages", json={"content": "exclude holidays from every chart"})
         empty = c.get(url).json()

@@ -66,8 +66,8 @@ def records(c: httpx.Client, tid: str) -> list[dict[str, Any]]:
 def test_cancel_mid_reply_keeps_partial_text_and_next_turn_continues(harness_factory) -> None:
     model = ScriptedModel([slow_text(), "second answer"])
     h = harness_factory(model)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=30) as api:
+        c, tid = api.client, api.tid
         with c.stream("POST", f"/api/threads/{tid}/messages", json={"content": "talk"}) as resp:
             sse = SSEReader(resp)
             sse.until("message.delta")
@@ -97,8 +97,8 @@ def test_cancel_during_parallel_tools_records_each_call(harness_factory) -> None
     ])
     h = harness_factory(model)
     register_sleepy(h, started)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=30) as api:
+        c, tid = api.client, api.tid
         with c.stream("POST", f"/api/threads/{tid}/messages", json={"content": "go"}) as resp:
             sse = SSEReader(resp)
             assert started.wait(10)
@@ -119,8 +119,8 @@ def test_client_disconnect_cancels_the_turn(harness_factory) -> None:
     """Only a turn started with `background: false` stops when its client leaves (the default
     outlives it: test_turn_reattach.py)."""
     h = harness_factory(ScriptedModel([slow_text()]))
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=30) as api:
+        c, tid = api.client, api.tid
         with c.stream("POST", f"/api/threads/{tid}/messages", json={"content": "talk", "background": False}) as resp:
             SSEReader(resp).until("message.delta")
         # leaving the block closes the connection
@@ -130,8 +130,8 @@ def test_client_disconnect_cancels_the_turn(harness_factory) -> None:
 
 def test_background_turn_survives_disconnect(harness_factory) -> None:
     h = harness_factory(ScriptedModel([ScriptStep(text="finished in the background " * 5, delay_s=0.01)]))
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=30) as api:
+        c, tid = api.client, api.tid
         with c.stream("POST", f"/api/threads/{tid}/messages",
                       json={"content": "talk", "background": True}) as resp:
             SSEReader(resp).until("message.delta")
@@ -176,8 +176,8 @@ def test_second_turn_on_same_thread_is_409_and_per_user_limit_is_429(harness_fac
 
 def test_step_limit(harness_factory) -> None:
     h = harness_factory(ScriptedModel(then=tool_step("sql_query", {"sql": "SELECT 1"})), chat={"max_steps": 3})
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=30) as api:
+        c, tid = api.client, api.tid
         events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "loop"}).text)
         recs = records(c, tid)
     assert events[-2][1]["kind"] == "step_limit" and events[-1][1]["status"] == "error"
@@ -187,8 +187,8 @@ def test_step_limit(harness_factory) -> None:
 
 def test_delete_cancels_a_running_turn(harness_factory) -> None:
     h = harness_factory(ScriptedModel([slow_text()]))
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=30) as api:
+        c, tid = api.client, api.tid
         with c.stream("POST", f"/api/threads/{tid}/messages", json={"content": "talk"}) as resp:
             sse = SSEReader(resp)
             sse.until("message.delta")

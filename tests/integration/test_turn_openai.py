@@ -90,8 +90,8 @@ def test_reasoning_content_is_stored_raw(harness_factory) -> None:
     with FakeOpenAIServer() as fake:
         fake.add_text("42", reasoning="first I think")
         h = harness_factory(llm(fake))
-        with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-            tid = c.post("/api/threads", json={}).json()["id"]
+        with h.client("bob", served=True, timeout=30) as api:
+            c, tid = api.client, api.tid
             c.post(f"/api/threads/{tid}/messages", json={"content": "answer?"})
             rec = c.get(f"/api/threads/{tid}").json()["records"][-1]
     assert rec["provider_fields"]["reasoning_content"] == "first I think"
@@ -104,8 +104,8 @@ def test_model_errors_become_error_events_and_the_thread_continues(harness_facto
         fake.add_error(401, "Incorrect API key provided")
         fake.add_text("back to normal")
         h = harness_factory(llm(fake, max_retries=0))
-        with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-            tid = c.post("/api/threads", json={}).json()["id"]
+        with h.client("bob", served=True, timeout=30) as api:
+            c, tid = api.client, api.tid
             first = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "one"}).text)
             second = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "two"}).text)
             third = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "three"}).text)
@@ -127,8 +127,8 @@ def test_model_endpoint_down(harness_factory) -> None:
     model = OpenAIChatModel(LLMSettings(base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="k",
                                         model="m", max_retries=1, retry_backoff_s=0.01))
     h = harness_factory(model)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=30) as api:
+        c, tid = api.client, api.tid
         events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "hi"}).text)
     assert events[0][0] == "error" and "127.0.0.1" in events[0][1]["message"]
     assert events[-1] == ("done", {"turn_id": events[-1][1]["turn_id"], "status": "error"})

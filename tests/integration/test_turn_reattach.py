@@ -80,8 +80,8 @@ def gated_tool(h: Harness, release: threading.Event, started: threading.Event) -
 
 def test_a_client_leaving_stops_nothing_and_the_answer_is_kept(harness_factory) -> None:
     h = harness_factory(ScriptedModel([ScriptStep(text=ANSWER, delay_s=0.01)]))
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=30) as api:
+        c, tid = api.client, api.tid
         with c.stream("POST", f"/api/threads/{tid}/messages", json={"content": "talk"}) as resp:
             first = Events(resp).until(lambda it: it[1] == "message.delta")
         turn_id = first[0].split(":")[0]
@@ -103,8 +103,8 @@ def test_reattach_with_last_event_id_gets_only_the_missing_events(harness_factor
     h = harness_factory(ScriptedModel([ScriptStep(text="before the tool ", tool_calls=tool_step("wait", {}).tool_calls),
                                        ScriptStep(text=ANSWER, delay_s=0.005)]))
     gated_tool(h, release, started)
-    with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("bob"), timeout=30) as c:
-        tid = c.post("/api/threads", json={}).json()["id"]
+    with h.client("bob", served=True, timeout=30) as api:
+        c, tid = api.client, api.tid
         with c.stream("POST", f"/api/threads/{tid}/messages", json={"content": "go"}) as resp:
             a = Events(resp)
             a.until(lambda it: it[1] == "tool.progress")
