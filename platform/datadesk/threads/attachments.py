@@ -26,7 +26,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar
 
 from datadesk.chat.turns import TurnRegistry
 from datadesk.domain.artifacts import ArtifactOrigin
@@ -48,6 +48,8 @@ from datadesk.store.diskspace import DiskRoom
 from datadesk.store.files import not_saved
 from datadesk.store.tempnames import temp_prefix
 from datadesk.store.threads import Thread
+
+T = TypeVar("T")
 
 MAX_PASTE_CHARS = 4 * 1024 * 1024  # a longer message is never taken for a pasted table
 MAX_SHEET_PREVIEWS = 8  # a workbook's sheets previewed in the note; the rest are listed
@@ -144,17 +146,8 @@ class Attachments:
         try:
             fd, tmp_path = staging_file(thread, ".upload-")
             filename = await receive(fd)
-            slot = await self.slots.acquire(user.id, "upload") if self.slots is not None else None
-            try:
-                upload = await self._ingest(thread, user, Path(tmp_path), filename, progress)
-            except OSError as exc:  # the disk filled up while the artifact was written
-                error = not_saved(exc, f"the upload {filename}")
-                if error is None:
-                    raise
-                raise error from None
-            finally:
-                if slot is not None:
-                    slot.release()
+            upload = await self._converting(user, f"the upload {filename}",
+                                            lambda: self._ingest(thread, user, Path(tmp_path), filename, progress))
             tmp_path = None  # consumed by the ingest
             text = self.note(user, thread, upload, filename)
             arts = upload.artifacts
@@ -171,23 +164,30 @@ class Attachments:
             if tmp_path and os.path.exists(tmp_path):
                 os.unlink(tmp_path)
 
-    async def _reimport(self, thread: Thread, user: User, aid: str, choices: ReadChoices, turn_id: str) -> Upload:
-        art = self.offload.store.load(thread, aid)  # ArtifactNotFound: 404
-        if art.kind != "upload":
-            raise UploadError(f"artifact {aid} is not an upload: only an uploaded CSV or TSV can be re-imported")
-        slot = await self.slots.acquire(user.id, "upload") if self.slots is not None else None
+    async def _converting(self, user: User, what: str, work: Callable[[], Awaitable[T]]) -> T:
+        """`work` (a conversion) under one of the user's upload slots (limits.uploads*); a disk that
+        fills up while it writes is told as `what` not saved (store/files.py `not_saved`)."""
+        slot = None
         try:
-            job = self.offload.job(None)
-            table = await run_job(job, reimport_upload, self.offload, thread, art, choices, job,
-                                  upload_limits(self.settings))  # no discard: a cancel keeps the old data
+            slot = await self.slots.acquire(user.id, "upload") if self.slots is not None else None
+            return await work()
         except OSError as exc:
-            error = not_saved(exc, f"the re-import of {art.name}")
+            error = not_saved(exc, what)
             if error is None:
                 raise
             raise error from None
         finally:
             if slot is not None:
                 slot.release()
+
+    async def _reimport(self, thread: Thread, user: User, aid: str, choices: ReadChoices, turn_id: str) -> Upload:
+        art = self.offload.store.load(thread, aid)  # ArtifactNotFound: 404
+        if art.kind != "upload":
+            raise UploadError(f"artifact {aid} is not an upload: only an uploaded CSV or TSV can be re-imported")
+        job = self.offload.job(None)
+        table = await self._converting(user, f"the re-import of {art.name}", lambda: run_job(
+            job, reimport_upload, self.offload, thread, art, choices, job,
+            upload_limits(self.settings)))  # no discard: a cancel keeps the old data
         self.quota.after_create(table[0])
         upload = Upload([table])
         filename = art.origin.filename or aid
