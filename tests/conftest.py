@@ -100,8 +100,8 @@ class Harness:
 
 @dataclass
 class AppClient:
-    """A client of the real app for one user (their token on every request), the harness under
-    it and, when asked for, one thread of theirs (`tid`)."""
+    """A client of the real app for one user (their token on every request unless opened with
+    `signed_in=False`), the harness under it and, when asked for, one thread of theirs (`tid`)."""
 
     h: Harness
     client: httpx.Client  # litestar.testing.TestClient in-process, else over uvicorn at `base`
