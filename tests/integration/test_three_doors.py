@@ -17,77 +17,25 @@ only a tool has, an MCP outputSchema's formats, are not part of a text).
 
 from __future__ import annotations
 
-import io
 from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
-from litestar.testing import TestClient
 
-from datadesk.domain.tools import ToolResult, ToolSpec
-from datadesk.llm.scripted import ScriptedModel, tool_step
-from tests.conftest import parse_sse
-from tests.fakes.sandbox import FakeSandbox
+from tests.doors import DOORS, door_app, through
 from tests.fixtures.shapes import POSITIONAL, SHAPES, TRUNCATED, expected
 
 N = 50
 LARGE = 20_000  # the fast shapes once more at a size of many batches
 FAST = ("json_records", "ndjson", "json_columns_rows", "csv_header", "tsv", "markdown")
 NAMES = ["id", "amount", "price", "name", "day", "ts", "paid"]
-TOOL = "crm__export_rows"
-DOORS = ("tool", "upload", "paste")
 
 
 @pytest.fixture
 def app(harness_factory):
-    model = ScriptedModel(then="ok")
-    h = harness_factory(model, context={"max_message_tokens": 100}, offload={"threshold_chars": 1_000})
-    FakeSandbox(h.rt)  # the model can read files: a large result is offloaded
-    texts: dict[str, str] = {}
-
-    async def export(args, ctx):
-        return ToolResult(texts["now"])
-
-    h.rt.tools.register(ToolSpec(name=TOOL, description="Rows of a CRM export (an MCP server's text).",
-                                 parameters={"type": "object", "properties": {}}, read_only=True,
-                                 offloadable=True, source="mcp"), export)
-    with TestClient(h.app()) as client:
-        yield h, client, model, texts
-
-
-def _thread(h, client) -> str:
-    return client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
-
-
-def through(door: str, text: str, app) -> tuple[dict, pa.Table]:
-    """The artifact `text` became through `door` (its API form) and its data (downloaded)."""
-    h, client, model, texts = app
-    auth = h.auth("alice")
-    tid = _thread(h, client)
-    if door == "tool":
-        texts["now"] = text
-        model.steps.extend([tool_step(TOOL, {}), "done"])
-        r = client.post(f"/api/threads/{tid}/messages", json={"content": "export the rows"}, headers=auth)
-        events = parse_sse(r.text)
-        created = [d["artifact"] for e, d in events if e == "artifact.created"]
-        assert created, [e for e, _ in events]
-        art = created[0]
-    elif door == "upload":
-        r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("export.txt", text.encode())}, headers=auth)
-        assert r.status_code == 201, r.text
-        art = r.json()["artifact"]
-    else:
-        r = client.post(f"/api/threads/{tid}/messages", json={"content": text}, headers=auth)
-        assert r.status_code == 200, r.text
-        record = client.get(f"/api/threads/{tid}", headers=auth).json()["records"][0]
-        assert "pasted a table" in record["content"], record["content"][:300]
-        (art,) = client.get(f"/api/threads/{tid}/artifacts", headers=auth).json()
-    art = client.get(f"/api/artifacts/{art['id']}", headers=auth).json()
-    data = client.get(f"/api/artifacts/{art['id']}/download", headers=auth)
-    assert data.status_code == 200, data.text
-    return art, pq.read_table(io.BytesIO(data.content))
+    with door_app(harness_factory) as app:
+        yield app
 
 
 def check_corpus(shape: str, table: pa.Table, n: int) -> None:
@@ -112,7 +60,7 @@ def check_corpus(shape: str, table: pa.Table, n: int) -> None:
 
 def same_table(shape: str, n: int, app, text: str | None = None) -> dict[str, dict]:
     text = text if text is not None else SHAPES[shape](n)
-    got = {door: through(door, text, app) for door in DOORS}
+    got = {door: through(door, text, app)[:2] for door in DOORS}
     tool_schema = got["tool"][1].schema
     for door, (art, table) in got.items():
         assert table.schema.names == tool_schema.names, (door, table.schema.names, tool_schema.names)

@@ -17,13 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 from litestar.testing import TestClient
 
-from datadesk.domain.tools import ToolResult, ToolSpec
-from datadesk.llm.scripted import ScriptedModel, tool_step
-from tests.conftest import parse_sse
-from tests.fakes.sandbox import FakeSandbox
+from datadesk.llm.scripted import ScriptedModel
+from tests.doors import door_app, new_thread, through
 
 N = 200
-TOOL = "erp__export"
 NBSP, NNBSP = "\u00a0", "\u202f"
 
 
@@ -84,50 +81,12 @@ CASES = _cases()
 
 @pytest.fixture
 def app(harness_factory):
-    model = ScriptedModel(then="ok")
-    h = harness_factory(model, context={"max_message_tokens": 100}, offload={"threshold_chars": 1_000})
-    FakeSandbox(h.rt)
-    texts: dict[str, str] = {}
-
-    async def export(args, ctx):
-        return ToolResult(texts["now"])
-
-    h.rt.tools.register(ToolSpec(name=TOOL, description="An ERP export (an MCP server's text).",
-                                 parameters={"type": "object", "properties": {}}, read_only=True,
-                                 offloadable=True, source="mcp"), export)
-    with TestClient(h.app()) as client:
-        yield h, client, model, texts
-
-
-def _thread(h, client) -> str:
-    return client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+    with door_app(harness_factory) as app:
+        yield app
 
 
 def _through(door: str, text: str, data: bytes, app) -> tuple[dict, pa.Table, str]:
-    """The artifact the input became through `door`, its data, and what the model was told."""
-    h, client, model, texts = app
-    auth = h.auth("alice")
-    tid = _thread(h, client)
-    if door == "tool":
-        texts["now"] = text
-        model.steps.extend([tool_step(TOOL, {}), "done"])
-        events = parse_sse(client.post(f"/api/threads/{tid}/messages", json={"content": "export"}, headers=auth).text)
-        art = next(d["artifact"] for e, d in events if e == "artifact.created")
-        told = next(d["preview"] for e, d in events if e == "tool.finished")
-    elif door == "upload":
-        r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("export.csv", data)}, headers=auth)
-        assert r.status_code == 201, r.text
-        art = r.json()["artifact"]
-        told = client.get(f"/api/threads/{tid}", headers=auth).json()["records"][-1]["content"]
-    else:
-        r = client.post(f"/api/threads/{tid}/messages", json={"content": text}, headers=auth)
-        assert r.status_code == 200, r.text
-        told = client.get(f"/api/threads/{tid}", headers=auth).json()["records"][0]["content"]
-        assert "pasted a table" in told, told[:300]
-        (art,) = client.get(f"/api/threads/{tid}/artifacts", headers=auth).json()
-    art = client.get(f"/api/artifacts/{art['id']}", headers=auth).json()
-    got = client.get(f"/api/artifacts/{art['id']}/download", headers=auth)
-    return art, pq.read_table(io.BytesIO(got.content)), told
+    return through(door, text, app, data=data, filename="export.csv")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -158,7 +117,7 @@ def test_every_dialect_is_the_same_table_through_every_door(case: str, app) -> N
 
 def test_upload_of_a_semicolon_csv_is_read(app) -> None:
     h, client, _, _ = app
-    tid = _thread(h, client)
+    tid = new_thread(h, client)
     r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("eu.csv", b"a;b;c\n1;2;3")}, headers=h.auth("alice"))
     assert r.status_code == 201, r.text
     art = r.json()["artifact"]
@@ -169,7 +128,7 @@ def test_upload_of_a_semicolon_csv_is_read(app) -> None:
 
 def _upload(app, name: str, data: bytes) -> tuple[str, dict]:
     h, client, _, _ = app
-    tid = _thread(h, client)
+    tid = new_thread(h, client)
     r = client.post(f"/api/threads/{tid}/uploads", files={"file": (name, data)}, headers=h.auth("alice"))
     assert r.status_code == 201, r.text
     return tid, r.json()["artifact"]
@@ -267,7 +226,7 @@ def _workbook() -> bytes:
 def test_every_sheet_of_a_workbook_is_its_own_artifact(app) -> None:
     h, client, _, _ = app
     auth = h.auth("alice")
-    tid = _thread(h, client)
+    tid = new_thread(h, client)
     r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("sales.xlsx", _workbook())}, headers=auth)
     assert r.status_code == 201, r.text
     body = r.json()
@@ -301,7 +260,7 @@ def test_a_workbook_whose_later_sheet_fails_keeps_nothing(harness_factory) -> No
     buf = io.BytesIO()
     wb.save(buf)
     with TestClient(h.app()) as client:
-        tid = _thread(h, client)
+        tid = new_thread(h, client)
         r = client.post(f"/api/threads/{tid}/uploads", files={"file": ("b.xlsx", buf.getvalue())},
                         headers=h.auth("alice"))
         assert r.status_code == 413 and "columns" in r.json()["error"], r.text
