@@ -3,7 +3,6 @@ sheets (readers/excel/layout.py): what is sniffed, what is read, what is left ou
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import openpyxl
@@ -162,14 +161,12 @@ def test_tool_text_reads_the_same_dialect() -> None:
     assert stream.facts.prose == ["Sales report 2024", "Exported 2024-05-01"]
 
 
-def test_sniff_is_fast_on_a_sample() -> None:
+def test_sniff_reads_a_cut_sample() -> None:
+    """A 64 KiB head cut mid-record is sniffed (its speed: bench/csv_sniff.py)."""
     rows = "".join(f"r{i};{i:,}.{i % 100:02d};{i};\"n; {i}\"\n".replace(",", ".", 1) for i in range(3000))
     sample = ("region;amount;qty;note\n" + rows)[:64 * 1024]
-    sniff_dialect(sample, False)
-    t = time.perf_counter()
     for _ in range(10):
         assert sniff_dialect(sample, False).delimiter == ";"
-    assert (time.perf_counter() - t) / 10 < 0.05  # measured ~2 ms; clevercsv takes ~0.5 s
 
 
 # ----------------------------------------------------------------------- Excel
