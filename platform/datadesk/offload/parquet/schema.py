@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from datadesk.offload.readers.casts import CAST_ERRORS, merge_type
-
-
-def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t)
+from datadesk.offload.readers.casts import CAST_ERRORS, is_list_type, merge_type
 
 
 def merge_schemas(a: pa.Schema, b: pa.Schema) -> pa.Schema | None:
@@ -77,7 +73,7 @@ def _render(t: pa.DataType, depth: int, max_len: int) -> str:
                 return "struct<" + ", ".join(parts) + f", …+{n - i}>"
             parts.append(part)
         return "struct<" + ", ".join(parts) + ">"
-    if _is_list(t) or pa.types.is_fixed_size_list(t):
+    if is_list_type(t) or pa.types.is_fixed_size_list(t):
         name = "large_list" if pa.types.is_large_list(t) else "list"
         return f"{name}<{_render(t.value_type, depth - 1, max_len) if depth > 0 else '…'}>"
     if pa.types.is_dictionary(t):

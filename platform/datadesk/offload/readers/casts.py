@@ -261,7 +261,8 @@ def _fits(col: pa.Array, want: pa.DataType) -> bool:
 
 # ---------------------------------------------------- one type for several
 
-def _is_list(t: pa.DataType) -> bool:
+def is_list_type(t: pa.DataType) -> bool:
+    """A list or a large list (not a fixed-size one)."""
     return pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
@@ -293,7 +294,7 @@ def merge_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
                 return None
             fields[f.name] = merged
         return pa.struct(list(fields.items()))
-    if _is_list(a) and _is_list(b) and type(a) is type(b):
+    if is_list_type(a) and is_list_type(b) and type(a) is type(b):
         value = merge_type(a.value_type, b.value_type)
         return None if value is None else (pa.list_(value) if pa.types.is_list(a) else pa.large_list(value))
     return None
@@ -308,7 +309,7 @@ def unify_types(types: list[pa.DataType]) -> pa.DataType:
             try:
                 merged = pa.unify_schemas([pa.schema([("x", result)]), pa.schema([("x", t)])],
                                           promote_options="permissive").field("x").type
-            except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            except CAST_ERRORS:
                 return pa.string()
         result = merged
     for t in types:  # every source type must actually cast to the result

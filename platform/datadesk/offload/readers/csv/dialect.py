@@ -23,7 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 DELIMITERS = (",", ";", "\t", "|")
@@ -351,13 +351,6 @@ def is_totals(line: str, dialect: Dialect) -> bool:
     if len(filled) < 2:
         return False
     return is_total_word(filled[0]) and all(_TOTAL_VALUE.match(c) for c in filled[1:])
-
-
-def with_totals(dialect: Dialect, last_line: str | None) -> Dialect:
-    """`dialect` with `last_line` as its totals line when it is one."""
-    if last_line is None or not is_totals(last_line, dialect):
-        return dialect
-    return replace(dialect, totals=last_line.rstrip("\r\n"))
 
 
 def consistent_delimiter(lines: list[str]) -> str | None:

@@ -55,15 +55,6 @@ def stated_rows(lines: list[str], shown: int | None = None) -> int | None:
     return None
 
 
-def more_rows(lines: list[str]) -> int | None:
-    """The rows a "... 968 more rows" line says were left out, or None."""
-    for line in lines:
-        m = _MORE.fullmatch(line.strip())
-        if m:
-            return _int(m.group(1))
-    return None
-
-
 _HINT = re.compile(r"row|record|result|output|trunc|limit|cut|capped|more|show|\.\.\.|…", re.I)  # in every note
 
 
