@@ -37,6 +37,7 @@ from datadesk.sources.config import WAREHOUSE
 from datadesk.sources.errors import (
     SQLCancelled, SQLError, SQLLimit, SQLRefused, SQLTimeout, short_message, timeout_message,
 )
+from datadesk.sources.query import ASYNC_GRACE_S as _ASYNC_GRACE_S  # beyond the statement timeout (a test shortens it)
 from datadesk.sources.query import ColumnInfo, QueryControl, QueryResult, TableInfo, interruptible, jsonable
 from datadesk.sources.sqllimits import SQLLimits, TempDirs, limit_message
 
@@ -47,9 +48,6 @@ from datadesk.sources.sqllimits import SQLLimits, TempDirs, limit_message
 _SETUP_LOCK = threading.Lock()
 _TEMP = TempDirs()  # spill directory of each instance, removed with its last connection
 _CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
-# Extra time the async wrapper waits beyond the statement timeout before giving
-# up on a worker thread whose query ignored the interrupt.
-_ASYNC_GRACE_S = 5.0
 ALLOWED = "SELECT (also WITH ... SELECT, FROM ..., VALUES), DESCRIBE, SHOW, SUMMARIZE, EXPLAIN <select>"
 
 # Schema queries for describe(): user tables and views of the warehouse file.

@@ -91,7 +91,6 @@ class MCPManager:
                  save_image: Callable[[ToolContext, bytes, str], str] | None = None,
                  result_max_bytes: int = 256 * 1024**2, min_free_bytes: int = 0) -> None:
         self.registry = registry
-        self.save_image = save_image
         self.results = ResultReader(save_image)
         if result_max_bytes <= 0:
             raise ValueError("limits.mcp_result_max_mb must be > 0")
@@ -547,10 +546,6 @@ class MCPManager:
             raise ToolError(f"the answer of the MCP server {srv.name} was spooled to disk but is gone "
                             "(the connection closed meanwhile); try again")
         return answer
-
-    def _convert(self, srv: _Server, info: _ToolInfo, result: Any, ctx: ToolContext) -> ToolResult:
-        return self.results.convert(srv.name, info, result, ctx)
-
 
 def _exited(code: int | None) -> str:
     """Why a stdio connection ended on the server's side, with its exit status when it is known."""

@@ -141,7 +141,6 @@ class SpooledAnswer:
         self.items: list[tuple[str, Any]] = []
         self.structured: Any = None
         self.structured_raw: msgspec.Raw | None = None
-        self.token = ""
         self.delivered_at = 0.0
         self._maps: list[tuple[Any, mmap.mmap]] = []
 
@@ -208,7 +207,6 @@ class SpooledAnswer:
 
     def substitute(self, token: str) -> dict[str, Any]:
         """The small result the SDK's session gets instead (isError: no output schema is checked)."""
-        self.token = token
         self.delivered_at = time.monotonic()
         return {"content": [{"type": "text", "text": f"(an answer of {self.size:,} bytes, spooled to disk)"}],
                 "isError": True, "_meta": {SPOOL_META: token}}

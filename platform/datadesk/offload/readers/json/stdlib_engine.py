@@ -20,6 +20,7 @@ import pyarrow as pa
 from datadesk.offload.readers.columns import records_to_batch, rows_to_batch
 from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.readers.limits import UploadLimits
+from datadesk.offload.readers.text.file import decode_file
 
 _WS = re.compile(r"[ \t\n\r]*")
 # Module-level so tests can count decoding steps (streaming check).
@@ -31,14 +32,7 @@ def read_file(path: Path, batch_rows: int, sheet: str | None,
               limits: UploadLimits) -> tuple[None, Iterator[pa.RecordBatch]]:
     """The reader of a JSON file: UTF-8 (a BOM allowed), else the byte and line that is not."""
     data = path.read_bytes()
-    bom = 3 if data.startswith(codecs.BOM_UTF8) else 0
-    try:
-        text = data[bom:].decode("utf-8")
-    except UnicodeDecodeError as err:
-        at = bom + err.start
-        line = data.count(b"\n", 0, at) + 1
-        raise TabularParseError(f"file is not UTF-8 at byte {at} (line {line}, byte 0x{data[at]:02X}); "
-                                "save it as UTF-8") from None
+    text = decode_file(data, 3 if data.startswith(codecs.BOM_UTF8) else 0)
     return None, json_batches(text, batch_rows)
 
 

@@ -30,6 +30,12 @@ def read_text(path: Path, limits: UploadLimits) -> str:
     encoding = sniff_encoding(head, len(data) <= _HEAD) or UTF8
     skip = bom_length(head, encoding)
     codec = stream_encoding(head, encoding)
+    return decode_file(data, skip, codec)
+
+
+def decode_file(data: bytes, skip: int, codec: str = UTF8) -> str:
+    """`data` after its first `skip` bytes (a BOM) decoded; TabularParseError naming the byte
+    and line `codec` cannot decode."""
     try:
         return data[skip:].decode(codec)
     except UnicodeDecodeError as err:
