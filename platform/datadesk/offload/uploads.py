@@ -157,6 +157,13 @@ def _with_reading(pipeline: OffloadPipeline, thread: Thread, art: Artifact, fmt:
     return art
 
 
+async def reimport_upload_async(pipeline: OffloadPipeline, thread: Thread, art: Artifact, choices: ReadChoices,
+                                limits: UploadLimits | None = None) -> Ingested:
+    """`reimport_upload` in a worker thread; a cancel keeps the old data (nothing to discard)."""
+    job = pipeline.job(None)
+    return await run_job(job, reimport_upload, pipeline, thread, art, choices, job, limits)
+
+
 def reimport_upload(pipeline: OffloadPipeline, thread: Thread, art: Artifact, choices: ReadChoices,
                     job: WriteJob | None = None, limits: UploadLimits | None = None) -> Ingested:
     """Read the kept original of a CSV/TSV upload again with the analyst's `choices` (delimiter,

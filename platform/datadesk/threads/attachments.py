@@ -40,8 +40,7 @@ from datadesk.offload.artifacts.quota import ArtifactQuota
 from datadesk.offload.readers import TEXT_TABLES, detect_text
 from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.readers.csv.dialect import ReadChoices
-from datadesk.offload.uploads import IMAGES, Upload, UploadError, ingest_upload_async, reimport_upload
-from datadesk.offload.worker import run_job
+from datadesk.offload.uploads import IMAGES, Upload, UploadError, ingest_upload_async, reimport_upload_async
 from datadesk.settings import OffloadSettings
 from datadesk.store.admission import MemoryGuard, QuerySlots
 from datadesk.store.diskspace import DiskRoom
@@ -130,7 +129,9 @@ class Attachments:
         try:
             task = turn.task = asyncio.ensure_future(work(turn.turn_id))
             try:
-                return await task
+                done = await task
+                thread.end_turn()  # store.fsync = "turn": an acknowledged upload is on the disk, as a turn is
+                return done
             except asyncio.CancelledError:
                 me = asyncio.current_task()
                 if task.cancelled() and (me is None or not me.cancelling()):
@@ -158,7 +159,6 @@ class Attachments:
                                                 artifacts=[a.id for a in arts] if len(arts) > 1 else None,
                                                 skipped_sheets=[f"{n} ({w})" for n, w in upload.skipped] or None)),
             ), thread.epoch)
-            thread.end_turn()  # store.fsync = "turn": an acknowledged upload is on the disk, as a turn is
             return upload
         finally:
             if tmp_path and os.path.exists(tmp_path):
@@ -184,10 +184,8 @@ class Attachments:
         art = self.offload.store.load(thread, aid)  # ArtifactNotFound: 404
         if art.kind != "upload":
             raise UploadError(f"artifact {aid} is not an upload: only an uploaded CSV or TSV can be re-imported")
-        job = self.offload.job(None)
-        table = await self._converting(user, f"the re-import of {art.name}", lambda: run_job(
-            job, reimport_upload, self.offload, thread, art, choices, job,
-            upload_limits(self.settings)))  # no discard: a cancel keeps the old data
+        table = await self._converting(user, f"the re-import of {art.name}", lambda: reimport_upload_async(
+            self.offload, thread, art, choices, upload_limits(self.settings)))
         self.quota.after_create(table[0])
         upload = Upload([table])
         filename = art.origin.filename or aid
@@ -199,7 +197,6 @@ class Attachments:
             seq=seq, role="user", ts=time.time(), turn_id=turn_id, content=text,
             meta=record_meta(UserRecordMeta(kind="upload", artifact=aid, filename=filename, reimport=True)),
         ), thread.epoch)
-        thread.end_turn()
         return upload
 
     async def message_text(self, thread: Thread, user: User, text: str) -> str:
@@ -240,7 +237,7 @@ class Attachments:
                                 filename=filename)
         upload = await ingest_upload_async(self.offload, thread, tmp, filename, origin, progress,
                                            upload_limits(self.settings))
-        self.quota.enforce(trigger_user=user.id, protect={a.id for a in upload.artifacts}, wait=True)
+        self.quota.after_create(*upload.artifacts)
         return upload
 
     def note(self, user: User, thread: Thread, upload: Upload, filename: str) -> str:

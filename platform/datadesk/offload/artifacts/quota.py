@@ -55,10 +55,11 @@ class ArtifactQuota:
         self.store = store
         self._lock = FileLock(str(store.layout.home / ".artifact-sweep.lock"))
 
-    def after_create(self, art: Artifact) -> list[Eviction]:
-        """Called when a cache artifact was written: the new one is kept, older data makes room,
-        its user's own first (`art.origin.user`, who caused it)."""
-        return self.enforce(trigger_user=art.origin.user, protect={art.id}, wait=True)
+    def after_create(self, art: Artifact, *more: Artifact) -> list[Eviction]:
+        """Called when cache artifacts were written (one result, or every sheet of a workbook): the
+        new ones are kept, older data makes room, their user's own first (`art.origin.user`, who
+        caused it)."""
+        return self.enforce(trigger_user=art.origin.user, protect={a.id for a in (art, *more)}, wait=True)
 
     def enforce(self, trigger_user: str | None = None, protect: Iterable[str] = (),
                 wait: bool = False) -> list[Eviction]:
