@@ -21,10 +21,12 @@ import logging
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Iterator, NoReturn
 
 import pytest
 
@@ -37,10 +39,15 @@ FAKE = [sys.executable, str(ROOT / "tests" / "fakes" / "mcp_server.py")]
 WS = "demo"
 
 
-def ctx(tmp_path: Path, ws: str = WS) -> ToolContext:
+def ctx(tmp_path: Path, ws: str = WS, permissions: frozenset[str] = frozenset()) -> ToolContext:
     tdir = tmp_path / "thread"
     tdir.mkdir(exist_ok=True)
-    return ToolContext(thread=Thread(tdir), workspace=ws, user="ann", permissions=frozenset(), call_id="c1")
+    return ToolContext(thread=Thread(tdir), workspace=ws, user="ann", permissions=permissions, call_id="c1")
+
+
+def reader_ctx(tmp_path: Path) -> ToolContext:
+    """`ctx` of a user who may run code (so a large result is offloaded to a file)."""
+    return ctx(tmp_path, permissions=frozenset({"code_execution"}))
 
 
 async def call(reg: ToolRegistry, c: ToolContext, tool: str, /, **args: Any) -> ToolResult:
@@ -411,11 +418,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_http_server(port: int) -> "subprocess.Popen[bytes]":
+def _start_http_server(port: int, *extra: str, flag: str = "--http") -> "subprocess.Popen[bytes]":
+    """The fake MCP server over streamable HTTP on `port` (`flag`: --http, --http-gzip ...), once it answers."""
     import subprocess
     import urllib.request
 
-    proc = subprocess.Popen([*FAKE, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([*FAKE, flag, str(port), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -428,6 +436,18 @@ def _start_http_server(port: int) -> "subprocess.Popen[bytes]":
             return proc
     proc.kill()
     raise RuntimeError("the fake HTTP MCP server did not start")
+
+
+@contextmanager
+def http_mcp(*extra: str, flag: str = "--http") -> Iterator[int]:
+    """The fake HTTP MCP server on a free port (yielded), killed at the end."""
+    port = _free_port()
+    proc = _start_http_server(port, *extra, flag=flag)
+    try:
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_streamable_http_server_and_reconnect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

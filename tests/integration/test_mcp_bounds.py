@@ -22,7 +22,7 @@ from datadesk.tools.mcp.manager import MCPManager, MCPServerConfig
 from datadesk.tools.mcp.framing import LineSplitter, scan_head, scan_tail
 from datadesk.tools.registry import ToolRegistry
 from tests.fakes.mcp_bombs import FAKE_MCP, PeakRSS, mcp_bomb_config
-from tests.integration.test_mcp import _free_port, call, ctx, one, wait_for
+from tests.integration.test_mcp import call, ctx, http_mcp, one, wait_for
 
 pytestmark = pytest.mark.security
 
@@ -130,7 +130,7 @@ def test_result_past_the_limit_is_refused_in_bounded_memory_and_the_next_call_wo
         return {"refused_s": refused_s, "rss_growth_mb": rss.growth_mb, "loop_lag_s": lag}
 
     numbers = asyncio.run(main())
-    print(f"\n{limit // MB + 24} MB MCP result: refused in {numbers['refused_s']:.2f} s, peak RSS +{numbers['rss_growth_mb']:.0f} MB, "
+    print(f"\n{bomb_mb} MB MCP result: refused in {numbers['refused_s']:.2f} s, peak RSS +{numbers['rss_growth_mb']:.0f} MB, "
           f"max event-loop lag {numbers['loop_lag_s'] * 1000:.0f} ms")
 
 
@@ -225,30 +225,8 @@ def test_id_last_response_is_refused_at_once_with_other_calls_pending(tmp_path: 
 
 
 # -- streamable HTTP ----------------------------------------------------------------------------------
-def _start_http_server(port: int, *extra: str, flag: str = "--http") -> "subprocess.Popen[bytes]":
-    import subprocess
-    import urllib.request
-
-    proc = subprocess.Popen([*FAKE_MCP, flag, str(port), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/mcp", timeout=1)
-        except OSError as exc:
-            if getattr(exc, "code", None):  # an HTTP error status: the server answers
-                return proc
-            time.sleep(0.1)
-        else:
-            return proc
-    proc.kill()
-    raise RuntimeError("the fake HTTP MCP server did not start")
-
-
 @pytest.mark.parametrize("body", ["sse", "json"])
 def test_http_result_past_the_limit_is_refused(tmp_path: Path, body: str) -> None:
-    port = _free_port()
-    proc = _start_http_server(port, *(["--json"] if body == "json" else []))
 
     async def main() -> None:
         reg = ToolRegistry()
@@ -271,11 +249,8 @@ def test_http_result_past_the_limit_is_refused(tmp_path: Path, body: str) -> Non
         finally:
             await mgr.stop()
 
-    try:
+    with http_mcp(*(["--json"] if body == "json" else [])) as port:
         asyncio.run(main())
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 # -- the bench helper ----------------------------------------------------------------------------------
@@ -318,8 +293,6 @@ def test_bomb_through_the_api_names_the_setting(harness_factory, home: Path) -> 
 
 def test_http_gzip_bomb_is_refused_without_inflating(tmp_path: Path) -> None:
     """We ask for uncompressed bodies; a server that gzips anyway (200 MB in a 200 KB body) is refused."""
-    port = _free_port()
-    proc = _start_http_server(port, flag="--http-gzip")
 
     async def main() -> None:
         reg = ToolRegistry()
@@ -339,8 +312,5 @@ def test_http_gzip_bomb_is_refused_without_inflating(tmp_path: Path) -> None:
         finally:
             await mgr.stop()
 
-    try:
+    with http_mcp(flag="--http-gzip") as port:
         asyncio.run(main())
-    finally:
-        proc.kill()
-        proc.wait()

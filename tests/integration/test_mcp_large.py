@@ -33,7 +33,6 @@ from datadesk.composition import Runtime
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.offload.pipeline import OffloadCapability
 from datadesk.settings import SandboxSettings, Settings
-from datadesk.store.threads import Thread
 from datadesk.tools.mcp import spool as spool_mod
 from datadesk.tools.mcp.manager import MCPManager, MCPServerConfig
 from datadesk.tools.mcp.results import error_text
@@ -41,18 +40,12 @@ from datadesk.tools.mcp.spool import SpooledAnswer
 from datadesk.tools.mcp.framing import LineSplitter
 from datadesk.tools.registry import ToolContext, ToolRegistry
 from tests.fakes.mcp_bombs import FAKE_MCP, PeakRSS
-from tests.integration.test_mcp import call, one, wait_for
+from tests.integration.test_mcp import call, http_mcp, one, wait_for
+from tests.integration.test_mcp import reader_ctx as ctx
 
 WS = "demo"
 MB = 1024 * 1024
 N = 200_000
-
-
-def ctx(tmp_path: Path) -> ToolContext:
-    tdir = tmp_path / "thread"
-    tdir.mkdir(exist_ok=True)
-    return ToolContext(thread=Thread(tdir), workspace=WS, user="ann", permissions=frozenset({"code_execution"}),
-                       call_id="c1")
 
 
 def temp_files(c: ToolContext) -> list[str]:
@@ -201,11 +194,6 @@ def test_an_answer_the_disk_has_no_room_for_is_refused_naming_the_free_space(tmp
 def test_http_answers_stay_bounded_in_memory(tmp_path: Path) -> None:
     """Over streamable HTTP the SDK holds an answer in memory: past 32 MB it is refused, whatever
     limits.mcp_result_max_mb (which spools stdio answers)."""
-    from tests.integration.test_mcp import _free_port
-    from tests.integration.test_mcp_bounds import _start_http_server
-
-    port = _free_port()
-    proc = _start_http_server(port)
 
     async def main() -> None:
         reg = ToolRegistry()
@@ -222,11 +210,8 @@ def test_http_answers_stay_bounded_in_memory(tmp_path: Path) -> None:
         finally:
             await mgr.stop()
 
-    try:
+    with http_mcp() as port:
         asyncio.run(main())
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 # -- a server that is down --------------------------------------------------------------------------

@@ -40,9 +40,9 @@ from datadesk.composition import Runtime
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.offload.pipeline import OffloadCapability
 from datadesk.settings import OffloadSettings, SandboxSettings, Settings
-from datadesk.store.threads import Thread
 from datadesk.tools.mcp.manager import MCPManager, MCPServerConfig
 from datadesk.tools.registry import ToolContext, ToolRegistry
+from tests.integration.test_mcp import reader_ctx as ctx
 
 ROOT = Path(__file__).resolve().parents[2]
 WS = "demo"
@@ -74,13 +74,6 @@ def rt(home: Path) -> Runtime:
     settings = Settings(home=home, sandbox=SandboxSettings(backend="none"),
                         offload=OffloadSettings(threshold_chars=2_000))
     return Runtime(settings=settings, model=ScriptedModel())
-
-
-def ctx(tmp_path: Path) -> ToolContext:
-    tdir = tmp_path / "thread"
-    tdir.mkdir(exist_ok=True)
-    return ToolContext(thread=Thread(tdir), workspace=WS, user="ann", permissions=frozenset({"code_execution"}),
-                       call_id="c1")
 
 
 async def offload(rt: Runtime, reg: ToolRegistry, c: ToolContext, tool: str, **args: Any):
@@ -194,16 +187,23 @@ def test_mcp_server_motherduck_columns_rows_and_its_cap(rt: Runtime, tmp_path: P
     asyncio.run(main())
 
 
+def _sales_csv(folder: Path, rows: int) -> Path:
+    """`rows` rows of id, region, amount, units as a CSV file in `folder`."""
+    path = folder / "sales.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "region", "amount", "units"])
+        for i in range(rows):
+            w.writerow([i, f"region {i % 11}", i * 0.25, i % 13])
+    return path
+
+
 # -- mcp-csv-database: an envelope with `data` objects, its `limit` argument -----------------------
 def test_mcp_csv_database_envelope_and_limit_argument(rt: Runtime, tmp_path: Path) -> None:
     cmd = server_command("csvdb", "mcp-csv-database")
     folder = tmp_path / "csv"
     folder.mkdir()
-    with open(folder / "sales.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["id", "region", "amount", "units"])
-        for i in range(3_000):
-            w.writerow([i, f"region {i % 11}", i * 0.25, i % 13])
+    _sales_csv(folder, 3_000)
 
     async def main() -> None:
         reg = ToolRegistry()
@@ -336,20 +336,9 @@ def test_mcp_alchemy_vertical_records_and_its_own_cut(rt: Runtime, tmp_path: Pat
 
 
 # -- chdb-mcp: ClickHouse's Vertical format (`Row 1:`, a rule, `col: value`) on a local CSV file ------
-def _sales_csv(folder: Path, rows: int) -> Path:
-    path = folder / "sales.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["id", "region", "amount", "units"])
-        for i in range(rows):
-            w.writerow([i, f"region {i % 11}", i * 0.25, i % 13])
-    return path
-
-
-def _chdb_config(cmd: list[str], tmp_path: Path, max_bytes: int | None = None) -> MCPServerConfig:
-    env = {**QUIET, "HOME": str(tmp_path), "CHDB_MCP_SESSION_PATH": str(tmp_path / "chdb-session")}
-    if max_bytes is not None:
-        env["CHDB_MCP_MAX_RESULT_BYTES"] = str(max_bytes)
+def _chdb_config(cmd: list[str], tmp_path: Path) -> MCPServerConfig:
+    env = {**QUIET, "HOME": str(tmp_path), "CHDB_MCP_SESSION_PATH": str(tmp_path / "chdb-session"),
+           "CHDB_MCP_MAX_RESULT_BYTES": "100000000"}
     return MCPServerConfig(command=cmd, timeout_s=120, startup_timeout_s=90, env=env)
 
 
@@ -361,7 +350,7 @@ def test_chdb_mcp_vertical_records(rt: Runtime, tmp_path: Path) -> None:
         reg = ToolRegistry()
         mgr = MCPManager(reg)
         try:
-            await started(mgr, "chdb", _chdb_config(cmd, tmp_path, 100_000_000), tmp_path, "chdb-mcp")
+            await started(mgr, "chdb", _chdb_config(cmd, tmp_path), tmp_path, "chdb-mcp")
             c = ctx(tmp_path)
             sql = (f"SELECT * FROM file('{path}', 'CSVWithNames') ORDER BY id "
                    "SETTINGS output_format_pretty_max_rows = 100000")
@@ -392,7 +381,7 @@ def test_chdb_mcp_vertical_records_past_its_own_row_cap(rt: Runtime, tmp_path: P
         reg = ToolRegistry()
         mgr = MCPManager(reg)
         try:
-            await started(mgr, "chdb", _chdb_config(cmd, tmp_path, 100_000_000), tmp_path, "chdb-mcp")
+            await started(mgr, "chdb", _chdb_config(cmd, tmp_path), tmp_path, "chdb-mcp")
             c = ctx(tmp_path)
             sql = f"SELECT * FROM file('{path}', 'CSVWithNames') ORDER BY id"
             outcome, table = await offload(rt, reg, c, "chdb__query", sql=sql, format="Vertical")
