@@ -20,11 +20,10 @@ from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from litestar.testing import TestClient
 
 from datadesk.domain.tools import ToolResult, ToolSpec
 from datadesk.llm.scripted import ScriptedModel, tool_step
-from tests.conftest import parse_sse
+from tests.conftest import AppClient, parse_sse
 from tests.fakes.sandbox import FakeSandbox
 
 TOOL = "crm__export_rows"
@@ -46,12 +45,13 @@ def door_app(harness_factory) -> Iterator[tuple]:
     h.rt.tools.register(ToolSpec(name=TOOL, description="Rows of an export (an MCP server's text).",
                                  parameters={"type": "object", "properties": {}}, read_only=True,
                                  offloadable=True, source="mcp"), export)
-    with TestClient(h.app()) as client:
-        yield h, client, model, texts
+    with h.client(thread=False) as api:
+        yield h, api.client, model, texts
 
 
 def new_thread(h, client) -> str:
-    return client.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
+    """A new thread of alice's (`AppClient.new_thread` on this client)."""
+    return AppClient(h=h, client=client, user="alice").new_thread()
 
 
 def through(door: str, text: str, app, data: bytes | None = None,

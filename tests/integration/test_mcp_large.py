@@ -334,9 +334,6 @@ def test_error_text_results_reach_the_model_as_errors(tmp_path: Path) -> None:
 
 
 def test_an_error_text_shows_as_an_error_on_the_tool_card(harness_factory, home: Path) -> None:
-    import httpx
-
-    from tests.conftest import parse_sse, serve_app
     from tests.fakes.openai_server import FakeOpenAIServer
     from tests.integration.test_mcp_e2e import add_mcp, llm
 
@@ -346,9 +343,8 @@ def test_an_error_text_shows_as_an_error_on_the_tool_card(harness_factory, home:
                              {"id": "c2", "name": "shop__query", "arguments": {}}])
         fake.add_text("done")
         h = harness_factory(llm(fake))
-        with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=60) as cl:
-            tid = cl.post("/api/threads", json={}).json()["id"]
-            events = parse_sse(cl.post(f"/api/threads/{tid}/messages", json={"content": "go"}).text)
+        with h.client(served=True) as api:
+            events = api.turn("go")
         to_model = [m["content"] for m in fake.requests[1]["messages"] if m["role"] == "tool"]
     fins = {d["call_id"]: d for e, d in events if e == "tool.finished"}
     assert fins["c1"]["ok"] is False, fins["c1"]
