@@ -111,10 +111,14 @@ class BoundedStdio:
             self.delivered.pop(answer.rid, None)
         return answer
 
-    def _forget(self, rid: Any) -> None:
-        """The request `rid` is over on our side (cancelled): drop whatever of its answer is kept."""
+    def _settled(self, rid: Any) -> None:
+        """The request `rid` needs no answer routed any more: not pending, no spool folder."""
         self.pending.discard(rid)
         self.targets.pop(rid, None)
+
+    def _forget(self, rid: Any) -> None:
+        """The request `rid` is over on our side (cancelled): drop whatever of its answer is kept."""
+        self._settled(rid)
         if self.splitter.abort(rid):
             self.log.info("MCP server: the answer to the cancelled request %r was being spooled; removed", rid)
         token = self.delivered.pop(rid, None)
@@ -191,8 +195,7 @@ class BoundedStdio:
             msg = await self._parse(item)
             if isinstance(msg, SessionMessage) and isinstance(msg.message, (types.JSONRPCResponse,
                                                                             types.JSONRPCError)):
-                self.pending.discard(msg.message.id)
-                self.targets.pop(msg.message.id, None)
+                self._settled(msg.message.id)
             await self.to_session.send(msg)
             return
         if kind == "spooled":
@@ -216,8 +219,7 @@ class BoundedStdio:
         if rid not in self.pending:
             return
         big.answered = True
-        self.pending.discard(rid)
-        self.targets.pop(rid, None)
+        self._settled(rid)
         if big.why is not None:
             self.log.warning("MCP server: the response to request %r %s: %s; skipped", rid, SPOOL_FAILED, big.why)
             await self.to_session.send(spool_failed_error(rid, big.why, big.size))
@@ -236,8 +238,7 @@ class BoundedStdio:
             self.log.warning("MCP server: a spooled message of %d bytes is not valid JSON-RPC: %s", spool.size, exc)
             rid = spool.rid
             if rid is not None and rid in self.pending:
-                self.pending.discard(rid)
-                self.targets.pop(rid, None)
+                self._settled(rid)
                 err = types.ErrorData(code=types.INTERNAL_ERROR,
                                       message=f"the response ({spool.size:,} bytes) is not valid JSON-RPC: {exc}")
                 await self.to_session.send(SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=rid, error=err)))
@@ -248,8 +249,7 @@ class BoundedStdio:
                              "the server's own request" if answer.method else "no pending request matched it")
             answer.release()
             return
-        self.pending.discard(rid)
-        self.targets.pop(rid, None)
+        self._settled(rid)
         if answer.error is not None:
             answer.release()
             try:
