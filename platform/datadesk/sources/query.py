@@ -121,6 +121,45 @@ class ResultStream(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
+class ControlledStream:
+    """What every engine's `ResultStream` shares: the resource it reads from (a connection or a
+    pooled session), its `QueryControl`, how the engine turns an error into an `SQLError`, and
+    how the resource goes back when the stream closes (`_on_close` first: what an engine must
+    do to a resource left half read)."""
+
+    def __init__(self, resource: Any, control: QueryControl,
+                 translate: Callable[[BaseException, QueryControl], SQLError],
+                 release: Callable[[Any], None]) -> None:
+        self._resource, self._control = resource, control
+        self._translate, self._release = translate, release
+        self._closed = False
+
+    def extend(self, timeout_s: float) -> None:
+        """Restart the deadline with `timeout_s` (a result that started streaming may take
+        longer to write out than a statement may take to produce its first rows)."""
+        self._control.restart(timeout_s)
+
+    def interrupt(self) -> None:
+        """Stop the query from any thread (a cancelled call)."""
+        self._control.cancel()
+
+    def _on_close(self) -> None:
+        """Before the resource goes back (nothing by default)."""
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._control.finish()
+            self._on_close()
+            self._release(self._resource)
+
+    def __enter__(self) -> "ControlledStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class ColumnInfo(msgspec.Struct, frozen=True):
     name: str
     type: str

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from datadesk.sources.errors import SQLError
 from datadesk.sources.normalize import Normalizer
-from datadesk.sources.query import QueryControl
+from datadesk.sources.query import ControlledStream, QueryControl
 
 
 class SourceBusy(SQLError):
@@ -50,17 +50,17 @@ class Session(Protocol):
 Translate = Callable[[BaseException, QueryControl], SQLError]
 
 
-class SourceStream:
-    """Arrow record batches of one source query (normalised types); close it when done."""
+class SourceStream(ControlledStream):
+    """Arrow record batches of one source query (normalised types); close it when done: the
+    session goes back to its pool (broken, when the stream stopped early)."""
 
     def __init__(self, session: Session, schema: pa.Schema, batches: Iterator[pa.RecordBatch], sql_types: list[str],
                  control: QueryControl, translate: Translate, release: Callable[[Session], None]) -> None:
-        self._session, self._batches, self._control = session, batches, control
-        self._translate, self._release = translate, release
+        super().__init__(session, control, translate, release)
+        self._session, self._batches = session, batches
         self._normalize = Normalizer(schema)
         self.schema: pa.Schema = self._normalize.schema
         self.sql_types = sql_types
-        self._closed = False
         self._exhausted = False  # read to its end: the session may be reused
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
@@ -81,27 +81,10 @@ class SourceStream:
         finally:
             self.close()
 
-    def extend(self, timeout_s: float) -> None:
-        """Restart the client-side deadline (the database's own statement timeout still holds)."""
-        self._control.restart(timeout_s)
-
-    def interrupt(self) -> None:
-        self._control.cancel()
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._control.finish()
-            if not self._exhausted:  # stopped early: the statement may still be sending; never reuse
-                self._session.broken = True
-                self._session.interrupt()
-            self._release(self._session)
-
-    def __enter__(self) -> "SourceStream":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _on_close(self) -> None:
+        if not self._exhausted:  # stopped early: the statement may still be sending; never reuse
+            self._session.broken = True
+            self._session.interrupt()
 
 
 class SessionPool:

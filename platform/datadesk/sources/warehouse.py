@@ -38,7 +38,7 @@ from datadesk.sources.errors import (
     SQLCancelled, SQLError, SQLLimit, SQLRefused, SQLTimeout, short_message, timeout_message,
 )
 from datadesk.sources.query import ASYNC_GRACE_S as _ASYNC_GRACE_S  # beyond the statement timeout (a test shortens it)
-from datadesk.sources.query import ColumnInfo, QueryControl, QueryResult, TableInfo, interruptible, jsonable
+from datadesk.sources.query import ColumnInfo, ControlledStream, QueryControl, QueryResult, TableInfo, interruptible, jsonable
 from datadesk.sources.sqllimits import SQLLimits, TempDirs, limit_message
 
 # Opening the same file twice in one process shares one DuckDB instance (the
@@ -133,9 +133,9 @@ def check_statement(sql: object) -> str:
     )
 
 
-class BatchStream:
+class BatchStream(ControlledStream):
     """Arrow record batches of one warehouse query, streamed (a `query.ResultStream`); close it
-    (or use `with`) when done.
+    (or use `with`) when done: the connection goes back.
 
     Not capped by max_rows: the consumer (e.g. a Parquet writer) decides how
     much to read. The statement timeout covers the whole stream.
@@ -144,11 +144,10 @@ class BatchStream:
     def __init__(self, con: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader, control: QueryControl,
                  translate: Callable[[BaseException, QueryControl], SQLError],
                  release: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
-        self._con, self._reader, self._control = con, reader, control
-        self._translate, self._release = translate, release
+        super().__init__(con, control, translate, release)
+        self._reader = reader
         self.schema: pa.Schema = reader.schema
         self.sql_types: list[str] = []  # DuckDB's own type names (BIGINT, TIMESTAMP, ...)
-        self._closed = False
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         try:
@@ -157,27 +156,6 @@ class BatchStream:
             raise self._translate(exc, self._control) from None
         finally:
             self.close()
-
-    def extend(self, timeout_s: float) -> None:
-        """Restart the deadline with `timeout_s` (a result that started streaming may take
-        longer to write out than a statement may take to produce its first rows)."""
-        self._control.restart(timeout_s)
-
-    def interrupt(self) -> None:
-        """Stop the query from any thread (a cancelled call): the reader raises SQLCancelled."""
-        self._control.cancel()
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._control.finish()
-            self._release(self._con)
-
-    def __enter__(self) -> "BatchStream":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class Warehouse:
