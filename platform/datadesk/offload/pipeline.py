@@ -20,6 +20,11 @@ A cancelled call (Stop, a turn cancelled) stops the writer too (`offload/worker.
 the source is interrupted, the writer stops at its next batch, its temp files are
 removed and no artifact is published (one published just before the cancel is
 removed again). Rows and bytes written are reported as progress while it writes.
+
+Each write takes a place in the writer pool first (`offload/writers.py`, limits.offload_writers
+and offload_writers_per_user): the query slot of a SQL result is given back once its source is
+read, and the encoding, publish and quota pass that follow are bounded by the pool instead. A
+write waiting for a writer reports it as progress and is never refused.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from datadesk.offload.readahead import ReadAhead
 from datadesk.offload.readers import result_stream
 from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.worker import PROGRESS_INTERVAL_S, WriteCancelled, WriteJob, run_job
+from datadesk.offload.writers import Writer, WriterPool
 from datadesk.settings import OffloadSettings
 from datadesk.store.files import not_saved, write_atomic
 from datadesk.store.threads import Thread
@@ -83,11 +89,13 @@ class OffloadPipeline:
     """Decides, per tool result, between pass-through, artifact and truncation."""
 
     def __init__(self, settings: OffloadSettings, store: ArtifactStore, count: Callable[[str], int],
-                 on_created: Callable[[Artifact], object] | None = None) -> None:
+                 on_created: Callable[[Artifact], object] | None = None,
+                 writers: WriterPool | None = None) -> None:
         self.settings = settings
         self.store = store
         self.count = count
         self.on_created = on_created  # quota enforcement hook, called with each new cache artifact
+        self.writers = writers or WriterPool()  # writes at once, per user and in all (limits.offload_writers*)
         self.progress_interval_s = PROGRESS_INTERVAL_S  # rows/bytes reports of a long write, at most this often
 
     def job(self, progress: Callable[..., None] | None) -> WriteJob:
@@ -111,13 +119,24 @@ class OffloadPipeline:
             return OffloadOutcome(source_cut.marked(result, origin.arguments, origin.tool))
         job = self.job(progress)
         interrupt = result.table.interrupt if result.table is not None else None
+        writer = await self._writer(origin.user, result, progress)
         try:
             return await run_job(job, self._process_sync, spec, result, thread, origin, cap, epoch, job,
-                                 interrupt=interrupt, discard=self.store.discard)
+                                 interrupt=interrupt, discard=self.store.discard, done=writer.release)
         except Exception as exc:  # the stream failed mid-way (timeout, engine error): say so
             log.warning("reading the result of %s failed: %s", spec.name, exc)
             return OffloadOutcome(ToolResult(content=f"{spec.name} failed while reading its result: {exc}",
                                              is_error=True, meta=result.meta))
+
+    async def _writer(self, user: str, result: ToolResult, progress: Callable[..., None] | None) -> Writer:
+        """A place in the writer pool for this write (waiting is progress, never refused); a call
+        cancelled while it waits closes its stream (the query behind it stops, its slot frees)."""
+        try:
+            return await self.writers.acquire(user, progress)
+        except asyncio.CancelledError:
+            if result.table is not None:
+                result.table.close()
+            raise
 
     # -- worker thread ------------------------------------------------------------
     def _process_sync(self, spec: ToolSpec, result: ToolResult, thread: Thread, origin: ArtifactOrigin,
@@ -296,7 +315,8 @@ class OffloadPipeline:
         keeps its previous metadata and no temp file remains)."""
         job = self.job(progress)
         interrupt = result.table.interrupt if result.table is not None else None
-        return await run_job(job, self.restore, thread, art, result, job, interrupt=interrupt)
+        writer = await self._writer(art.origin.user, result, progress)
+        return await run_job(job, self.restore, thread, art, result, job, interrupt=interrupt, done=writer.release)
 
     def restore(self, thread: Thread, art: Artifact, result: ToolResult,
                 job: WriteJob | None = None) -> Artifact | None:

@@ -98,11 +98,14 @@ class WriteJob:
 async def run_job(job: WriteJob, fn: Callable[..., T], *args: Any,
                   interrupt: Callable[[], None] | None = None,
                   discard: Callable[[Any, Artifact], None] | None = None,
-                  grace_s: float = STOP_GRACE_S) -> T:
+                  grace_s: float = STOP_GRACE_S, done: Callable[[], None] | None = None) -> T:
     """`fn(*args)` in a worker thread; on cancellation of the caller: cancel `job`, call
     `interrupt` (stops a blocked source), wait up to `grace_s` for the thread to stop, and
-    `discard` each artifact it published before the cancel arrived."""
+    `discard` each artifact it published before the cancel arrived. `done()` runs once the
+    thread has really ended (e.g. to give back its writer), even when that is after the grace."""
     task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    if done is not None:
+        task.add_done_callback(lambda _task: done())
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:

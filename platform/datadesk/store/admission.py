@@ -8,10 +8,13 @@ queries at once would still add up. So a query needs a **slot** first:
 - at most `limits.sql_queries_per_user` running for one user, and
 - at most `limits.sql_queries` running in the app process (all users together).
 
-A slot is held until the result is done with -- for a large result, until the offload
-writer has closed the stream, not when the tool call returns. A query past either limit
-waits up to `limits.sql_queue_s` for a slot (parallel calls of one turn thus run one after
-the other), then is refused with a message naming the setting.
+A slot covers the database work only (issue 27): it is given back when the source's last
+batch has been read (or the stream closed, failed or was cancelled), not when the artifact is
+written -- writing and accounting run after it, in the offload writer pool
+(`offload/writers.py`). A query past either limit waits in a fair line (`store/fair_queue.py`:
+in order per user, round-robin across users; parallel calls of one turn thus run one after the
+other) and its wait is reported as progress ("waiting for a query slot: 3 ahead"). Only a
+wait past `limits.sql_queue_s` is refused, with a message naming the setting.
 
 The **memory guard** watches the app's resident memory (`/proc/self/statm`, no extra
 dependency) against `limits.app_memory_mb`: above `admit_fraction` of it no new heavy
@@ -22,12 +25,12 @@ ceiling. Sampling is cheap (one small read) and runs only while queries hold slo
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
-from collections import Counter
 from typing import Callable
+
+from datadesk.store.fair_queue import FairQueue, Waiter
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -86,24 +89,19 @@ class MemoryGuard:
                 f"{self._mb(self.ceiling)}, limits.app_memory_mb); filter or aggregate in SQL, or add a LIMIT")
 
 
-class Slot:
+class Slot(Waiter):
     """One admitted piece of work; `release()` is idempotent and safe from any thread.
     `on_pressure(message)` is called (from the watchdog thread) when the app must shed memory."""
 
     def __init__(self, owner: "QuerySlots", user: str, what: str) -> None:
+        super().__init__(user)
         self._owner = owner
-        self.user = user
         self.what = what
         self.on_pressure: Callable[[str], None] | None = None
-        self._released = False
         self._shed = False
 
     def release(self) -> None:
-        self._owner._release(self)
-
-    @property
-    def released(self) -> bool:
-        return self._released
+        self._owner._line.release(self)
 
     def __enter__(self) -> "Slot":
         return self
@@ -113,23 +111,34 @@ class Slot:
 
 
 class QuerySlots:
-    """Per-user and global slots for queries, with the memory guard's watchdog."""
+    """Per-user and global slots for queries, handed out in a fair line (`store/fair_queue.py`),
+    with the memory guard's watchdog."""
 
     def __init__(self, per_user: int, total: int, wait_s: float, guard: MemoryGuard | None = None,
                  watch_interval_s: float = 0.2,
-                 names: tuple[str, str, str] = ("sql_queries_per_user", "sql_queries", "sql_queue_s")) -> None:
+                 names: tuple[str, str, str] = ("sql_queries_per_user", "sql_queries", "sql_queue_s"),
+                 kind: str = "query") -> None:
         self.names = names  # the settings (under `limits.`) the refusals name
-        self.per_user = max(1, int(per_user))
-        self.total = max(1, int(total))
+        self.kind = kind  # what a waiter is told it waits for: "waiting for a <kind> slot"
         self.wait_s = max(0.0, float(wait_s))
         self.guard = guard
         self.watch_interval_s = watch_interval_s
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._running: list[Slot] = []
-        self._by_user: Counter[str] = Counter()
+        self._line = FairQueue(per_user, total, on_grant=self._granted)
+        self._lock = self._line.lock
         self._watchdog: threading.Thread | None = None
         self.stopped_for_memory = 0  # queries the watchdog interrupted (for the health report)
+
+    @property
+    def per_user(self) -> int:
+        return self._line.per_user
+
+    @property
+    def total(self) -> int:
+        return self._line.total
+
+    @property
+    def _running(self) -> list[Slot]:
+        return self._line.holding  # type: ignore[return-value]
 
     # -- admission -------------------------------------------------------------------------
     def _refuse_user(self, user: str, what: str) -> Busy:
@@ -142,70 +151,59 @@ class QuerySlots:
                     f"(limits.{self.names[1]}) and none finished within {self.wait_s:g} s "
                     f"(limits.{self.names[2]}): try again shortly")
 
-    def try_acquire(self, user: str, what: str = "SQL query") -> Slot | None:
-        """A slot now, or None when the user's own or the app's limit is reached; raises Busy
-        near the memory ceiling."""
-        got = self._take(user, what)
-        return got if isinstance(got, Slot) else None
+    def _refusal(self, user: str, what: str) -> Busy:
+        """The refusal after a wait: the user's own limit when it is what held them up."""
+        return self._refuse_user(user, what) if self._line.held(user) >= self.per_user else self._refuse_all(what)
 
-    def _take(self, user: str, what: str) -> "Slot | str":
-        """A slot, or which limit stopped it: "user" or "all"."""
+    def _new(self, user: str, what: str) -> Slot:
         if self.guard is not None:
-            self.guard.check_admit(what)
-        with self._lock:
-            if self._by_user[user] >= self.per_user:
-                return "user"
-            if len(self._running) >= self.total:
-                return "all"
-            slot = Slot(self, user, what)
-            self._running.append(slot)
-            self._by_user[user] += 1
-            self._ensure_watchdog()
+            self.guard.check_admit(what)  # Busy near the memory ceiling: not even queued
+        return Slot(self, user, what)
+
+    def _granted(self, waiter: Waiter) -> None:
+        self._ensure_watchdog()  # under the line's lock
+
+    def try_acquire(self, user: str, what: str = "SQL query") -> Slot | None:
+        """A slot now, or None when the user's own or the app's limit is reached (or others wait
+        in line before it); raises Busy near the memory ceiling."""
+        slot = self._new(user, what)
+        return slot if self._line.offer(slot, wait=False) else None
+
+    async def acquire(self, user: str, what: str = "SQL query",
+                      progress: Callable[..., None] | None = None) -> Slot:
+        """A slot, waiting in line up to `wait_s` while the user's own (e.g. a parallel call of the
+        same turn, until its rows are read) or the app's slots are all taken; then Busy naming
+        the setting. While it waits, `progress(message="waiting for a query slot: N ahead")` is
+        called (at once, then when N changes); cancelling the caller leaves the line."""
+        slot = self._new(user, what)
+        if self._line.offer(slot):
             return slot
 
-    def _refusal(self, user: str, what: str, blocked: str) -> Busy:
-        return self._refuse_user(user, what) if blocked == "user" else self._refuse_all(what)
+        def report(ahead: int) -> None:
+            if progress is not None:
+                try:
+                    progress(message=f"waiting for a {self.kind} slot: {ahead} ahead")
+                except Exception:  # progress is advice
+                    pass
 
-    async def acquire(self, user: str, what: str = "SQL query") -> Slot:
-        """A slot, waiting up to `wait_s` while the user's own (e.g. a parallel call of the same
-        turn, until its result is written) or the app's slots are all taken."""
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            got = self._take(user, what)
-            if isinstance(got, Slot):
-                return got
-            if time.monotonic() >= deadline:
-                raise self._refusal(user, what, got)
-            await asyncio.sleep(0.05)
+        if await self._line.wait(slot, self.wait_s, report):
+            return slot
+        raise self._refusal(user, what)
 
     def acquire_blocking(self, user: str, what: str = "SQL query") -> Slot:
         """`acquire` for worker threads."""
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            got = self._take(user, what)
-            if isinstance(got, Slot):
-                return got
-            with self._lock:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._refusal(user, what, got)
-                self._changed.wait(min(left, 0.2))
-
-    def _release(self, slot: Slot) -> None:
-        with self._lock:
-            if slot._released:
-                return
-            slot._released = True
-            self._running.remove(slot)
-            self._by_user[slot.user] -= 1
-            if self._by_user[slot.user] <= 0:
-                del self._by_user[slot.user]
-            self._changed.notify_all()
+        slot = self._new(user, what)
+        if self._line.offer(slot) or self._line.wait_blocking(slot, self.wait_s):
+            return slot
+        raise self._refusal(user, what)
 
     # -- state -----------------------------------------------------------------------------
     def running(self, user: str | None = None) -> int:
-        with self._lock:
-            return len(self._running) if user is None else self._by_user[user]
+        return self._line.held(user)
+
+    def waiting(self, user: str | None = None) -> int:
+        """Calls waiting in line for a slot (of `user`, or of everyone)."""
+        return self._line.waiting(user)
 
     # -- the watchdog ----------------------------------------------------------------------
     def _ensure_watchdog(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Iterator
 
 import msgspec
 import pyarrow as pa
@@ -25,7 +25,7 @@ from datadesk.settings import SQLSettings
 from datadesk.sources.errors import SQLError
 from datadesk.sources.query import QueryControl, QueryResult, interruptible, jsonable
 from datadesk.sources.registry import Source, SourceSet
-from datadesk.store.admission import Busy, QuerySlots, Slot
+from datadesk.store.admission import Busy, QuerySlots
 from datadesk.tools.arguments import ToolArguments
 from datadesk.tools.registry import ToolContext, ToolRegistry
 from datadesk.tools.sources import SOURCE_HELP
@@ -108,12 +108,14 @@ INLINE_MAX_ROWS = 2_000  # more rows than this never fit the inline threshold an
 
 
 def _first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_timeout_s: float,
-                control: QueryControl | None = None) -> ToolResult:
+                control: QueryControl | None = None, on_end: Callable[[], None] | None = None) -> ToolResult:
     """Run `sql` on `src` for `user`; small results come back inline, large ones as a stream for offload.
 
     One execution: the batches already read for the size check are chained
     in front of the rest of the stream. `control` cancels it from another thread; the
     stream handed on keeps that hook (`TabularStream.interrupt`) for the offload writer.
+    `on_end()` (the query slot's release) runs once the database work is over: the source
+    read to its end (here, or by the offload writer's read-ahead thread), failed, or closed.
     """
     stream = src.record_batches(sql, user, control=control)  # the statement timeout covers the first rows
     try:
@@ -143,9 +145,15 @@ def _first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_t
             if not rows:
                 stream.close()
                 return ToolResult(content=content, data=result.to_dict(), meta=ToolRecordMeta(rows=0))
-            return ToolResult(content="", table=TabularStream(stream.schema, iter(head), stream.close))
-        return ToolResult(content="", table=TabularStream(stream.schema, itertools.chain(head, it), stream.close,
-                                                          stream.interrupt))
+            stream.close()  # every row is in `head`: the database work is done
+            if on_end is not None:
+                on_end()
+            return ToolResult(content="", table=TabularStream(stream.schema, iter(head)))
+        table = TabularStream(stream.schema, _until_end(itertools.chain(head, it), on_end), stream.close,
+                              stream.interrupt)
+        if on_end is not None:
+            table.also_on_close(on_end)  # closed before it was read to its end
+        return ToolResult(content="", table=table)
     except BaseException:
         stream.close()
         raise
@@ -157,14 +165,15 @@ def _close_late(result: ToolResult) -> None:
         result.table.close()
 
 
-def hold_until_closed(result: ToolResult, slot: Slot) -> ToolResult:
-    """Keep `slot` for as long as the result is being read: an inline result is done now; a
-    stream for the offload writer holds it until the writer closes the stream."""
-    if result.table is None:
-        slot.release()
-    else:
-        result.table.also_on_close(slot.release)
-    return result
+def _until_end(batches: Iterator[pa.RecordBatch],
+               on_end: Callable[[], None] | None) -> Iterator[pa.RecordBatch]:
+    """`batches`, then `on_end()` as soon as the source gave its last one (or raised, or the
+    reader stopped): in the thread that reads it, while the writer may still be encoding."""
+    try:
+        yield from batches
+    finally:
+        if on_end is not None:
+            on_end()
 
 
 def register_sql_tool(
@@ -177,7 +186,7 @@ def register_sql_tool(
 ) -> None:
     """Register `sql_query`; `sources_for` gives the caller's workspace's sources (its warehouse
     and databases); `slots` bounds how many queries run per user and in the app (held until the
-    result is closed)."""
+    source is read to its end or closed: the database work, not the artifact's write)."""
 
     async def handler(args: SqlQuery, ctx: ToolContext) -> ToolResult:
         sql = args.sql
@@ -188,23 +197,26 @@ def register_sql_tool(
             src.check(sql)  # in its dialect, on the loop: before any thread, slot or connection
         except SQLError as exc:
             raise ToolError(str(exc)) from None
-        try:
-            slot = await slots.acquire(ctx.user) if slots is not None else None
+        try:  # waiting in line shows on the tool card ("waiting for a query slot: 3 ahead")
+            slot = await slots.acquire(ctx.user, progress=ctx.report) if slots is not None else None
         except Busy as exc:
             raise ToolError(str(exc)) from None
         control = QueryControl()  # a cancelled call (Stop, tool timeout) interrupts the statement
         if slot is not None:
             slot.on_pressure = control.cancel  # the memory guard may stop it
+        release = slot.release if slot is not None else None
         try:
             result = await interruptible(control, _first_rows, src, ctx.user, sql, threshold_chars,
-                                         stream_timeout_s, control, late=_close_late)
+                                         stream_timeout_s, control, release, late=_close_late)
         except BaseException as exc:
             if slot is not None:
                 slot.release()
             if isinstance(exc, SQLError):  # includes SQLRefused, SQLTimeout and SQLLimit
                 raise ToolError(str(exc)) from None
             raise
-        return result if slot is None else hold_until_closed(result, slot)
+        if slot is not None and result.table is None:
+            slot.release()  # inline: the source is closed already
+        return result
 
     registry.register(
         ToolSpec(
