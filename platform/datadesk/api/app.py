@@ -28,6 +28,7 @@ from datadesk.api.errors import exception_handlers
 from datadesk.api.guards.auth import guard_request, provide_runtime, provide_user
 from datadesk.api.guards.ratelimit import Limits, Principals, RateLimiter, user_lookup
 from datadesk.api.guards.security import LoginFailures, LoginLimiter, SecurityMiddleware, load_key
+from datadesk.api.looplag import LoopLag
 from datadesk.composition import Runtime
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def create_app(rt: Runtime) -> Litestar:
     # every user's share of this worker (api/guards/ratelimit.py): a request budget and in-flight caps
     limits = Limits(rt.settings.server)
     principals = Principals(user_lookup(rt.users), rt.settings.server.trusted_proxies)
+    loop_lag = LoopLag()
     app = Litestar(
         route_handlers=[
             SessionController,
@@ -87,9 +89,9 @@ def create_app(rt: Runtime) -> Litestar:
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
                                      # JSON only: the UI plugins load their scripts from a CDN
                                      render_plugins=[JsonRenderPlugin()]),
-        on_startup=[rt.start, freeze_startup_heap],
-        on_shutdown=[rt.stop],
+        on_startup=[rt.start, freeze_startup_heap, loop_lag.start],
+        on_shutdown=[loop_lag.stop, rt.stop],
         state=State({"runtime": rt, "csrf_key": csrf_key, "login_failures": login_failures,
-                     "rate_limits": limits}),
+                     "rate_limits": limits, "loop_lag": loop_lag}),
     )
     return app

@@ -9,12 +9,18 @@ between the check and the write) is a `StoreWriteError` (store/files.py): whole 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+STATUS_WAIT_S = 0.5  # /api/health waits at most this long for the file system, then gives the last figure
+_STATVFS = ThreadPoolExecutor(1, thread_name_prefix="datadesk-statvfs")  # never behind turn work
 
 
 class DiskLow(Exception):
@@ -37,6 +43,9 @@ class DiskRoom:
         self.home = Path(home)
         self.min_free_mb = int(min_free_mb)
         self._low: bool | None = None  # last state seen, to log changes once
+        self._last: tuple[float, dict[str, Any]] | None = None
+        self._measuring: "asyncio.Future[dict[str, Any]] | None" = None
+        self._lock = threading.Lock()
 
     def free_mb(self) -> float:
         return free_bytes(self.home) / 1e6
@@ -66,3 +75,22 @@ class DiskRoom:
         """What /api/health reports."""
         free = self.free_mb()
         return {"free_mb": round(free), "min_free_mb": self.min_free_mb, "low": self.low(free)}
+
+    async def recent_status(self) -> dict[str, Any]:
+        """`status()` for /api/health, measured in a thread of its own (never queued behind turn
+        work in the shared threads); concurrent probes share one measurement, and when the file
+        system does not answer within STATUS_WAIT_S the last figure is given (a slow network
+        file system never makes the health answer wait long)."""
+        if self._measuring is None or self._measuring.done():
+            self._measuring = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(_STATVFS, self._measure))
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._measuring), STATUS_WAIT_S if self._last else None)
+        except asyncio.TimeoutError:
+            assert self._last is not None
+            return {**self._last[1], "stale_s": round(time.monotonic() - self._last[0], 1)}
+
+    def _measure(self) -> dict[str, Any]:
+        with self._lock:
+            status = self.status()
+            self._last = (time.monotonic(), status)
+            return status

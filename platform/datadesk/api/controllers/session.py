@@ -193,7 +193,11 @@ class SessionController(Controller):
                      csrf=csrf_token(request.app.state.csrf_key, sid) if sid and not request.headers.get("authorization") else None)
 
     @get("/api/health")
-    async def health(self, rt: RuntimeDep) -> dict[str, Any]:
-        disk = await asyncio.to_thread(rt.disk.status)  # statvfs: a network file system may be slow
-        return {"status": "degraded" if disk["low"] else "ok", "version": __version__, "model": rt.model_info(),
-                "disk": disk}
+    async def health(self, rt: RuntimeDep, request: Request) -> dict[str, Any]:
+        disk = await rt.disk.recent_status()  # statvfs in its own thread: a network file system may be slow
+        out = {"status": "degraded" if disk["low"] else "ok", "version": __version__, "model": rt.model_info(),
+               "disk": disk}
+        lag = request.app.state.get("loop_lag")
+        if lag is not None:  # api/looplag.py: how late this worker's event loop runs
+            out["loop"] = lag.report()
+        return out
