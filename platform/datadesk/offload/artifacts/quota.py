@@ -6,13 +6,20 @@ anyone else's, and a periodic sweep takes from the largest user first. An
 evicted artifact keeps its metadata as a tombstone (`expired`, with the
 time). Deliverables (charts, reports, files code writes) are never evicted;
 their own per-user byte quota is checked when they are written.
+
+What is counted comes from the artifact ledger (`ledger.py`), kept as artifacts are written
+and removed, so recording a new artifact costs the same at 10 or 10,000 artifacts: a few
+indexed reads, and only when a limit is passed (or an artifact outlived the TTL) does it pick
+victims, the least recently used of the scope that overflowed, from the ledger's indexes.
+The periodic sweep (`sweep_round`) reads every metadata file, corrects the ledger where it
+drifted from them, and then runs the full pass over every thread and user.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -20,6 +27,7 @@ from typing import Iterable
 from filelock import FileLock, Timeout
 
 from datadesk.domain.artifacts import Artifact
+from datadesk.offload.artifacts.ledger import BATCH, Drift, LedgerView, ThreadKey, Victim, scope_of
 from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.offload.artifacts.tempfiles import sweep_temp_files
 from datadesk.settings import OffloadSettings
@@ -32,19 +40,14 @@ class QuotaExceeded(Exception):
     """A deliverable or upload would pass a hard quota: the message says which and by how much."""
 
 
-@dataclass
-class Entry:
-    workspace: str
-    user: str
-    thread: Thread
-    art: Artifact
-
-
 @dataclass(frozen=True)
 class Eviction:
     artifact: str
     user: str
     reason: str
+
+
+Claims = list[tuple[Victim, str]]  # claimed in the ledger, with the reason; their files expire next
 
 
 class ArtifactQuota:
@@ -53,26 +56,48 @@ class ArtifactQuota:
     def __init__(self, settings: OffloadSettings, store: ArtifactStore) -> None:
         self.settings = settings
         self.store = store
+        self.ledger = store.ledger
         self._lock = FileLock(str(store.layout.home / ".artifact-sweep.lock"))
+        self._checked_open = -1  # the ledger connection whose file was seen built
 
     def after_create(self, art: Artifact, *more: Artifact) -> list[Eviction]:
         """Called when cache artifacts were written (one result, or every sheet of a workbook): the
         new ones are kept, older data makes room, their user's own first (`art.origin.user`, who
-        caused it)."""
-        return self.enforce(trigger_user=art.origin.user, protect={a.id for a in (art, *more)}, wait=True)
+        caused it). Only the new artifacts' threads, their user and the host can have passed a
+        limit: their totals are read, and nothing else unless one did."""
+        arts = (art, *more)
+        user = art.origin.user
+        threads = sorted({scope_of(ThreadKey(a.origin.workspace, a.origin.user, a.origin.thread)) for a in arts})
+        users = [scope_of(user=user)]
+        protect = {a.id for a in arts}
+        try:
+            self._ensure_built()
+            now = time.time()
+            if not self._exceeded(threads, users, now):
+                return []
+            with self.ledger.transaction() as view:
+                claims = self._claim(view, threads, users, user, protect, now)
+        except sqlite3.Error as exc:  # the data is written; the next sweep enforces the limits
+            log.warning("quota check after %s skipped: the artifact ledger failed (%s)", art.id, exc)
+            return []
+        return self._expire(claims)
 
     def enforce(self, trigger_user: str | None = None, protect: Iterable[str] = (),
                 wait: bool = False) -> list[Eviction]:
+        """The full pass over every thread and user (one at a time on the host: [] when another
+        worker holds the sweep and `wait` is false)."""
         try:
             with self._lock.acquire(timeout=30 if wait else 0):
-                return self._enforce(trigger_user, set(protect))
+                return self._enforce_all(trigger_user, set(protect))
         except Timeout:
             return []  # another worker is sweeping right now
 
     def sweep_round(self, interval_s: float) -> list[Eviction] | None:
         """The periodic sweep, once per interval per host: with several workers, a worker skips the
-        round (None) when another is sweeping or swept less than an interval ago. Each round also
-        removes what a crash left in artifacts folders (stale temp files, orphan data)."""
+        round (None) when another is sweeping or swept less than an interval ago. Each round
+        corrects the ledger from the metadata files, runs the full pass (TTL, every thread and
+        user, global), and removes what a crash left in artifacts folders (stale temp files,
+        orphan data)."""
         marker = Path(self._lock.lock_file).with_name(".artifact-sweep.last")
         try:
             with self._lock.acquire(timeout=0):
@@ -81,76 +106,148 @@ class ArtifactQuota:
                         return None
                 except FileNotFoundError:
                     pass
-                evicted = self._enforce(None, set())
+                self.reconcile()
+                evicted = self._enforce_all(None, set())
                 sweep_temp_files(self.store)
                 marker.touch()
                 return evicted
         except Timeout:
             return None
 
-    def _enforce(self, trigger_user: str | None, protect: set[str]) -> list[Eviction]:
+    def start(self) -> None:
+        """At start-up (in a worker thread): what a crash left goes, and a ledger that was never
+        filled (a new file, a data directory from before it) is built from the files."""
+        sweep_temp_files(self.store)
+        self._ensure_built()
+
+    # -- the ledger and the files ----------------------------------------------------------
+    def reconcile(self) -> Drift:
+        """Make the ledger say what the metadata files say; a difference is logged once per call."""
+        built = self.ledger.built()
+        started = time.time_ns()
+        drift = self.ledger.reconcile(self.store.counted_rows(), started)
+        if not built:
+            log.info("artifact ledger built from the metadata files (%d artifacts counted)", drift.missing)
+        elif drift.rows or drift.totals:
+            log.warning("artifact ledger corrected from the metadata files: %d rows missing, %d stale, %d "
+                        "changed, %d totals wrong (e.g. %s): a crash between a write and its bookkeeping, or "
+                        "files changed outside the app", drift.missing, drift.stale, drift.changed, drift.totals,
+                        ", ".join(drift.examples) or "-")
+        self._checked_open = self.ledger.opens
+        return drift
+
+    def _ensure_built(self) -> None:
+        if self._checked_open == self.ledger.opens and self._checked_open > 0:
+            return
+        if not self.ledger.built():
+            self.reconcile()
+        self._checked_open = self.ledger.opens
+
+    def _exceeded(self, threads: list[str], users: list[str], now: float) -> bool:
+        """Whether any of these totals is past its limit, or some artifact outlived the TTL."""
         s = self.settings
-        now = time.time()
-        entries = [Entry(ws, u, t, a) for ws, u, t, a in self.store.walk() if a.is_cache and a.available]
-        evicted: list[Eviction] = []
+        totals, oldest = self.ledger.read([*threads, *users, "*"])
+        limits = {**{t: (s.thread_max_count, s.thread_max_bytes) for t in threads},
+                  **{u: (s.user_max_count, s.user_max_bytes) for u in users},
+                  "*": (s.global_max_count, s.global_max_bytes)}
+        return (oldest is not None and now - oldest > s.ttl_s) or any(
+            totals[k].count > c or totals[k].bytes > b for k, (c, b) in limits.items())
 
-        def evict(e: Entry, reason: str) -> None:
-            if self.store.expire(e.thread, e.art.id) is not None:
-                evicted.append(Eviction(e.art.id, e.user, reason))
-                log.info("evicted artifact %s of %s (%s)", e.art.id, e.user, reason)
+    # -- choosing victims (inside one ledger transaction) -----------------------------------
+    def _enforce_all(self, trigger_user: str | None, protect: set[str]) -> list[Eviction]:
+        s = self.settings
+        try:
+            self._ensure_built()
+            with self.ledger.transaction() as view:
+                threads = view.over("t", s.thread_max_count, s.thread_max_bytes)
+                users = view.over("u", s.user_max_count, s.user_max_bytes)
+                claims = self._claim(view, threads, users, trigger_user, protect, time.time())
+        except sqlite3.Error as exc:
+            log.warning("quota pass skipped: the artifact ledger failed (%s)", exc)
+            return []
+        return self._expire(claims)
 
-        live: list[Entry] = []
-        for e in entries:
-            if e.art.id not in protect and now - e.art.last_used > s.ttl_s:
-                evict(e, "ttl")
-            else:
-                live.append(e)
+    def _claim(self, view: LedgerView, threads: list[str], users: list[str], trigger_user: str | None,
+               protect: set[str], now: float) -> Claims:
+        """TTL, then the thread and user quotas of these scopes, then the global one."""
+        s = self.settings
+        claims: Claims = []
+        while True:
+            taken = [(v, "ttl") for v in view.lru("*", protect, used_before=now - s.ttl_s) if view.claim(v)]
+            if not taken:
+                break
+            claims.extend(taken)
+        for scope in threads:
+            claims.extend(self._trim(view, scope, s.thread_max_count, s.thread_max_bytes, protect, "thread quota"))
+        for scope in users:
+            claims.extend(self._trim(view, scope, s.user_max_count, s.user_max_bytes, protect, "user quota"))
+        claims.extend(self._trim_global(view, trigger_user, protect))
+        return claims
 
-        def trim(group: list[Entry], max_count: int, max_bytes: int, reason: str) -> None:
-            group.sort(key=lambda e: e.art.last_used)
-            count, size = len(group), sum(e.art.stored_bytes for e in group)
-            for e in list(group):
+    @staticmethod
+    def _trim(view: LedgerView, scope: str, max_count: int, max_bytes: int, protect: set[str],
+              reason: str) -> Claims:
+        """The least recently used of `scope` until it is within both limits (never a protected one)."""
+        claims: Claims = []
+        total = view.totals(scope)
+        count, size = total.count, total.bytes
+        while count > max_count or size > max_bytes:
+            # as many as the count needs (a bytes overflow: a batch at a time)
+            batch = view.lru(scope, protect, limit=min(BATCH, max(1, count - max_count)))
+            if not batch:
+                break
+            for v in batch:
                 if count <= max_count and size <= max_bytes:
                     break
-                if e.art.id in protect:
-                    continue
-                evict(e, reason)
-                group.remove(e)
-                live.remove(e)
-                count, size = count - 1, size - e.art.stored_bytes
+                if view.claim(v):
+                    claims.append((v, reason))
+                    count, size = count - 1, size - v.stored
+        return claims
 
-        by_thread: dict[Path, list[Entry]] = defaultdict(list)
-        for e in live:
-            by_thread[e.thread.dir].append(e)
-        for group in by_thread.values():
-            trim(group, s.thread_max_count, s.thread_max_bytes, "thread quota")
-
-        by_user: dict[str, list[Entry]] = defaultdict(list)
-        for e in live:
-            by_user[e.user].append(e)
-        for group in by_user.values():
-            trim(group, s.user_max_count, s.user_max_bytes, "user quota")
-
-        # Global: the triggering user pays first, then whoever holds the most.
-        while len(live) > s.global_max_count or sum(e.art.stored_bytes for e in live) > s.global_max_bytes:
-            candidates = [e for e in live if e.art.id not in protect]
-            if not candidates:
-                break
-            mine = [e for e in candidates if e.user == trigger_user]
+    def _trim_global(self, view: LedgerView, trigger_user: str | None, protect: set[str]) -> Claims:
+        """The host's limits: the triggering user pays first, then whoever holds the most."""
+        s = self.settings
+        claims: Claims = []
+        while True:
+            total = view.totals("*")
+            if total.count <= s.global_max_count and total.bytes <= s.global_max_bytes:
+                return claims
+            mine = view.lru(scope_of(user=trigger_user), protect, limit=1) if trigger_user else []
             if not mine:
-                usage: dict[str, int] = defaultdict(int)
-                for e in candidates:
-                    usage[e.user] += e.art.stored_bytes
-                biggest = max(usage, key=lambda u: usage[u])
-                mine = [e for e in candidates if e.user == biggest]
-            victim = min(mine, key=lambda e: e.art.last_used)
-            evict(victim, "global quota")
-            live.remove(victim)
+                biggest = view.biggest_user(other_than=trigger_user or "")
+                mine = view.lru(scope_of(user=biggest), protect, limit=1) if biggest is not None else []
+            if not mine or not view.claim(mine[0]):
+                return claims
+            claims.append((mine[0], "global quota"))
+
+    def _expire(self, claims: Claims) -> list[Eviction]:
+        """Expire the claimed artifacts' files (tombstones stay); one already gone is skipped."""
+        evicted: list[Eviction] = []
+        for victim, reason in claims:
+            key = ThreadKey.parse(victim.thread)
+            try:
+                thread = Thread(self.store.layout.thread_dir(key.workspace, key.user, key.thread))
+                art = self.store.expire(thread, victim.aid)
+            except Exception:  # one bad artifact never stops the others (its row is claimed: the sweep sees it)
+                log.exception("evicting artifact %s of %s failed", victim.aid, victim.user)
+                continue
+            if art is not None:
+                evicted.append(Eviction(victim.aid, victim.user, reason))
+                log.info("evicted artifact %s of %s (%s)", victim.aid, victim.user, reason)
         return evicted
 
+    # -- deliverables ----------------------------------------------------------------------
     def deliverable_bytes(self, user: str) -> int:
-        return sum(a.bytes for _, u, _, a in self.store.walk()
-                   if u == user and a.kind == "deliverable" and a.available)
+        """The bytes of `user`'s kept deliverables, every workspace (from the ledger; read from the
+        files when the ledger fails)."""
+        try:
+            self._ensure_built()
+            totals, _ = self.ledger.read([scope_of(user=user)])
+            return totals[scope_of(user=user)].deliverable
+        except sqlite3.Error as exc:
+            log.warning("artifact ledger failed (%s): counting %s's deliverables from the files", exc, user)
+            return sum(a.bytes for _, u, _, a in self.store.walk()
+                       if u == user and a.kind == "deliverable" and a.available)
 
     def check_deliverable(self, user: str, new_bytes: int) -> None:
         """Raise QuotaExceeded when `new_bytes` more deliverable data would pass the user's quota."""

@@ -5,6 +5,9 @@ the thread, and an epoch-guarded write runs under `thread.guarded(epoch)`.
 Data files are written by the caller to a temp name and renamed in; the
 metadata `<aid>.json` is written atomically after the data. Nothing here
 follows links: artifact files are opened only when they are regular files.
+Every metadata write (and a discard, a clear, a delete) also updates the artifact ledger
+(`ledger.py`), what the quotas count, after the file: never instead of it, and a ledger
+error never fails the write (the periodic sweep corrects the ledger from the files).
 """
 
 from __future__ import annotations
@@ -12,16 +15,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sqlite3
 import stat
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import msgspec
 from filelock import FileLock
 
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.ids import check_id, new_id
+from datadesk.offload.artifacts.ledger import LEDGER_FILE, ArtifactLedger, Row, ThreadKey
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
 from datadesk.store.threadlog import LogClosed
@@ -51,6 +56,45 @@ class ArtifactStore:
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
+        self.ledger = ArtifactLedger(layout.home / LEDGER_FILE)  # opened on first use
+
+    # -- the ledger ----------------------------------------------------------------
+    def thread_key(self, thread: Thread) -> ThreadKey | None:
+        """How the ledger names `thread` (None for a folder outside `workspaces/<ws>/users/<uid>/threads/`,
+        which no quota counts: the sweep's walk does not see it either)."""
+        root = self.layout.workspaces_dir
+        try:
+            parts = thread.dir.relative_to(root).parts
+        except ValueError:
+            try:
+                parts = thread.dir.resolve().relative_to(root).parts
+            except (ValueError, OSError):
+                return None
+        if len(parts) != 5 or parts[1] != "users" or parts[3] != "threads":
+            return None
+        return ThreadKey(parts[0], parts[2], parts[4])
+
+    def _ledger_write(self, thread: Thread, what: str, write: Callable[[ThreadKey], object]) -> None:
+        """Update the ledger for `thread`; an error is logged (the next sweep corrects it)."""
+        key = self.thread_key(thread)
+        if key is None:
+            return
+        try:
+            write(key)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("artifact ledger not updated for %s in %s (%s); the next sweep corrects it",
+                        what, thread.dir, exc)
+
+    def forget_thread(self, thread: Thread) -> None:
+        """The thread was cleared or deleted: what it held no longer counts."""
+        self._ledger_write(thread, "a cleared thread", self.ledger.forget_thread)
+
+    def counted_rows(self) -> Iterator[Row]:
+        """What the ledger should hold, read from every metadata file on this host (the sweep)."""
+        for ws, user, thread, art in self.walk():
+            row = Row.of(ThreadKey(ws, user, thread.dir.name), art)
+            if row is not None:
+                yield row
 
     # -- per thread ------------------------------------------------------------
     def lock(self, thread: Thread) -> FileLock:
@@ -67,10 +111,12 @@ class ArtifactStore:
         meta = thread.artifacts_dir / f"{art.id}.json"
         if epoch is None:
             write_json(meta, art)
+            self._ledger_write(thread, art.id, lambda key: self.ledger.record(key, art))
             return
         try:
-            with thread.guarded(epoch):
+            with thread.guarded(epoch):  # the row too: a clear cannot come between the file and it
                 write_json(meta, art)
+                self._ledger_write(thread, art.id, lambda key: self.ledger.record(key, art))
         except LogClosed:
             try:
                 (thread.artifacts_dir / art.file).unlink()
@@ -100,6 +146,7 @@ class ArtifactStore:
                     path.unlink()
                 except FileNotFoundError:
                     pass
+            self._ledger_write(thread, art.id, lambda key: self.ledger.forget(key, art.id))
 
     def load(self, thread: Thread, aid: str) -> Artifact:
         check_id(aid, "artifact")
@@ -121,7 +168,8 @@ class ArtifactStore:
         """The kept original of an upload: the one its metadata names, and any of its name
         (one moved in before the metadata that names it was written)."""
         found = {thread.artifacts_dir / art.original} if art.original else set()
-        found.update(thread.artifacts_dir.glob(self.original_name(art.id, "*")))
+        if art.kind == "upload":  # only an upload keeps one (no listing of a large folder for the rest)
+            found.update(thread.artifacts_dir.glob(self.original_name(art.id, "*")))
         return [p for p in found if p.parent == thread.artifacts_dir]
 
     def list(self, thread: Thread) -> list[Artifact]:
