@@ -120,6 +120,7 @@ class QuerySlots:
                  kind: str = "query") -> None:
         self.names = names  # the settings (under `limits.`) the refusals name
         self.kind = kind  # what a waiter is told it waits for: "waiting for a <kind> slot"
+        self._article = "an" if kind[:1] in "aeiou" else "a"
         self.wait_s = max(0.0, float(wait_s))
         self.guard = guard
         self.watch_interval_s = watch_interval_s
@@ -182,7 +183,7 @@ class QuerySlots:
         def report(ahead: int) -> None:
             if progress is not None:
                 try:
-                    progress(message=f"waiting for a {self.kind} slot: {ahead} ahead")
+                    progress(message=f"waiting for {self._article} {self.kind} slot: {ahead} ahead")
                 except Exception:  # progress is advice
                     pass
 

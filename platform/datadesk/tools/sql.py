@@ -1,7 +1,9 @@
 """The `sql_query` tool: one read-only statement on one of the workspace's sources (the DuckDB
 warehouse by default, or a configured database with `source`), all through one path:
-`SourceSet.get(source)` -> `check` on the loop -> a query slot -> `record_batches` for the
-caller in a worker thread, cancellable.
+`SourceSet.get(source)` -> `check` on the loop -> a query slot (a wait in line is reported as
+progress) -> `record_batches` for the caller in a worker thread, cancellable. The slot covers
+the database work: it goes back when the source was read to its end (the offload writer's
+read-ahead thread reads the rest of a large result), failed or was closed.
 
 Small results come back inline: compact JSON (columns, types, row_count,
 rows) within `offload.threshold_chars`. When rows are
