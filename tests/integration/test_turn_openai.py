@@ -45,7 +45,8 @@ def test_full_turn_with_parallel_tool_calls(harness_factory) -> None:
         # order: both tools start, both finish, then the streamed answer, completed, done
         assert kinds[:2] == ["tool.started", "tool.started"]
         assert sorted(kinds[2:4]) == ["tool.finished", "tool.finished"]
-        assert set(kinds[4:-2]) == {"message.delta"} and len(kinds[4:-2]) == 5
+        # the 5 chunks of the answer, coalesced into fewer text events (chat/journal.py)
+        assert set(kinds[4:-2]) == {"message.delta"} and 1 <= len(kinds[4:-2]) <= 5
         assert kinds[-2:] == ["message.completed", "done"]
         assert events[-1][1]["status"] == "ok"
         finished = {d["call_id"]: d for e, d in events if e == "tool.finished"}

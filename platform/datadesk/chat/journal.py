@@ -1,7 +1,10 @@
 """The events of a thread's current turn, kept so that any client can re-attach (DESIGN section 4).
 
-Every event of a turn gets an id `<turn id>:<n>` (n = 1, 2, ...), sent as the SSE `id:`. The
-worker that runs the turn keeps them in memory for its own subscribers (`TurnJournal`) and
+Every event of a turn gets an id `<turn id>:<n>` (n = 1, 2, ...), sent as the SSE `id:`. Text
+pieces of the answer (`add_text`) are coalesced: the pieces that arrive within COALESCE_S of the
+first one become one `message.delta` event, added when that time is up or at once before any
+other event (and at the end), so a client gets a few text events a second, not one per model
+chunk, and their texts still add up to the answer exactly. The worker that runs the turn keeps them in memory for its own subscribers (`TurnJournal`) and
 appends them to the thread's `events.jsonl` for the other workers (`follow_file`): a header
 line naming the turn, then one line per event, except that a run of `message.delta` events is
 written as one line holding its pieces (`parts`), flushed at the next other event or after
@@ -40,6 +43,7 @@ IDLE_S = 15.0  # a stream that had nothing for this long yields None (the SSE la
 KEEP_BYTES = 8 * 1024 * 1024
 PROGRESS_TEXT_BYTES = 2 * 1024 * 1024
 MAX_BEHIND = 20_000
+COALESCE_S = 0.05  # text pieces arriving within this long of the first become one event
 DELTA_FLUSH_S = 0.25  # how long text pieces may wait before other workers can read them
 FOLLOW_POLL_S = 0.1  # how often another worker looks for new lines
 ENDING = frozenset({"tool.finished", "artifact.created", "message.completed", "error", "done"})
@@ -89,6 +93,8 @@ class TurnJournal:
         self.dropped = 0  # events not kept (over the bound)
         self.done = False
         self._subscribers: set[asyncio.Queue[JournalEvent | None]] = set()
+        self._text: list[str] = []  # text pieces not made an event yet (`add_text`)
+        self._text_at: asyncio.TimerHandle | None = None
         self._pending: list[str] = []  # text pieces not written yet
         self._pending_from = 0
         self._flush_at: asyncio.TimerHandle | None = None
@@ -103,7 +109,34 @@ class TurnJournal:
             except OSError as exc:  # the thread may be gone: the turn still streams to its clients
                 log.warning("no event file for turn %s: %s", turn_id, exc)
 
+    def add_text(self, text: str) -> None:
+        """A piece of the answer: one `message.delta` with the pieces of the next COALESCE_S."""
+        if not text or self.done:
+            return
+        self._text.append(text)
+        if self._text_at is None:
+            try:
+                self._text_at = asyncio.get_running_loop().call_later(COALESCE_S, self.flush_text)
+            except RuntimeError:  # no event loop (a synchronous caller): no waiting
+                self.flush_text()
+
+    def flush_text(self) -> JournalEvent | None:
+        """The text pieces waiting (`add_text`) as one `message.delta` event now, if any."""
+        if self._text_at is not None:
+            self._text_at.cancel()
+            self._text_at = None
+        if not self._text:
+            return None
+        text = self._text[0] if len(self._text) == 1 else "".join(self._text)
+        self._text = []
+        return self._add("message.delta", {"text": text})
+
     def add(self, type: str, data: dict[str, Any]) -> JournalEvent:
+        """Event `type` now (after the text pieces waiting, which become their event first)."""
+        self.flush_text()
+        return self._add(type, data)
+
+    def _add(self, type: str, data: dict[str, Any]) -> JournalEvent:
         self.n += 1
         ev = JournalEvent(self.n, type, data)
         for queue in list(self._subscribers):
@@ -119,14 +152,16 @@ class TurnJournal:
 
     def subscribe(self) -> AsyncIterator[JournalEvent | None]:
         """The kept events from the start of the turn, then the live ones, up to `done` (None
-        after IDLE_S without any)."""
+        after IDLE_S without any). Its `aclose()` unsubscribes, also before the first event."""
         backlog = list(self.kept)
         queue: asyncio.Queue[JournalEvent | None] = asyncio.Queue()
         if not self.done:
             self._subscribers.add(queue)
-        return _drain(backlog, queue, self.done, lambda: self._subscribers.discard(queue))
+        leave = lambda: self._subscribers.discard(queue)  # noqa: E731
+        return _Subscription(_drain(backlog, queue, self.done, leave), leave)
 
     def close(self) -> None:
+        self.flush_text()
         self.done = True
         self._flush()
         if self._fd is not None:
@@ -143,14 +178,9 @@ class TurnJournal:
         self._subscribers.clear()
 
     # -- keeping -----------------------------------------------------------------
-    def _keep(self, ev: JournalEvent) -> None:
-        size = len(msgspec.json.encode(ev.data)) + 40
-        if ev.type == "tool.progress" and self.kept_bytes + size > PROGRESS_TEXT_BYTES and \
-                (ev.data.get("stdout") or ev.data.get("stderr")):
-            data = {k: v for k, v in ev.data.items() if k not in ("stdout", "stderr")}
-            ev = JournalEvent(ev.n, ev.type, data)
-            size = len(msgspec.json.encode(data)) + 40
-        if self.kept_bytes + size > KEEP_BYTES and ev.type not in ENDING:
+    def _keep(self, event: JournalEvent) -> None:
+        ev, size = kept_form(event, self.kept_bytes)
+        if ev is None:
             self.dropped += 1
             return
         self.kept.append(ev)
@@ -191,6 +221,38 @@ class TurnJournal:
                 os.close(self._fd)
             self._fd = None
             self._lost = True
+
+
+def kept_form(ev: JournalEvent, kept_bytes: int, size: Callable[[JournalEvent], int] | None = None
+              ) -> tuple[JournalEvent | None, int]:
+    """What is kept of `ev` for the clients that attach later, with `kept_bytes` kept before it
+    (see the module doc), and its size (`size`, by default its JSON + 40); None: not kept."""
+    measure = size or (lambda e: len(msgspec.json.encode(e.data)) + 40)
+    n = measure(ev)
+    if ev.type == "tool.progress" and kept_bytes + n > PROGRESS_TEXT_BYTES and \
+            (ev.data.get("stdout") or ev.data.get("stderr")):
+        ev = JournalEvent(ev.n, ev.type, {k: v for k, v in ev.data.items() if k not in ("stdout", "stderr")})
+        n = measure(ev)
+    if kept_bytes + n > KEEP_BYTES and ev.type not in ENDING:
+        return None, 0
+    return ev, n
+
+
+class _Subscription:
+    """A subscriber's events (`_drain`); `aclose()` leaves even before the first one was read."""
+
+    def __init__(self, events: AsyncIterator[JournalEvent | None], leave: Callable[[], None]) -> None:
+        self._events, self._leave = events, leave
+
+    def __aiter__(self) -> "_Subscription":
+        return self
+
+    def __anext__(self) -> Any:
+        return self._events.__anext__()
+
+    async def aclose(self) -> None:
+        self._leave()
+        await self._events.aclose()  # type: ignore[attr-defined]
 
 
 def _replace_file(path: Path, header: dict[str, Any]) -> int:

@@ -48,7 +48,7 @@ import msgspec
 from filelock import FileLock, Timeout
 
 from datadesk.chat.journal import Cursor, JournalEvent, TurnJournal, file_turn, follow_file
-from datadesk.domain.events import EventPayload
+from datadesk.domain.events import EventPayload, MessageDelta
 from datadesk.domain.ids import check_id, new_id
 from datadesk.sandbox.ownership import acquire_async, file_lock, pid_alive, proc_start, try_lock
 from datadesk.store.files import read_json_object, write_json
@@ -90,12 +90,18 @@ class RunningTurn:
             self._loop_thread = threading.get_ident()
 
     def emit(self, payload: EventPayload) -> None:
-        """Add an event (from the event loop, or from a worker thread of a tool)."""
-        data = msgspec.to_builtins(payload)
-        if self.loop is None or threading.get_ident() == self._loop_thread:
-            self.journal.add(payload.type, data)  # type: ignore[union-attr]
+        """Add an event (from the event loop, or from a worker thread of a tool). Text pieces of
+        the answer are coalesced into fewer `message.delta` events (TurnJournal.add_text)."""
+        journal = self.journal
+        assert journal is not None
+        if type(payload) is MessageDelta:
+            add, args = journal.add_text, (payload.text,)
         else:
-            self.loop.call_soon_threadsafe(self.journal.add, payload.type, data)  # type: ignore[union-attr]
+            add, args = journal.add, (payload.type, msgspec.to_builtins(payload))
+        if self.loop is None or threading.get_ident() == self._loop_thread:
+            add(*args)
+        else:
+            self.loop.call_soon_threadsafe(add, *args)
 
     @property
     def finished(self) -> bool:
