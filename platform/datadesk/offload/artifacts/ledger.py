@@ -37,7 +37,7 @@ from datadesk.domain.artifacts import Artifact
 log = logging.getLogger(__name__)
 
 LEDGER_FILE = "artifact-ledger.sqlite"
-BUSY_TIMEOUT_S = 10.0  # a write waits this long for another process's (tiny) transaction
+BUSY_TIMEOUT_S = 5.0  # a write waits at most this long for another writer, then goes on without its row
 BATCH = 64  # victims read per query while an overflow is trimmed
 
 _TOTALS = ("INSERT INTO totals VALUES ({scope}, {count}, {bytes}, {deliv}) ON CONFLICT(scope) DO UPDATE SET "
@@ -77,6 +77,10 @@ END;
 _UPSERT = ("INSERT INTO artifacts VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(thread, aid) DO UPDATE SET "
            "live=excluded.live, stored=excluded.stored, deliverable=excluded.deliverable, "
            "last_used=excluded.last_used, created=excluded.created, saved_ns=excluded.saved_ns")
+# a row that counts nothing any more, kept (with when) until the next sweep: a sweep that read the
+# files before it was written must not bring the artifact back
+_DEAD = ("INSERT INTO artifacts VALUES (?,?,?,0,0,0,0,0,?) ON CONFLICT(thread, aid) DO UPDATE SET "
+         "live=0, stored=0, deliverable=0, saved_ns=excluded.saved_ns")
 
 
 class ThreadKey(NamedTuple):
@@ -107,6 +111,11 @@ class Row(NamedTuple):
     deliverable: int
     last_used: float
     created: float
+
+    @property
+    def counts(self) -> bool:
+        """False for a dead row (the artifact expired, was discarded, or its thread cleared)."""
+        return bool(self.live or self.deliverable)
 
     @classmethod
     def of(cls, key: ThreadKey, art: Artifact) -> "Row | None":
@@ -205,9 +214,10 @@ class LedgerView:
         return [Victim(*r) for r in self.conn.execute(sql, (*args, limit))]
 
     def claim(self, victim: Victim) -> bool:
-        """Take `victim`'s row (its totals drop now); False when another worker took it first."""
-        cur = self.conn.execute("DELETE FROM artifacts WHERE thread=? AND aid=? AND live=1",
-                                (victim.thread, victim.aid))
+        """Take `victim` (its row counts nothing from now on, its totals drop); False when another
+        worker took it first."""
+        cur = self.conn.execute("UPDATE artifacts SET live=0, stored=0, deliverable=0, saved_ns=? "
+                                "WHERE thread=? AND aid=? AND live=1", (time.time_ns(), victim.thread, victim.aid))
         return cur.rowcount == 1
 
 
@@ -220,6 +230,7 @@ class ArtifactLedger:
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self.opens = 0  # connections opened so far (a reopen may have found a new, empty file)
+        self.busy_timeout_s = BUSY_TIMEOUT_S
 
     # -- the connection ----------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -239,7 +250,8 @@ class ArtifactLedger:
         return conn
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None,
+                               check_same_thread=False)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # a cache of the files: the last commits may go at power loss
@@ -281,24 +293,27 @@ class ArtifactLedger:
 
     # -- writes of the store ---------------------------------------------------------
     def record(self, key: ThreadKey, art: Artifact) -> None:
-        """After `art`'s metadata was written: its row as the file now says (none for a tombstone)."""
+        """After `art`'s metadata was written: its row as the file now says (a dead row for a
+        tombstone)."""
         row = Row.of(key, art)
         with self.transaction() as view:
             if row is None:
-                view.conn.execute("DELETE FROM artifacts WHERE thread=? AND aid=?", (key.path, art.id))
+                view.conn.execute(_DEAD, (key.path, art.id, key.user, time.time_ns()))
             else:
                 view.conn.execute(_UPSERT, (*row, time.time_ns()))
 
     def forget(self, key: ThreadKey, aid: str) -> None:
+        """The artifact was removed (data and metadata): it counts nothing any more."""
         with self.transaction() as view:
-            view.conn.execute("DELETE FROM artifacts WHERE thread=? AND aid=?", (key.path, aid))
+            view.conn.execute(_DEAD, (key.path, aid, key.user, time.time_ns()))
 
     def forget_thread(self, key: ThreadKey) -> int:
-        """A thread was cleared or deleted: its rows and its totals go. Returns the rows removed."""
+        """A thread was cleared or deleted: what it held counts nothing any more. Returns how many
+        artifacts that was."""
         with self.transaction() as view:
-            n = view.conn.execute("DELETE FROM artifacts WHERE thread=?", (key.path,)).rowcount
-            view.conn.execute("DELETE FROM totals WHERE scope=?", (f"t:{key.path}",))
-        return n
+            return view.conn.execute("UPDATE artifacts SET live=0, stored=0, deliverable=0, saved_ns=? "
+                                     "WHERE thread=? AND (live=1 OR deliverable>0)",
+                                     (time.time_ns(), key.path)).rowcount
 
     # -- the sweep --------------------------------------------------------------------
     def built(self) -> bool:
@@ -319,20 +334,23 @@ class ArtifactLedger:
         fixes: list[Row] = []
         for k, row in want.items():
             old, saved = have.get(k, (None, 0))
-            if old != row and saved < started_ns:
-                fixes.append(row)
-                if old is None:
-                    drift.missing += 1
-                else:
-                    drift.changed += 1
-                if len(drift.examples) < 3:
-                    drift.examples.append(f"{row.thread}/{row.aid}")
-        gone = [k for k, (_, saved) in have.items() if k not in want and saved < started_ns]
-        drift.stale = len(gone)
-        drift.examples.extend(f"{t}/{a}" for t, a in gone[:max(0, 3 - len(drift.examples))])
+            if saved >= started_ns or old == row:
+                continue  # as the files say, or written since the sweep read them (newer than its view)
+            fixes.append(row)
+            if old is None or not old.counts:
+                drift.missing += 1
+            else:
+                drift.changed += 1
+            if len(drift.examples) < 3:
+                drift.examples.append(f"{row.thread}/{row.aid}")
+        gone = [k for k, (old, saved) in have.items() if k not in want and saved < started_ns]
+        stale = [k for k in gone if have[k][0].counts]
+        drift.stale = len(stale)
+        drift.examples.extend(f"{t}/{a}" for t, a in stale[:max(0, 3 - len(drift.examples))])
         with self.transaction() as view:
             conn = view.conn
             conn.executemany(_UPSERT + " WHERE saved_ns < ?", [(*r, started_ns, started_ns) for r in fixes])
+            # stale rows, and dead ones the sweep's view has caught up with
             conn.executemany("DELETE FROM artifacts WHERE thread=? AND aid=? AND saved_ns < ?",
                              [(t, a, started_ns) for t, a in gone])
             drift.totals = self._check_totals(conn)
@@ -354,7 +372,7 @@ class ArtifactLedger:
         kept = {r[0]: tuple(r[1:]) for r in conn.execute("SELECT scope, count, bytes, deliverable FROM totals")}
         zero = (0, 0, 0)
         wrong = [s for s in set(real) | set(kept) if real.get(s, zero) != kept.get(s, zero)]
-        empty = [s for s, v in kept.items() if v == zero and s != "*" and s not in real]
+        empty = [s for s, v in kept.items() if v == zero and s != "*" and real.get(s, zero) == zero]
         if wrong:
             conn.executemany("INSERT OR REPLACE INTO totals VALUES (?,?,?,?)", [(s, *real.get(s, zero)) for s in wrong])
         conn.executemany("DELETE FROM totals WHERE scope=?", [(s,) for s in empty])  # threads and users now empty

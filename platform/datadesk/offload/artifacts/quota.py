@@ -137,10 +137,17 @@ class ArtifactQuota:
         return drift
 
     def _ensure_built(self) -> None:
+        """Build a ledger never filled from the files, once, under the sweep's lock (two reads of
+        the files at once could undo each other's newer rows); checked once per connection."""
         if self._checked_open == self.ledger.opens and self._checked_open > 0:
             return
         if not self.ledger.built():
-            self.reconcile()
+            try:
+                with self._lock.acquire(timeout=30):
+                    if not self.ledger.built():
+                        self.reconcile()
+            except Timeout:  # a sweep is running (it builds it): counted as far as the ledger knows
+                return
         self._checked_open = self.ledger.opens
 
     def _exceeded(self, threads: list[str], users: list[str], now: float) -> bool:
