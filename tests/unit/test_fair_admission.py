@@ -20,7 +20,7 @@ from datadesk.offload.writers import WriterPool
 from datadesk.settings import OffloadSettings, SQLSettings
 from datadesk.sources.registry import SourceSet
 from datadesk.sources.warehouse import Warehouse
-from datadesk.store.admission import Busy, QuerySlots
+from datadesk.store.admission import Busy, MemoryGuard, QuerySlots
 from datadesk.store.demo import create_demo_warehouse
 from datadesk.store.layout import Layout
 from datadesk.store.threads import Thread
@@ -269,6 +269,23 @@ def test_a_call_cancelled_in_line_takes_no_slot_even_when_granted_in_that_moment
             await raced
         assert slots.running() == 0 and slots.waiting() == 0
         assert slots.try_acquire("bob") is not None
+
+    asyncio.run(scenario())
+
+
+def test_memory_that_rose_during_the_wait_refuses_the_query_and_frees_its_slot() -> None:
+    rss = [100 << 20]
+    slots = QuerySlots(per_user=1, total=1, wait_s=10, guard=MemoryGuard(1000, sample=lambda: rss[0]))
+
+    async def scenario() -> None:
+        holder = slots.try_acquire("x")
+        queued = asyncio.ensure_future(slots.acquire("ann"))
+        await _until(lambda: slots.waiting() == 1)
+        rss[0] = 900 << 20  # past the admit level while it waited
+        holder.release()
+        with pytest.raises(Busy, match="limits.app_memory_mb"):
+            await queued
+        assert slots.running() == 0 and slots.waiting() == 0
 
     asyncio.run(scenario())
 

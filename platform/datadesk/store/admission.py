@@ -188,15 +188,27 @@ class QuerySlots:
                     pass
 
         if await self._line.wait(slot, self.wait_s, report):
-            return slot
+            return self._still_admitted(slot)
         raise self._refusal(user, what)
 
     def acquire_blocking(self, user: str, what: str = "SQL query") -> Slot:
         """`acquire` for worker threads."""
         slot = self._new(user, what)
-        if self._line.offer(slot) or self._line.wait_blocking(slot, self.wait_s):
+        if self._line.offer(slot):
             return slot
+        if self._line.wait_blocking(slot, self.wait_s):
+            return self._still_admitted(slot)
         raise self._refusal(user, what)
+
+    def _still_admitted(self, slot: Slot) -> Slot:
+        """After a wait in line: the memory may have risen meanwhile (Busy, the slot goes back)."""
+        if self.guard is not None:
+            try:
+                self.guard.check_admit(slot.what)
+            except Busy:
+                slot.release()
+                raise
+        return slot
 
     # -- state -----------------------------------------------------------------------------
     def running(self, user: str | None = None) -> int:
