@@ -23,6 +23,7 @@ import time
 from typing import Any, AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
+import msgspec
 import openai
 from openai import AsyncOpenAI
 
@@ -107,32 +108,35 @@ class _Assembly:
         self.model: str | None = None
 
     def feed(self, chunk: Any) -> str:
-        """Take one ChatCompletionChunk; return the text to forward (may be "")."""
+        """Take one chat-completion chunk (its JSON object, or the SDK's ChatCompletionChunk);
+        return the text to forward (may be "")."""
         self.chunks += 1
-        # The SDK builds chunks with pydantic `construct` (no validation), so
-        # a wrong-shaped payload shows up as odd types here, checked below.
-        self.model = getattr(chunk, "model", None) or self.model
-        usage = getattr(chunk, "usage", None)
+        # Nothing validated the chunk (JSON as sent; the SDK builds its objects with pydantic
+        # `construct`), so a wrong-shaped payload shows up as odd types here, checked below.
+        self.model = _get(chunk, "model") or self.model
+        usage = _get(chunk, "usage")
         if usage is not None:  # some servers send it on every chunk: last wins
             self.usage = _usage(usage)
         out = []
-        for choice in getattr(chunk, "choices", None) or []:
-            if getattr(choice, "index", 0) not in (0, None):
+        for choice in _get(chunk, "choices") or []:
+            if _get(choice, "index", 0) not in (0, None):
                 continue  # n>1 is never requested; ignore stray choices
-            if getattr(choice, "finish_reason", None):
-                self.finish_reason = str(choice.finish_reason)
-            delta = getattr(choice, "delta", None)
+            if _get(choice, "finish_reason"):
+                self.finish_reason = str(_get(choice, "finish_reason"))
+            delta = _get(choice, "delta")
             if delta is None:
                 continue
             for field in ("content", "refusal"):  # a refusal is the reply the user must see
-                piece = getattr(delta, field, None)
+                piece = _get(delta, field)
                 if piece is not None and not isinstance(piece, str):
                     raise ModelProtocolError(f"the LLM endpoint sent a non-text `{field}` in a stream chunk")
                 if piece:
                     out.append(piece)
-            for tc in getattr(delta, "tool_calls", None) or []:
+            for tc in _get(delta, "tool_calls") or []:
                 self._tool_delta(tc)
-            for key, value in (getattr(delta, "model_extra", None) or {}).items():
+            extra = {k: v for k, v in delta.items() if k not in _DELTA_FIELDS} if isinstance(delta, dict) \
+                else getattr(delta, "model_extra", None) or {}
+            for key, value in extra.items():
                 self._extra(key, value)
         text = "".join(out)
         if text:
@@ -140,16 +144,16 @@ class _Assembly:
         return text
 
     def _tool_delta(self, tc: Any) -> None:
-        index, call_id = getattr(tc, "index", None), getattr(tc, "id", None)
+        index, call_id = _get(tc, "index"), _get(tc, "id")
         if index is None:  # a few servers omit it: a new id opens a new call
             known = {c["id"] for c in self.calls.values()}
             index = len(self.calls) if (call_id and call_id not in known) or not self.calls else max(self.calls)
         slot = self.calls.setdefault(int(index), {"id": "", "name": "", "arguments": []})
         if call_id and not slot["id"]:
             slot["id"] = str(call_id)
-        fn = getattr(tc, "function", None)
-        name = getattr(fn, "name", None) if fn is not None else None
-        args = getattr(fn, "arguments", None) if fn is not None else None
+        fn = _get(tc, "function")
+        name = _get(fn, "name") if fn is not None else None
+        args = _get(fn, "arguments") if fn is not None else None
         # OpenAI sends the whole name in the first chunk; some servers repeat it.
         if name and name != slot["name"]:
             slot["name"] += str(name)
@@ -186,16 +190,52 @@ class _Assembly:
                           provider_fields=dict(self.extras) or None)
 
 
+_DELTA_FIELDS = frozenset({"content", "refusal", "role", "tool_calls", "function_call"})  # others: provider fields
+_decode_chunk = msgspec.json.Decoder().decode
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    """A field of a chunk's part: a JSON object's key, or an SDK object's attribute."""
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+async def _chunks(sdk_stream: Any) -> AsyncIterator[Any]:
+    """The chunks of the SDK's stream as their JSON objects. Building the SDK's pydantic object
+    of every chunk cost more CPU than everything else on a chunk's way (bench/streaming.py);
+    the SDK still reads the HTTP body, splits the server-sent events and maps transport errors
+    (its event iterator). An SDK without that iterator gives its objects."""
+    events = getattr(sdk_stream, "_iter_events", None)
+    if events is None:
+        async for chunk in sdk_stream:
+            yield chunk
+        return
+    async for sse in events():
+        data = sse.data
+        if data.startswith("[DONE]"):
+            continue  # the body ends right after it: read to its end, the connection is reused
+        obj = _decode_chunk(data)  # a msgspec.DecodeError is a ValueError: _classify names it
+        if isinstance(obj, dict) and obj.get("error"):  # an error event inside the stream
+            error = obj["error"]
+            message = error.get("message") if isinstance(error, dict) else None
+            raise openai.APIError(message=message if isinstance(message, str) and message else
+                                  "An error occurred during streaming", request=sdk_stream.response.request,
+                                  body=error)
+        yield obj
+
+
 def _usage(u: Any) -> Usage:
     def num(v: Any) -> int:
         return v if isinstance(v, int) else 0
 
-    details = getattr(u, "prompt_tokens_details", None)
-    cached = num(getattr(details, "cached_tokens", None)) if details is not None else 0
+    details = _get(u, "prompt_tokens_details")
+    cached = num(_get(details, "cached_tokens")) if details is not None else 0
     if not cached:  # DeepSeek reports its cache hits under its own name
-        cached = num((getattr(u, "model_extra", None) or {}).get("prompt_cache_hit_tokens"))
-    prompt, completion = num(getattr(u, "prompt_tokens", 0)), num(getattr(u, "completion_tokens", 0))
-    total = num(getattr(u, "total_tokens", 0)) or prompt + completion
+        extra = u if isinstance(u, dict) else getattr(u, "model_extra", None) or {}
+        cached = num(extra.get("prompt_cache_hit_tokens"))
+    prompt, completion = num(_get(u, "prompt_tokens", 0)), num(_get(u, "completion_tokens", 0))
+    total = num(_get(u, "total_tokens", 0)) or prompt + completion
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total, cached_tokens=cached)
 
 
@@ -341,7 +381,7 @@ class OpenAIChatModel:
                     **self._request(messages, tools, response_format))
                 started = True
                 try:
-                    async for chunk in sdk_stream:
+                    async for chunk in _chunks(sdk_stream):
                         text = acc.feed(chunk)
                         if text:
                             yielded = True
