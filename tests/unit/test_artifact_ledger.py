@@ -318,3 +318,25 @@ def test_deliverables_count_for_their_user_across_workers_and_workspaces(tmp_pat
         b.quota.check_deliverable("alice", 2_000)
     a.store.discard(t2, chart)
     assert b.quota.deliverable_bytes("alice") == 2_000
+
+
+def test_rows_of_a_user_removed_outside_the_app_never_cost_anyone_an_artifact(tmp_path: Path) -> None:
+    """`datadesk users delete` removes a user's folders without telling the ledger: until the
+    next sweep their rows are there, and a global overflow that reaches them drops them instead
+    of evicting another user's data in their place, and recreates none of their folders."""
+    import shutil
+
+    w = Worker(tmp_path, OffloadSettings(global_max_count=3))
+    bob = w.threads.create("demo", "bob")
+    for _ in range(3):
+        art = w.pipeline.write_text(bob, new_artifact_id(), "b" * 100, origin(bob, "bob"), "result")
+        assert w.quota.after_create(art) == []
+    shutil.rmtree(w.layout.user_dir("demo", "bob"))
+    alice = w.threads.create("demo", "alice")
+    first = w.pipeline.write_text(alice, new_artifact_id(), "a", origin(alice, "alice"), "result")
+    assert w.quota.after_create(first) == []  # the count was 4 with bob's rows: theirs went, not alice's
+    second = w.pipeline.write_text(alice, new_artifact_id(), "a", origin(alice, "alice"), "result")
+    assert w.quota.after_create(second) == []
+    assert [a.status for a in w.store.list(alice)] == ["ready", "ready"]
+    assert not w.layout.user_dir("demo", "bob").exists()
+    assert kept(tmp_path) == truth(w.store)

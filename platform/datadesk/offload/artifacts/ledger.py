@@ -213,6 +213,11 @@ class LedgerView:
                "ORDER BY last_used, created LIMIT ?")
         return [Victim(*r) for r in self.conn.execute(sql, (*args, limit))]
 
+    def drop_thread(self, thread: str) -> int:
+        """Every row of `thread` (its `ws/user/tid`) counts nothing any more."""
+        return self.conn.execute("UPDATE artifacts SET live=0, stored=0, deliverable=0, saved_ns=? "
+                                 "WHERE thread=? AND (live=1 OR deliverable>0)", (time.time_ns(), thread)).rowcount
+
     def claim(self, victim: Victim) -> bool:
         """Take `victim` (its row counts nothing from now on, its totals drop); False when another
         worker took it first."""
@@ -311,9 +316,7 @@ class ArtifactLedger:
         """A thread was cleared or deleted: what it held counts nothing any more. Returns how many
         artifacts that was."""
         with self.transaction() as view:
-            return view.conn.execute("UPDATE artifacts SET live=0, stored=0, deliverable=0, saved_ns=? "
-                                     "WHERE thread=? AND (live=1 OR deliverable>0)",
-                                     (time.time_ns(), key.path)).rowcount
+            return view.drop_thread(key.path)
 
     # -- the sweep --------------------------------------------------------------------
     def built(self) -> bool:

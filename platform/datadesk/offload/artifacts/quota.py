@@ -28,7 +28,7 @@ from filelock import FileLock, Timeout
 
 from datadesk.domain.artifacts import Artifact
 from datadesk.offload.artifacts.ledger import BATCH, Drift, LedgerView, ThreadKey, Victim, scope_of
-from datadesk.offload.artifacts.store import ArtifactStore
+from datadesk.offload.artifacts.store import ArtifactStore, regular_file
 from datadesk.offload.artifacts.tempfiles import sweep_temp_files
 from datadesk.settings import OffloadSettings
 from datadesk.store.threads import Thread
@@ -180,10 +180,10 @@ class ArtifactQuota:
         s = self.settings
         claims: Claims = []
         while True:
-            taken = [(v, "ttl") for v in view.lru("*", protect, used_before=now - s.ttl_s) if view.claim(v)]
-            if not taken:
+            batch = view.lru("*", protect, used_before=now - s.ttl_s)
+            if not batch:
                 break
-            claims.extend(taken)
+            claims.extend((v, "ttl") for v in batch if self._take(view, v))
         for scope in threads:
             claims.extend(self._trim(view, scope, s.thread_max_count, s.thread_max_bytes, protect, "thread quota"))
         for scope in users:
@@ -191,25 +191,41 @@ class ArtifactQuota:
         claims.extend(self._trim_global(view, trigger_user, protect))
         return claims
 
-    @staticmethod
-    def _trim(view: LedgerView, scope: str, max_count: int, max_bytes: int, protect: set[str],
+    def _take(self, view: LedgerView, victim: Victim) -> bool:
+        """Claim `victim`: True when its files are there to expire. A row whose metadata file is
+        gone (a user removed, files deleted outside the app, a crash before the row was updated)
+        only leaves the totals, with the rest of its thread when the thread's folder is gone, so
+        that it never makes another artifact go in its place."""
+        if not view.claim(victim):
+            return False
+        key = ThreadKey.parse(victim.thread)
+        tdir = self.store.layout.thread_dir(key.workspace, key.user, key.thread)
+        if regular_file(tdir / "artifacts" / f"{victim.aid}.json"):
+            return True
+        if not tdir.is_dir():
+            view.drop_thread(victim.thread)
+        return False
+
+    def _trim(self, view: LedgerView, scope: str, max_count: int, max_bytes: int, protect: set[str],
               reason: str) -> Claims:
         """The least recently used of `scope` until it is within both limits (never a protected one)."""
         claims: Claims = []
-        total = view.totals(scope)
-        count, size = total.count, total.bytes
-        while count > max_count or size > max_bytes:
+        while True:
+            total = view.totals(scope)
+            count, size = total.count, total.bytes
+            if count <= max_count and size <= max_bytes:
+                return claims
             # as many as the count needs (a bytes overflow: a batch at a time)
             batch = view.lru(scope, protect, limit=min(BATCH, max(1, count - max_count)))
             if not batch:
-                break
+                return claims
             for v in batch:
                 if count <= max_count and size <= max_bytes:
                     break
-                if view.claim(v):
-                    claims.append((v, reason))
-                    count, size = count - 1, size - v.stored
-        return claims
+                if not self._take(view, v):
+                    break  # the totals dropped by more than this one, perhaps: read them again
+                claims.append((v, reason))
+                count, size = count - 1, size - v.stored
 
     def _trim_global(self, view: LedgerView, trigger_user: str | None, protect: set[str]) -> Claims:
         """The host's limits: the triggering user pays first, then whoever holds the most."""
@@ -223,9 +239,12 @@ class ArtifactQuota:
             if not mine:
                 biggest = view.biggest_user(other_than=trigger_user or "")
                 mine = view.lru(scope_of(user=biggest), protect, limit=1) if biggest is not None else []
-            if not mine or not view.claim(mine[0]):
+            if not mine:
                 return claims
-            claims.append((mine[0], "global quota"))
+            if self._take(view, mine[0]):
+                claims.append((mine[0], "global quota"))
+            elif view.totals("*") == total:
+                return claims  # nothing changed (never the case inside one transaction): never spin
 
     def _expire(self, claims: Claims) -> list[Eviction]:
         """Expire the claimed artifacts' files (tombstones stay); one already gone is skipped."""
