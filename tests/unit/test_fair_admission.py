@@ -176,6 +176,19 @@ def test_waiters_are_served_round_robin_across_users_in_order_within_one() -> No
     assert order == ["ann-1", "bob-1", "cid-1", "ann-2", "bob-2", "ann-3"]
 
 
+def test_the_number_ahead_follows_the_round_robin() -> None:
+    from datadesk.store.fair_queue import FairQueue, Waiter
+
+    line = FairQueue(per_user=1, total=1)
+    assert line.offer(Waiter("x"))
+    waiters = {name: Waiter(name.split("-")[0]) for name in ["ann-1", "ann-2", "ann-3", "bob-1", "cid-1"]}
+    for w in waiters.values():
+        assert not line.offer(w)
+    ahead = {name: line.ahead(w) for name, w in waiters.items()}
+    # served: ann-1, bob-1, cid-1, ann-2, ann-3
+    assert ahead == {"ann-1": 0, "bob-1": 1, "cid-1": 2, "ann-2": 3, "ann-3": 4}
+
+
 def test_a_user_at_their_own_limit_does_not_hold_up_the_others() -> None:
     slots = QuerySlots(per_user=1, total=2, wait_s=10)
 
@@ -362,3 +375,11 @@ def test_a_write_cancelled_while_waiting_for_a_writer_leaves_no_slot_writer_or_a
     asyncio.run(scenario())
     adir = ctx.thread.artifacts_dir
     assert not adir.is_dir() or [p.name for p in adir.iterdir() if p.name != ".lock"] == []
+
+
+@pytest.mark.parametrize("key,value", [("offload_writers", -1), ("offload_writers_per_user", 0), ("sql_queue_s", -1)])
+def test_a_bad_limit_is_refused_naming_it(key: str, value: float) -> None:
+    from datadesk.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match=f"limits.{key}"):
+        load_settings(env={}, limits={key: value})

@@ -190,6 +190,8 @@ class FairQueue:
         last: int | None = None
         try:
             while waiter.state != "held":
+                if waiter.state == "done":
+                    return False  # released while it waited (by its owner): nothing to wait for
                 n = self.ahead(waiter)
                 if report is not None and n != last and waiter.state == "waiting":
                     last = n
