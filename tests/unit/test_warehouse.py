@@ -55,8 +55,9 @@ def test_demo_row_counts(wh):
     assert [r[0] for r in ids] == [f"B{i:02d}" for i in range(1, 21)]
 
 
-def test_demo_is_deterministic(built, tmp_path):
+def test_demo_is_deterministic(built, wh, tmp_path):
     db, _ = built
+    wh.close()  # its warm connections hold the file's instance, opened with the lockdown's settings
     again = create_demo_warehouse(tmp_path / "data")
     sums = []
     for path in (db, again):
@@ -334,13 +335,21 @@ BOMB = "SELECT list(a.range) FROM range(20000) a, range(20000) b"  # 400 M list 
 
 
 @pytest.mark.security
+def _own_copy(db: Path, tmp_path: Path) -> Path:
+    """The demo warehouse in a folder of its own: a DuckDB instance with this test's limits."""
+    import shutil
+
+    (tmp_path / "own").mkdir()
+    return Path(shutil.copy(db, tmp_path / "own" / db.name))
+
+
 def test_memory_bomb_stops_at_the_limit_with_a_clear_message(built, tmp_path):
     import resource
 
     from datadesk.sources.errors import SQLLimit
     from datadesk.sources.sqllimits import SQLLimits
 
-    db, _ = built
+    db = _own_copy(built[0], tmp_path)  # the module's warehouses keep the shared file's instance warm
     limits = SQLLimits(memory_mb=128, threads=2, temp_mb=64, tmp_root=tmp_path / "tmp" / "sql")
     wh = Warehouse(db, db.parent, timeout_s=20, max_rows=10, limits=limits)
     with pytest.raises(SQLLimit, match=r"more than 128 MB of memory \(limits.sql_memory_mb\); filter or aggregate"):
@@ -349,16 +358,18 @@ def test_memory_bomb_stops_at_the_limit_with_a_clear_message(built, tmp_path):
         with wh.record_batches(BOMB) as stream:
             list(stream)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 1_500_000  # KiB: loose, see bench/bombs.py
-    # normal queries still work, and the spill directories are gone with their connections
+    # normal queries still work, and the spill directories are gone with their connections (the
+    # last one kept warm included)
     assert wh.query_sync("SELECT count(*) FROM readings").rows == [[READINGS_ROWS]]
-    assert not any((tmp_path / "tmp" / "sql").iterdir())
+    wh.close()
+    assert not any((tmp_path / "tmp" / "sql").glob("*"))
     assert sorted(p.name for p in db.parent.iterdir()) == [WAREHOUSE_FILE]  # nothing in the data dir
 
 
 def test_limits_are_set_and_locked(built, tmp_path):
     from datadesk.sources.sqllimits import SQLLimits
 
-    db, _ = built
+    db = _own_copy(built[0], tmp_path)  # the module's warehouses keep the shared file's instance warm
     limits = SQLLimits(memory_mb=100, threads=1, temp_mb=50, tmp_root=tmp_path / "sql")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "b.csv").write_text("a\n1\n")
@@ -376,4 +387,5 @@ def test_limits_are_set_and_locked(built, tmp_path):
                 con.execute("SET memory_limit='10GB'")
         finally:
             wh._release(con)
+            wh.close()
         assert not any((tmp_path / "sql").iterdir())

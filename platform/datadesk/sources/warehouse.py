@@ -4,8 +4,12 @@ It implements the `Source` interface of `registry.py` as the configured database
 (`check`, `record_batches(sql, user)`, `describe`, `probe`, `status`), under the reserved
 name `warehouse`, and differs from them where DuckDB runs inside the app process:
 
-- no sessions and no pool: every query gets a fresh connection (so callers on different
-  threads never share one), the same for every user;
+- no sessions; a query gets a connection of its own (callers on different threads never
+  share one), the same for every user. Opening and locking one down costs more than a small
+  query, so up to IDLE_MAX finished ones are kept warm for IDLE_S and handed to the next
+  query -- only one that ended cleanly (not cancelled, not timed out, its result read to
+  the end), and only while the warehouse file is the one it was opened on (a file replaced
+  by an admin is seen by the next query);
 - the connection is opened read-only with extension auto-install/auto-load off, then
   locked down before any user SQL runs:
 
@@ -25,6 +29,7 @@ is what refuses it.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from pathlib import Path
@@ -48,6 +53,8 @@ from datadesk.sources.sqllimits import SQLLimits, TempDirs, limit_message
 _SETUP_LOCK = threading.Lock()
 _TEMP = TempDirs()  # spill directory of each instance, removed with its last connection
 _CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+IDLE_MAX = 4  # finished connections kept warm per warehouse
+IDLE_S = 60.0  # ... for at most this long
 ALLOWED = "SELECT (also WITH ... SELECT, FROM ..., VALUES), DESCRIBE, SHOW, SUMMARIZE, EXPLAIN <select>"
 
 # Schema queries for describe(): user tables and views of the warehouse file.
@@ -143,8 +150,10 @@ class BatchStream(ControlledStream):
 
     def __init__(self, con: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader, control: QueryControl,
                  translate: Callable[[BaseException, QueryControl], SQLError],
-                 release: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
-        super().__init__(con, control, translate, release)
+                 release: Callable[[duckdb.DuckDBPyConnection, bool], None]) -> None:
+        super().__init__(con, control, translate, self._give_back)
+        self._owner_release = release
+        self._read_to_end = False
         self._reader = reader
         self.schema: pa.Schema = reader.schema
         self.sql_types: list[str] = []  # DuckDB's own type names (BIGINT, TIMESTAMP, ...)
@@ -152,10 +161,17 @@ class BatchStream(ControlledStream):
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         try:
             yield from self._reader
+            self._read_to_end = True
         except (duckdb.Error, pa.ArrowException, OSError) as exc:  # an interrupt surfaces as OSError too
             raise self._translate(exc, self._control) from None
         finally:
             self.close()
+
+    def _give_back(self, con: duckdb.DuckDBPyConnection) -> None:
+        """The connection goes back warm only after a result read to the end, neither cancelled
+        nor timed out (`Warehouse._release`)."""
+        clean = self._read_to_end and not (self._control.fired or self._control.cancelled)
+        self._owner_release(con, clean)
 
 
 class Warehouse:
@@ -182,20 +198,68 @@ class Warehouse:
         self.limits = limits or SQLLimits()
         self.last_error: str | None = None  # why the last connection could not be opened
         self.last_ok: float | None = None
+        self._idle: list[tuple[duckdb.DuckDBPyConnection, float]] = []  # warm connections, newest last
+        self._opened_on: dict[int, tuple[int, int, int] | None] = {}  # id(con) -> the file it was opened on
+        self._idle_lock = threading.Lock()
+        self.opened = 0  # connections opened (not reused), for tests and benchmarks
 
-    def _release(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Close a connection from `_connect`; the last one of an instance removes its spill dir."""
+    def _file_signature(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.db_path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def _release(self, con: duckdb.DuckDBPyConnection, reusable: bool = True) -> None:
+        """Give back a connection from `_connect`: kept warm when it ended cleanly, there is room
+        and the file is unchanged, else closed (the last one of an instance removes its spill dir)."""
+        now = time.monotonic()
+        with self._idle_lock:
+            expired = [c for c, at in self._idle if now - at >= IDLE_S]
+            self._idle = [(c, at) for c, at in self._idle if now - at < IDLE_S]
+            keep = reusable and len(self._idle) < IDLE_MAX and self._opened_on.get(id(con)) == self._file_signature()
+            if keep:
+                self._idle.append((con, now))
+        for old in expired if keep else [*expired, con]:
+            self._close(old)
+
+    def _close(self, con: duckdb.DuckDBPyConnection) -> None:
         key = f"con:{id(con)}" if self.views else str(self.db_path)
+        with self._idle_lock:
+            self._opened_on.pop(id(con), None)
         con.close()
         _TEMP.closed(key)
 
+    def _warm(self) -> duckdb.DuckDBPyConnection | None:
+        """A kept connection still opened on today's file, if any (stale ones are closed)."""
+        sig, now, stale, found = self._file_signature(), time.monotonic(), [], None
+        with self._idle_lock:
+            while self._idle and found is None:
+                con, at = self._idle.pop()
+                if now - at < IDLE_S and (sig is not None or self.views) and self._opened_on.get(id(con)) == sig:
+                    found = con
+                else:
+                    stale.append(con)
+        for con in stale:
+            self._close(con)
+        return found
+
     def _connect(self) -> duckdb.DuckDBPyConnection:
-        """A locked-down connection; its state (ok, or down with the reason) is recorded."""
+        """A locked-down connection (a warm one when kept); its state (ok, or down with the
+        reason) is recorded."""
+        con = self._warm()
+        if con is not None:
+            self.last_ok, self.last_error = time.time(), None
+            return con
+        sig = self._file_signature()  # before opening: a file replaced meanwhile is not kept
         try:
             con = self._connect_views() if self.views else self._connect_file()
         except SQLError as exc:
             self.last_error = str(exc)
             raise
+        with self._idle_lock:
+            self._opened_on[id(con)] = sig
+        self.opened += 1
         self.last_ok, self.last_error = time.time(), None
         return con
 
@@ -271,7 +335,7 @@ class Warehouse:
         try:
             control.attach(con)
         except BaseException:
-            self._release(con)
+            self._release(con, reusable=False)
             raise
         return con, control
 
@@ -282,17 +346,19 @@ class Warehouse:
         if control is not None and control.timeout_s is None:
             control.timeout_s = self.timeout_s
         con, control = self._attach(control, self.timeout_s)
+        clean = False
         try:
             con.execute(sql)
             description = con.description or []
             fetched = con.fetchmany(self.max_rows + 1)
             if control.cancelled:
                 raise SQLCancelled("the query was cancelled")
+            clean = len(fetched) <= self.max_rows  # read to the end, nothing pending
         except duckdb.Error as exc:
             raise self.translate(exc, control) from None
         finally:
             control.finish()
-            self._release(con)
+            self._release(con, reusable=clean and not (control.fired or control.cancelled))
         truncated = len(fetched) > self.max_rows
         return QueryResult(
             columns=[d[0] for d in description],
@@ -342,7 +408,7 @@ class Warehouse:
             reader = make_reader(batch_size)
         except BaseException as exc:
             control.finish()
-            self._release(con)
+            self._release(con, reusable=False)
             if not isinstance(exc, duckdb.Error):
                 raise
             raise self.translate(exc, control) from None
@@ -399,4 +465,8 @@ class Warehouse:
                 "notes": [], "open_connections": 0}
 
     def close(self) -> None:
-        """Nothing to close: no connection outlives its query."""
+        """Close the warm connections (a running query keeps its own until it ends)."""
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for con, _ in idle:
+            self._close(con)
