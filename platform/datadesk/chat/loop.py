@@ -83,7 +83,8 @@ class TurnLoop:
             user_rec = self._append(role="user", content=text)
             self.user_seq = user_rec.seq
             if self.thread.meta.title == "New chat":
-                self.services.threads.touch(self.thread, title=text.strip().splitlines()[0][:80] or None)
+                await asyncio.to_thread(self.services.threads.touch, self.thread,
+                                        title=text.strip().splitlines()[0][:80] or None)
             status = await self._steps()
             self._after_reply()
             self.services.policy.after_turn(self.user, self.thread, [user_rec])  # memory extraction: user words only
@@ -102,12 +103,21 @@ class TurnLoop:
             status = "error"
             self.turn.emit(TurnError(kind="internal", message=f"internal error ({type(exc).__name__})"))
         finally:
+            # the meta's `updated` and store.fsync = "turn" (the turn's records reach the disk): two
+            # fsyncs, in a thread, not on the loop every other user's request waits on
+            ending = asyncio.ensure_future(asyncio.to_thread(self._end_records))
             try:
-                self.services.threads.touch(self.thread)
-                self.thread.end_turn()  # store.fsync = "turn": the turn's records reach the disk
-            except Exception:
+                await asyncio.shield(ending)
+            except asyncio.CancelledError:  # cancelled again while ending: the end still runs, and is said
                 pass
             self.turn.emit(TurnDone(turn_id=self.turn.turn_id, status=status))
+
+    def _end_records(self) -> None:
+        try:
+            self.services.threads.touch(self.thread)
+            self.thread.end_turn()
+        except Exception:
+            log.warning("could not end the records of turn %s", self.turn.turn_id, exc_info=True)
 
     async def _steps(self) -> str:
         specs = self.services.policy.permitted_tools(self.user, self.thread.meta.workspace)
