@@ -168,6 +168,8 @@ class ContextBuilder:
         self.artifact_status = artifact_status
         self.image_bytes = image_bytes
         self.cache = _TokenCache()
+        # the system prompt and tool definitions repeat from request to request: counted once each
+        self._fixed_tokens = functools.lru_cache(maxsize=1024)(count_text)
 
     # -- tokens -----------------------------------------------------------------------
     def _msg_tokens(self, msg: dict[str, Any]) -> int:
@@ -226,8 +228,8 @@ class ContextBuilder:
         factor = self.calibration.factor(model, profile.token_factor)
         limit = profile.window_tokens - profile.reserved_output_tokens
         system_msg = {"role": "system", "content": system_prompt}
-        regions_raw = {"system": self._msg_tokens(system_msg)}
-        tool_tokens = [(t["function"]["name"], self.count_text(msgspec.json.encode(t).decode())) for t in tools]
+        regions_raw = {"system": count_message(system_msg, self._fixed_tokens)}
+        tool_tokens = [(t["function"]["name"], self._fixed_tokens(msgspec.json.encode(t).decode())) for t in tools]
         regions_raw["tools"] = sum(n for _, n in tool_tokens)
         if regions_raw["tools"] * factor > s.tools_max_fraction * profile.window_tokens:
             largest = ", ".join(f"{name} ({n:,})" for name, n in sorted(tool_tokens, key=lambda x: -x[1])[:3])
