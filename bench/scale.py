@@ -409,10 +409,11 @@ def run_config(args: argparse.Namespace, model_url: str, users: int, workers: in
             prober.start()
             sampler.start()
             time.sleep(0.5)  # the prober's first loop report lies before the window
-            cpu0, _ = tree_cpu_rss(proc.pid)
-            t0 = time.perf_counter()
-            rows = asyncio.run(_all(base, tokens, tids, tag, args.turns, 1.0))
-            t1 = time.perf_counter()
+            with profiled(proc.pid, args.profile):
+                cpu0, _ = tree_cpu_rss(proc.pid)
+                t0 = time.perf_counter()
+                rows = asyncio.run(_all(base, tokens, tids, tag, args.turns, 1.0))
+                t1 = time.perf_counter()
             cpu1, _ = tree_cpu_rss(proc.pid)
             time.sleep(0.3)
             prober.stop.set()
@@ -453,6 +454,18 @@ def run_config(args: argparse.Namespace, model_url: str, users: int, workers: in
     }
 
 
+@contextmanager
+def profiled(pid: int, out: Path | None) -> Iterator[None]:
+    """py-spy over the measured window (`--profile`), else nothing."""
+    if out is None:
+        yield
+        return
+    from bench.pyspy import recording
+
+    with recording(pid, out):
+        yield
+
+
 async def _all(base: str, tokens: list[str], tids: list[str], tag: str, turns: int,
                spread: float) -> list[dict[str, Any]]:
     rng = random.Random(f"{tag}")
@@ -482,6 +495,8 @@ def main() -> int:
     ap.add_argument("--token-rate", type=float, default=50.0, help="tokens per second the model streams")
     ap.add_argument("--answer-tokens", type=int, default=50)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="py-spy the server over each measured window into this file (one configuration)")
     ap.add_argument("--fake-model", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--ready-file", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -533,6 +548,10 @@ def main() -> int:
                                "cpus": os.cpu_count(), "table": table, "speedup_2_workers": speed, "runs": runs},
                               indent=2))
     print(f"wrote {out}")
+    if args.profile:
+        from bench.pyspy import summary
+
+        print(summary(args.profile))
     return 0
 
 

@@ -23,7 +23,7 @@ from datadesk.memory.store import MemoryStore, memory_access
 from datadesk.offload.pipeline import OffloadPipeline
 from datadesk.offload.artifacts.quota import ArtifactQuota
 from datadesk.offload.artifacts.store import ArtifactNotFound, ArtifactStore
-from datadesk.offload.artifacts.tempfiles import sweep_temp_files
+from datadesk.offload.writers import WriterPool
 from datadesk.store.diskspace import DiskRoom
 from datadesk.sandbox.backends import build_kernel_registry
 from datadesk.sandbox.files import read_regular
@@ -108,16 +108,18 @@ class Runtime:
                                        settings.context.max_message_tokens, self.policy.offload_capability,
                                        self.query_slots.guard, self._upload_slots(settings), self.disk)
         self.user_requery = UserRequery(self.requery, self.turns, self.disk)
-        self.lifecycle = ThreadLifecycle(self.threads, self.turns, self.kernels)  # clear chat, delete thread
+        self.lifecycle = ThreadLifecycle(self.threads, self.turns, self.kernels,  # clear chat, delete thread
+                                        self.artifacts)
 
     def _build_data(self, settings: Settings) -> None:
         """Artifacts and the data tools: SQL, re-query, history, skills, MCP."""
         self.artifacts = ArtifactStore(self.layout)
         self.quota = ArtifactQuota(settings.offload, self.artifacts)
-        self.offload = OffloadPipeline(settings.offload, self.artifacts, count_tokens,
-                                       on_created=self.quota.after_create)
-        self.requery = RequeryService(self.offload, self.tools, self.artifacts)
         limits = settings.limits
+        self.writers = WriterPool(limits.offload_writers_per_user, limits.offload_writers)  # 0: one per core
+        self.offload = OffloadPipeline(settings.offload, self.artifacts, count_tokens,
+                                       on_created=self.quota.after_create, writers=self.writers)
+        self.requery = RequeryService(self.offload, self.tools, self.artifacts)
         self.query_slots = QuerySlots(limits.sql_queries_per_user, limits.sql_queries, limits.sql_queue_s,
                                       MemoryGuard(limits.app_memory_mb))
         register_sql_tool(self.tools, self.sources_for, settings.sql, settings.offload.threshold_chars,
@@ -134,7 +136,7 @@ class Runtime:
     def _upload_slots(self, settings: Settings) -> QuerySlots:
         limits = settings.limits
         return QuerySlots(limits.uploads_per_user, limits.uploads, limits.uploads_queue_s,
-                          names=("uploads_per_user", "uploads", "uploads_queue_s"))
+                          names=("uploads_per_user", "uploads", "uploads_queue_s"), kind="upload")
 
     def _build_continuity(self, settings: Settings) -> None:
         """What keeps long threads coherent: summaries, memory, and the request assembly."""
@@ -183,10 +185,11 @@ class Runtime:
 
     async def _sweep_forever(self) -> None:
         """The cache sweeper: TTL and quotas, enforced while the app runs; at start (and every
-        round) what a crash left in artifacts folders (stale temp files, orphan data) goes too."""
+        round) what a crash left in artifacts folders (stale temp files, orphan data) goes too,
+        and an artifact ledger never filled (a data directory from before it) is built."""
         every = self.settings.offload.sweep_interval_s
         try:
-            await asyncio.to_thread(sweep_temp_files, self.artifacts)
+            await asyncio.to_thread(self.quota.start)
         except Exception:
             log.exception("start-up sweep of temp files failed")
         while True:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
 
@@ -96,9 +96,15 @@ class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True):
     sql_threads: int = 2  # DuckDB threads of a warehouse instance
     sql_temp_mb: int = 1024  # max_temp_directory_size (spill files, under <home>/tmp/sql)
     max_threads_per_user: int = 1_000  # threads one user may hold per workspace
-    sql_queries_per_user: int = 1  # queries one user may run at once (held until the result is written)
+    sql_queries_per_user: int = 1  # queries one user may run at once (a slot covers the database work only)
     sql_queries: int = 2  # queries running at once in one app process, all users together
-    sql_queue_s: float = 10.0  # how long a query waits for a free slot before it is refused
+    # how long a query waits in line for a slot before it is refused: 60 users x ~0.15 s of database
+    # work over 2 slots drain in ~5 s, so 60 s is 10x that and still half of chat.tool_timeout_s
+    sql_queue_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
+    # large results written to artifacts at once in one app process (0: one per CPU core), and of one user;
+    # more wait in line and are never refused
+    offload_writers: Annotated[int, msgspec.Meta(ge=0)] = 0
+    offload_writers_per_user: Annotated[int, msgspec.Meta(ge=1)] = 2
     uploads_per_user: int = 1  # uploads one user may have converting at once
     uploads: int = 2  # uploads converting at once in one app process (an .xlsx is a bounded child process each)
     uploads_queue_s: float = 30.0  # how long an upload waits for a free slot before it is refused
