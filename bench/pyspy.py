@@ -13,6 +13,7 @@ right to trace the process (root, or ptrace_scope 0).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -32,7 +33,7 @@ def recording(pid: int, out: Path, rate: int = 100) -> Iterator[None]:
     if exe is None:
         raise SystemExit("py-spy is not installed: pip install py-spy")
     proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--subprocesses", "--rate", str(rate),
-                             "--format", "raw", "--output", str(out), "--nonblocking"],
+                             "--format", "raw", "--output", str(out), "--nonblocking", *os.environ.get("DATADESK_PYSPY_FLAGS", "").split()],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)  # attached before the load starts
     try:

@@ -201,6 +201,27 @@ def tree(pid: int) -> list[int]:
     return out
 
 
+def host_cpu() -> tuple[float, float]:
+    """(busy, total) CPU-seconds of the whole host since boot, from /proc/stat."""
+    with open("/proc/stat") as fh:
+        f = [int(x) for x in fh.readline().split()[1:]]
+    idle = f[3] + f[4]
+    return (sum(f[:8]) - idle) / CLK, sum(f[:8]) / CLK
+
+
+def main_threads_cpu(pid: int) -> float:
+    """CPU-seconds of the main threads (the event loops) of the tree's processes."""
+    total = 0.0
+    for p in tree(pid):
+        try:
+            with open(f"/proc/{p}/task/{p}/stat", "rb") as fh:
+                f = fh.read().rsplit(b")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / CLK
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def tree_cpu_rss(pid: int) -> tuple[float, int]:
     """CPU-seconds (own and reaped children's) and RSS bytes of the whole tree under `pid`."""
     cpu, rss = 0.0, 0
@@ -224,7 +245,7 @@ def serve(home: Path, model_url: str, workers: int) -> Iterator[tuple[str, subpr
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}", "DATADESK_HOME": str(home),
            "DATADESK_CONFIG": str(config), "DATADESK_LLM_BASE_URL": f"{model_url}/v1",
            "DATADESK_LLM_API_KEY": "sk-bench", "DATADESK_LLM_MODEL": "fake-model"}
-    log = home.parent / f"serve-{workers}.log"
+    log = Path(os.environ.get("DATADESK_SCALE_LOG_DIR", str(home.parent))) / f"serve-{workers}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "datadesk.cli", "serve", "--workers", str(workers), "--allow-unsafe-local-sandbox",
                                  "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=home.parent)
@@ -271,10 +292,21 @@ def parse_sse(text: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 async def one_turn(client: httpx.AsyncClient, tid: str, text: str) -> dict[str, Any]:
+    """One turn, its SSE read as it comes: when the tool started and finished (the phases of a
+    turn: the model's call, the SQL and its offload, the answer) and how it ended."""
     t0 = time.perf_counter()
+    marks: dict[str, float] = {}
+    chunks: list[str] = []
     try:
-        r = await client.post(f"/api/threads/{tid}/messages", json={"content": text})
-        status, body = r.status_code, r.text
+        async with client.stream("POST", f"/api/threads/{tid}/messages", json={"content": text}) as r:
+            status = r.status_code
+            async for piece in r.aiter_text():
+                now = time.perf_counter()
+                for name in ("tool.started", "tool.finished", "message.delta"):
+                    if name not in marks and f"event: {name}" in piece:
+                        marks[name] = now - t0
+                chunks.append(piece)
+        body = "".join(chunks)
     except httpx.HTTPError as exc:
         status, body = 0, str(exc)
     wall = time.perf_counter() - t0
@@ -285,9 +317,15 @@ async def one_turn(client: httpx.AsyncClient, tid: str, text: str) -> dict[str, 
     bad_tools = [d for d in tools if not d.get("ok")]
     refused = [d for d in bad_tools if "limits." in str(d.get("preview", ""))]
     offloaded = sum(1 for d in tools if (d.get("meta") or {}).get("artifact"))
+    waits = [d.get("message") for e, d in events if e == "tool.progress" and "waiting" in str(d.get("message"))]
     return {"text": text, "status": status, "ok": ok, "wall": wall, "tools": len(tools), "offloaded": offloaded,
             "failed_tools": len(bad_tools), "refused": len(refused), "t_end": time.perf_counter(),
-            "t_start": t0, "error": "" if ok else f"HTTP {status}: {body[-400:]}"}
+            "t_start": t0, "waited": len(waits), "waited_slot": sum("slot" in str(w) for w in waits),
+            "waited_writer": sum("writer" in str(w) for w in waits), "to_tool": marks.get("tool.started"),
+            "tool": (marks["tool.finished"] - marks["tool.started"]) if "tool.finished" in marks and
+            "tool.started" in marks else None,
+            "after_tool": (wall - marks["tool.finished"]) if "tool.finished" in marks else None,
+            "error": "" if ok else f"HTTP {status}: {body[-400:]}"}
 
 
 async def user_loop(base: str, token: str, tid: str, tag: str, turns: int, jitter: float) -> list[dict[str, Any]]:
@@ -298,35 +336,50 @@ async def user_loop(base: str, token: str, tid: str, tag: str, turns: int, jitte
         return [await one_turn(c, tid, f"{tag} {tid} turn {i}: how did consumption move?") for i in range(turns)]
 
 
-class Prober(threading.Thread):
-    """`/api/health` every `every` s (a fresh connection each time), latency and loop histograms kept."""
-
-    def __init__(self, base: str, every: float = 0.1) -> None:
-        super().__init__(daemon=True)
-        self.base, self.every = base, every
-        self.latencies: list[float] = []
-        self.loops: dict[int, list[tuple[float, dict[str, Any]]]] = {}
-        self.stop = threading.Event()
-        self.errors = 0
-
-    def run(self) -> None:
-        # one client (building one costs ~10 ms of the prober's own time), a new connection each probe
-        with httpx.Client(base_url=self.base, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as c:
-            self._probe(c)
-
-    def _probe(self, c: httpx.Client) -> None:
-        while not self.stop.is_set():
+def probe_main(base: str, every: float, stop: Any, out: Any) -> None:
+    """The prober's own process: `/api/health` every `every` s on one client (building one costs
+    ~10 ms), a new connection each probe; its latencies never wait on the load generator's GIL."""
+    latencies: list[float] = []
+    loops: list[tuple[float, dict[str, Any]]] = []
+    errors = 0
+    with httpx.Client(base_url=base, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as c:
+        while not stop.is_set():
             t0 = time.perf_counter()
             try:
                 r = c.get("/api/health")
-                lat = time.perf_counter() - t0
-                self.latencies.append(lat)
+                latencies.append(time.perf_counter() - t0)
                 loop = r.json().get("loop")
                 if loop:
-                    self.loops.setdefault(int(loop["pid"]), []).append((time.perf_counter(), loop))
+                    loops.append((time.perf_counter(), loop))  # CLOCK_MONOTONIC: one clock for every process
             except (httpx.HTTPError, ValueError):
-                self.errors += 1
-            self.stop.wait(max(0.0, self.every - (time.perf_counter() - t0)))
+                errors += 1
+            stop.wait(max(0.0, every - (time.perf_counter() - t0)))
+    out.put((latencies, loops, errors))
+
+
+class Prober:
+    """`/api/health` probes from a process of its own; `latencies`, `loops` (per worker pid) and
+    `errors` once joined."""
+
+    def __init__(self, base: str, every: float = 0.1) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.stop, self._out = ctx.Event(), ctx.Queue()
+        self._proc = ctx.Process(target=probe_main, args=(base, every, self.stop, self._out), daemon=True)
+        self.latencies: list[float] = []
+        self.loops: dict[int, list[tuple[float, dict[str, Any]]]] = {}
+        self.errors = 0
+
+    def start(self) -> None:
+        self._proc.start()
+
+    def join(self, timeout: float) -> None:
+        latencies, loops, self.errors = self._out.get(timeout=timeout)
+        self._proc.join(timeout)
+        self.latencies = latencies
+        for t, loop in loops:
+            self.loops.setdefault(int(loop["pid"]), []).append((t, loop))
 
 
 class Sampler(threading.Thread):
@@ -408,13 +461,15 @@ def run_config(args: argparse.Namespace, model_url: str, users: int, workers: in
             prober, sampler = Prober(base), Sampler(proc.pid)
             prober.start()
             sampler.start()
-            time.sleep(0.5)  # the prober's first loop report lies before the window
+            time.sleep(1.5)  # the prober's process is up and its first loop report lies before the window
             with profiled(proc.pid, args.profile):
                 cpu0, _ = tree_cpu_rss(proc.pid)
+                host0, me0, loop0 = host_cpu(), os.times(), main_threads_cpu(proc.pid)
                 t0 = time.perf_counter()
                 rows = asyncio.run(_all(base, tokens, tids, tag, args.turns, 1.0))
                 t1 = time.perf_counter()
             cpu1, _ = tree_cpu_rss(proc.pid)
+            host1, me1, loop1 = host_cpu(), os.times(), main_threads_cpu(proc.pid)
             time.sleep(0.3)
             prober.stop.set()
             sampler.stop.set()
@@ -441,6 +496,10 @@ def run_config(args: argparse.Namespace, model_url: str, users: int, workers: in
         "model_s_p50": round(statistics.median(r["model"] for r in ok_rows), 3) if ok_rows else None,
         "cpu_s_per_turn": round((cpu1 - cpu0) / max(1, len(rows)), 4),
         "cpu_share": round((cpu1 - cpu0) / (elapsed * (os.cpu_count() or 1)), 3),
+        "loop_cpu_s_per_turn": round((loop1 - loop0) / max(1, len(rows)), 4),
+        "host_busy_share": round((host1[0] - host0[0]) / max(1e-9, host1[1] - host0[1]), 3),
+        "load_client_cpu_share": round((me1.user + me1.system - me0.user - me0.system)
+                                       / (elapsed * (os.cpu_count() or 1)), 3),
         "peak_rss_mb": round(sampler.peak_rss / 1e6, 1),
         "health_ms_p50": round(statistics.median(inside) * 1000, 1) if inside else None,
         "health_ms_p99": round(pct(inside, 0.99) * 1000, 1) if inside else None,
@@ -448,6 +507,9 @@ def run_config(args: argparse.Namespace, model_url: str, users: int, workers: in
         "health_probes": len(inside), "health_errors": prober.errors,
         "loop_lag_ms_p99": lag_p99, "loop_lag_ms_max": lag_max,
         "tool_calls": sum(r["tools"] for r in rows), "offloaded": sum(r["offloaded"] for r in rows),
+        "waits_slot": sum(r["waited_slot"] for r in rows), "waits_writer": sum(r["waited_writer"] for r in rows),
+        **{f"{k}_s_p50": round(statistics.median(v), 3) if (v := [r[k] for r in ok_rows if r[k] is not None]) else None
+           for k in ("to_tool", "tool", "after_tool")},
         "refused": sum(r["refused"] for r in rows),
         "failed": sum(r["failed_tools"] for r in rows) + sum(1 for r in rows if not r["ok"]),
         "errors": [r["error"] for r in rows if not r["ok"]][:3],

@@ -41,7 +41,10 @@ def test_full_turn_with_parallel_tool_calls(harness_factory) -> None:
             events = parse_sse(resp.text)
             detail = c.get(f"/api/threads/{tid}").json()
 
-        kinds = [e for e, _ in events]
+        # the second call of the same user waits for the first one's query slot, said as progress
+        waits = [d["message"] for e, d in events if e == "tool.progress"]
+        assert all(w.startswith("waiting for a query slot") for w in waits), waits
+        kinds = [e for e, _ in events if e != "tool.progress"]
         # order: both tools start, both finish, then the streamed answer, completed, done
         assert kinds[:2] == ["tool.started", "tool.started"]
         assert sorted(kinds[2:4]) == ["tool.finished", "tool.finished"]

@@ -31,6 +31,13 @@ BIG = "SELECT * FROM readings LIMIT 50000"  # offloaded: a stream, not inline
 YES = OffloadCapability(True)
 
 
+
+@pytest.fixture(autouse=True)
+def _streamed_under_the_slot(monkeypatch):
+    """These tests follow a large result that streams to its writer under the query slot; a
+    result read whole within tools.sql.HOLD_BYTES frees its slot at once (tested on its own)."""
+    monkeypatch.setattr("datadesk.tools.sql.HOLD_BYTES", 0)
+
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory) -> tuple[Path, Warehouse]:
     root = tmp_path_factory.mktemp("fair")
@@ -146,6 +153,31 @@ def test_inline_exhausted_and_closed_streams_free_the_slot(warehouse) -> None:
         big = await _run(registry, ctx, BIG)
         assert slots.running() == 1
         big.table.close()  # never read to its end: closing frees it
+        assert slots.running() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_large_result_read_whole_within_the_hold_budget_frees_the_slot_at_once(warehouse, monkeypatch) -> None:
+    """50,000 rows of a few MB: read to their end in the call, held for the writer, the slot back
+    before any writer is awaited; past the budget the result streams under the slot."""
+    from datadesk.tools import sql as sql_tool
+
+    monkeypatch.setattr(sql_tool, "HOLD_BYTES", 8 * 1024 * 1024)
+    root, _ = warehouse
+    slots = QuerySlots(per_user=1, total=1, wait_s=0)
+    registry = _registry(warehouse, slots)
+    query = "SELECT * FROM readings ORDER BY building_id, ts LIMIT 50000"
+
+    async def scenario() -> None:
+        ctx = _ctx(root, "ann")
+        held = await _run(registry, ctx, query)
+        assert held.table is not None and slots.running() == 0
+        assert sum(b.num_rows for b in held.table) == 50_000  # every row is there for the writer
+        monkeypatch.setattr(sql_tool, "HOLD_BYTES", 64 * 1024)
+        streamed = await _run(registry, ctx, query)
+        assert slots.running() == 1
+        assert sum(b.num_rows for b in streamed.table) == 50_000
         assert slots.running() == 0
 
     asyncio.run(scenario())

@@ -94,3 +94,28 @@ def test_health_never_waits_long_for_a_file_system_that_hangs(tmp_path):
     assert first == {"free_mb": 1234, "min_free_mb": 10, "low": False}
     assert waited < 1.5  # the last figure, marked stale, instead of the hanging call
     assert second["free_mb"] == 1234 and second["stale_s"] >= 0
+
+
+def test_a_stalled_loop_is_logged_with_where_its_thread_is(monkeypatch, caplog):
+    from datadesk.api import looplag
+
+    monkeypatch.setattr(looplag, "STALL_S", 0.1)
+    monkeypatch.setattr(looplag, "STALL_LOG_EVERY_S", 0.0)
+
+    def hold_the_loop_for_a_while() -> None:
+        time.sleep(0.4)
+
+    async def main() -> dict:
+        lag = LoopLag(interval_s=0.01)
+        lag.start()
+        await asyncio.sleep(0.05)
+        hold_the_loop_for_a_while()
+        await asyncio.sleep(0.05)
+        await lag.stop()
+        return lag.report()
+
+    with caplog.at_level("WARNING", logger="datadesk.api.looplag"):
+        report = asyncio.run(main())
+    assert report["stalls"] == 1
+    logged = [r.getMessage() for r in caplog.records if "has not run" in r.getMessage()]
+    assert len(logged) == 1 and "hold_the_loop_for_a_while" in logged[0]

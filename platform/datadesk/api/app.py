@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from litestar import Litestar, Response, get
@@ -56,6 +58,18 @@ def freeze_startup_heap() -> None:
         gc.freeze()
 
 
+
+IO_THREADS = 32
+
+
+def roomy_default_threads() -> None:
+    """The loop's default threads (`asyncio.to_thread`: file writes and fsyncs, statvfs, the
+    ledger, exports) are 32, not Python's min(32, CPUs + 4) = 6 on a small host: short file
+    work never queues behind a burst of it. Query slots and writers have threads of their own."""
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="datadesk-io"))
+
+
 def create_app(rt: Runtime) -> Litestar:
     csrf_key = load_key(rt.layout.home)
     auth = rt.settings.auth
@@ -89,7 +103,7 @@ def create_app(rt: Runtime) -> Litestar:
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
                                      # JSON only: the UI plugins load their scripts from a CDN
                                      render_plugins=[JsonRenderPlugin()]),
-        on_startup=[rt.start, freeze_startup_heap, loop_lag.start],
+        on_startup=[roomy_default_threads, rt.start, freeze_startup_heap, loop_lag.start],
         on_shutdown=[loop_lag.stop, rt.stop],
         state=State({"runtime": rt, "csrf_key": csrf_key, "login_failures": login_failures,
                      "rate_limits": limits, "loop_lag": loop_lag}),

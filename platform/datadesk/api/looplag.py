@@ -14,15 +14,23 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import logging
 import os
+import sys
+import threading
 import time
+import traceback
 from collections import deque
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.05
 BUCKETS_MS = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 75, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 60_000)
 SLOT_S = 10.0
 SLOTS = 6  # the last minute
+STALL_S = 0.25  # a loop that has not ticked for this long is logged, with where it is
+STALL_LOG_EVERY_S = float(os.environ.get("DATADESK_STALL_LOG_EVERY_S", "60"))  # ... at most this often
 
 
 class LoopLag:
@@ -34,6 +42,10 @@ class LoopLag:
         self.samples = 0
         self._recent: deque[list[float]] = deque(maxlen=SLOTS)  # [slot start, max ms, *counts]
         self._task: asyncio.Task[None] | None = None
+        self._tick = time.monotonic()
+        self._watch: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.stalls = 0  # times the loop did not tick for STALL_S
 
     def record(self, lag_ms: float, now: float | None = None) -> None:
         i = bisect.bisect_left(BUCKETS_MS, lag_ms)
@@ -51,13 +63,39 @@ class LoopLag:
         while True:
             start = loop.time()
             await asyncio.sleep(self.interval_s)
+            self._tick = time.monotonic()
             self.record(max(0.0, (loop.time() - start - self.interval_s) * 1000))
 
     def start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="datadesk-loop-lag")
+            self._tick = time.monotonic()
+            self._stop.clear()
+            self._watch = threading.Thread(target=self._watch_stalls, args=(threading.get_ident(),),
+                                           name="datadesk-loop-stalls", daemon=True)
+            self._watch.start()
+
+    def _watch_stalls(self, loop_thread: int) -> None:
+        """Log where the loop's thread is when it has not ticked for STALL_S (once per stall, at
+        most every STALL_LOG_EVERY_S): what an operator needs to find the code that held it."""
+        logged_at, in_stall = 0.0, False
+        while not self._stop.wait(STALL_S / 2):
+            late = time.monotonic() - self._tick
+            if late < STALL_S:
+                in_stall = False
+                continue
+            if in_stall:
+                continue
+            in_stall = True
+            self.stalls += 1
+            if time.monotonic() - logged_at < STALL_LOG_EVERY_S:
+                continue
+            logged_at = time.monotonic()
+            log.warning("the event loop has not run for %.0f ms; its thread is at:\n%s", late * 1000,
+                        where_is(sys._current_frames().get(loop_thread)))
 
     async def stop(self) -> None:
+        self._stop.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -71,7 +109,7 @@ class LoopLag:
         return {"pid": os.getpid(), "interval_ms": self.interval_s * 1000,
                 "lag_buckets_ms": [*BUCKETS_MS, None], "lag_counts": list(self.counts),
                 "lag_ms_p99_recent": quantile(counts, 0.99),
-                "lag_max_ms_recent": round(max((s[1] for s in recent), default=0.0), 1)}
+                "lag_max_ms_recent": round(max((s[1] for s in recent), default=0.0), 1), "stalls": self.stalls}
 
 
 def quantile(counts: list[int], q: float) -> float | None:
@@ -86,3 +124,12 @@ def quantile(counts: list[int], q: float) -> float | None:
         if seen >= need:
             return float(BUCKETS_MS[min(i, len(BUCKETS_MS) - 1)])
     return float(BUCKETS_MS[-1])
+
+
+def where_is(frame: Any) -> str:
+    """A thread's stack, shortened: DataDesk's own frames, and the innermost three of any code."""
+    if frame is None:
+        return "(unknown)"
+    stack = traceback.extract_stack(frame)
+    keep = [f for i, f in enumerate(stack) if "datadesk" in f.filename or i >= len(stack) - 3]
+    return "".join(traceback.format_list(keep))

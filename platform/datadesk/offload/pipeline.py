@@ -122,7 +122,8 @@ class OffloadPipeline:
         writer = await self._writer(origin.user, result, progress)
         try:
             return await run_job(job, self._process_sync, spec, result, thread, origin, cap, epoch, job,
-                                 interrupt=interrupt, discard=self.store.discard, done=writer.release)
+                                 interrupt=interrupt, discard=self.store.discard, done=writer.release,
+                                 executor=self.writers.executor)
         except Exception as exc:  # the stream failed mid-way (timeout, engine error): say so
             log.warning("reading the result of %s failed: %s", spec.name, exc)
             return OffloadOutcome(ToolResult(content=f"{spec.name} failed while reading its result: {exc}",
@@ -316,7 +317,8 @@ class OffloadPipeline:
         job = self.job(progress)
         interrupt = result.table.interrupt if result.table is not None else None
         writer = await self._writer(art.origin.user, result, progress)
-        return await run_job(job, self.restore, thread, art, result, job, interrupt=interrupt, done=writer.release)
+        return await run_job(job, self.restore, thread, art, result, job, interrupt=interrupt, done=writer.release,
+                             executor=self.writers.executor)
 
     def restore(self, thread: Thread, art: Artifact, result: ToolResult,
                 job: WriteJob | None = None) -> Artifact | None:

@@ -23,6 +23,7 @@ import functools
 import logging
 import threading
 import time
+from concurrent.futures import Executor
 from typing import Any, Callable, TypeVar
 
 from datadesk.domain.artifacts import Artifact
@@ -98,12 +99,17 @@ class WriteJob:
 async def run_job(job: WriteJob, fn: Callable[..., T], *args: Any,
                   interrupt: Callable[[], None] | None = None,
                   discard: Callable[[Any, Artifact], None] | None = None,
-                  grace_s: float = STOP_GRACE_S, done: Callable[[], None] | None = None) -> T:
+                  grace_s: float = STOP_GRACE_S, done: Callable[[], None] | None = None,
+                  executor: Executor | None = None) -> T:
     """`fn(*args)` in a worker thread; on cancellation of the caller: cancel `job`, call
     `interrupt` (stops a blocked source), wait up to `grace_s` for the thread to stop, and
     `discard` each artifact it published before the cancel arrived. `done()` runs once the
-    thread has really ended (e.g. to give back its writer), even when that is after the grace."""
-    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    thread has really ended (e.g. to give back its writer), even when that is after the grace.
+    `executor`: the threads to run in (the writer pool's own), else the loop's default ones."""
+    if executor is None:
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    else:
+        task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args)))
     if done is not None:
         task.add_done_callback(lambda _task: done())
     try:

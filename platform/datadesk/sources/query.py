@@ -15,6 +15,7 @@ import functools
 import math
 import threading
 import uuid
+from concurrent.futures import Executor
 from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import msgspec
@@ -223,12 +224,18 @@ def jsonable(value: Any) -> Any:
 
 
 async def interruptible(control: QueryControl, fn: Callable[..., T], *args: Any,
-                        timeout_s: float | None = None, late: Callable[[T], None] | None = None) -> T:
+                        timeout_s: float | None = None, late: Callable[[T], None] | None = None,
+                        executor: Executor | None = None) -> T:
     """`fn(*args)` in a worker thread; when the awaiting task is cancelled or `timeout_s`
     passes, `control.cancel()` interrupts the statement and the thread is waited for briefly
     (so its connection is closed before the cancellation goes on). A result that arrived
-    anyway is handed to `late` (e.g. to close a stream nobody will read)."""
-    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    anyway is handed to `late` (e.g. to close a stream nobody will read). `executor`: the
+    threads to run in (the query slots' own: a query holding a slot never waits for a thread
+    behind other work), else the loop's default ones."""
+    if executor is None:
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    else:
+        task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args)))
     try:
         return await asyncio.wait_for(asyncio.shield(task), timeout_s)
     except (asyncio.CancelledError, asyncio.TimeoutError):

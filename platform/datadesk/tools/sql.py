@@ -107,6 +107,9 @@ def render_result(result: QueryResult, max_chars: int) -> str:
 
 
 INLINE_MAX_ROWS = 2_000  # more rows than this never fit the inline threshold anyway
+# a result read to its end within this many bytes is held in memory for its writer, and the query
+# slot goes back at once; a larger one streams to its writer under the slot (the database works on)
+HOLD_BYTES = 8 * 1024 * 1024
 
 
 def _first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_timeout_s: float,
@@ -125,14 +128,21 @@ def _first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_t
         head: list[pa.RecordBatch] = []
         rows = 0
         exhausted = True
+        held = 0
         for batch in it:
             if not head:
                 stream.extend(stream_timeout_s)  # rows are flowing: allow time to write them out
             head.append(batch)
             rows += batch.num_rows
-            if rows > INLINE_MAX_ROWS:
+            held += batch.nbytes
+            if rows > INLINE_MAX_ROWS and held > HOLD_BYTES:
                 exhausted = False
                 break
+        if rows > INLINE_MAX_ROWS and exhausted:  # a large result, read whole within HOLD_BYTES
+            stream.close()  # the database work is done: the slot goes back before the writer is awaited
+            if on_end is not None:
+                on_end()
+            return ToolResult(content="", table=TabularStream(stream.schema, iter(head)))
         if exhausted:
             table = pa.Table.from_batches(head, schema=stream.schema)
             result = QueryResult(
@@ -209,7 +219,8 @@ def register_sql_tool(
         release = slot.release if slot is not None else None
         try:
             result = await interruptible(control, _first_rows, src, ctx.user, sql, threshold_chars,
-                                         stream_timeout_s, control, release, late=_close_late)
+                                         stream_timeout_s, control, release, late=_close_late,
+                                         executor=slots.executor if slots is not None else None)
         except BaseException as exc:
             if slot is not None:
                 slot.release()
