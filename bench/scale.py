@@ -237,11 +237,11 @@ def tree_cpu_rss(pid: int) -> tuple[float, int]:
 
 
 @contextmanager
-def serve(home: Path, model_url: str, workers: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def serve(home: Path, model_url: str, workers: int, extra_toml: str = "") -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     run_dir = tempfile.mkdtemp(prefix="ddsc-", dir="/tmp")  # kernel sockets: a short path
     config = home / "datadesk.toml"
-    config.write_text(f'[sandbox]\nrun_dir = "{run_dir}"\n')
+    config.write_text(f'[sandbox]\nrun_dir = "{run_dir}"\n{extra_toml}\n')
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}", "DATADESK_HOME": str(home),
            "DATADESK_CONFIG": str(config), "DATADESK_LLM_BASE_URL": f"{model_url}/v1",
            "DATADESK_LLM_API_KEY": "sk-bench", "DATADESK_LLM_MODEL": "fake-model"}
@@ -448,7 +448,7 @@ def run_config(args: argparse.Namespace, model_url: str, users: int, workers: in
     with tempfile.TemporaryDirectory(prefix="ddscale-") as tmp:
         home = Path(tmp) / "var"
         tokens = setup_users(home, users)
-        with serve(home, model_url, workers) as (base, proc):
+        with serve(home, model_url, workers, args.toml.replace("\\n", "\n")) as (base, proc):
             tids = []
             for tok in tokens:
                 r = httpx.post(f"{base}/api/threads", json={"title": "morning"},
@@ -557,6 +557,7 @@ def main() -> int:
     ap.add_argument("--token-rate", type=float, default=50.0, help="tokens per second the model streams")
     ap.add_argument("--answer-tokens", type=int, default=50)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--toml", default="", help="settings added to the defaults, e.g. '[limits]\\noffload_writers = 1'")
     ap.add_argument("--profile", type=Path, default=None,
                     help="py-spy the server over each measured window into this file (one configuration)")
     ap.add_argument("--fake-model", action="store_true", help=argparse.SUPPRESS)
