@@ -17,8 +17,9 @@ meanwhile and no second finisher works on it); the turn is read from its own eve
 - the journal then ends like any turn: a `tool.finished` per interrupted call, `error` (kind
   INTERRUPTED) and `done` (status `error`), so a client that re-attaches gets the end.
 
-Text pieces written in the last DELTA_FLUSH_S before the crash (journal.py) did not reach
-the journal, so the recorded answer may lack the last words a live client saw.
+Text pieces of the last COALESCE_S + DELTA_FLUSH_S before the crash (journal.py: gathered into
+one event, then written to the file; about 0.3 s) did not reach the journal, so the recorded
+answer may lack the last words a live client saw.
 """
 
 from __future__ import annotations
