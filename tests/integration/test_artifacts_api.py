@@ -95,7 +95,9 @@ def test_requery_restores_and_reports_changes(api, home: Path) -> None:
     report = json.loads(next(d for e, d in events if e == "tool.finished")["preview"])
     assert report["restored"] and not report["changed"] and report["rows_after"] == before.rows
     assert (thread.artifacts_dir / f"{aid}.parquet").exists()
-    # the warehouse changes underneath: the endpoint re-runs the query and reports it
+    # the warehouse changes underneath: the endpoint re-runs the query and reports it (in this
+    # process, a read-write open needs the warehouse's warm read-only connections closed first)
+    h.rt.sources.get("demo").warehouse.close()
     con = duckdb.connect(str(home / "workspaces/demo/data/warehouse.duckdb"))
     con.execute("DELETE FROM readings WHERE building_id = 'B02' AND ts >= '2025-01-01'")
     con.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -105,3 +106,18 @@ def test_a_missing_file_is_still_reported(wh, tmp_path):
     os.unlink(tmp_path / "data" / "warehouse.duckdb")
     with pytest.raises(SQLError, match="warehouse not found"):
         wh.query_sync("SELECT 1")
+
+
+def test_an_idle_server_lets_go_of_the_file(wh, tmp_path, monkeypatch):
+    """A job that writes the warehouse in place needs it to itself: the warm connections close
+    once idle for IDLE_S."""
+    from datadesk.sources import warehouse
+
+    monkeypatch.setattr(warehouse, "IDLE_S", 0.2)
+    wh.query_sync("SELECT 1")
+    assert len(wh._idle) == 1
+    time.sleep(0.6)
+    assert not wh._idle
+    with duckdb.connect(str(tmp_path / "data" / "warehouse.duckdb")) as con:  # read-write, in place
+        con.execute("UPDATE t SET v = 3")
+    assert _stream_sum(wh) == 300_000

@@ -9,7 +9,8 @@ name `warehouse`, and differs from them where DuckDB runs inside the app process
   query, so up to IDLE_MAX finished ones are kept warm for IDLE_S and handed to the next
   query -- only one that ended cleanly (not cancelled, not timed out, its result read to
   the end), and only while the warehouse file is the one it was opened on (a file replaced
-  by an admin is seen by the next query);
+  by an admin is seen by the next query). An idle server closes them after IDLE_S, so a job
+  that writes the file in place (it needs the file to itself) waits seconds at most;
 - the connection is opened read-only with extension auto-install/auto-load off, then
   locked down before any user SQL runs:
 
@@ -54,7 +55,9 @@ _SETUP_LOCK = threading.Lock()
 _TEMP = TempDirs()  # spill directory of each instance, removed with its last connection
 _CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 IDLE_MAX = 4  # finished connections kept warm per warehouse
-IDLE_S = 60.0  # ... for at most this long
+# ... for at most this long: while one is open, another process cannot open the file to write it
+# in place (a load job retries), so an idle server lets go of it within seconds
+IDLE_S = 5.0
 ALLOWED = "SELECT (also WITH ... SELECT, FROM ..., VALUES), DESCRIBE, SHOW, SUMMARIZE, EXPLAIN <select>"
 
 # Schema queries for describe(): user tables and views of the warehouse file.
@@ -201,6 +204,7 @@ class Warehouse:
         self._idle: list[tuple[duckdb.DuckDBPyConnection, float]] = []  # warm connections, newest last
         self._opened_on: dict[int, tuple[int, int, int] | None] = {}  # id(con) -> the file it was opened on
         self._idle_lock = threading.Lock()
+        self._closer: threading.Timer | None = None  # closes the warm ones once they are idle for IDLE_S
         self.opened = 0  # connections opened (not reused), for tests and benchmarks
 
     def _file_signature(self) -> tuple[int, int, int] | None:
@@ -220,8 +224,27 @@ class Warehouse:
             keep = reusable and len(self._idle) < IDLE_MAX and self._opened_on.get(id(con)) == self._file_signature()
             if keep:
                 self._idle.append((con, now))
+                if self._closer is None:
+                    self._closer = threading.Timer(IDLE_S, self._close_idle)
+                    self._closer.daemon = True
+                    self._closer.start()
         for old in expired if keep else [*expired, con]:
             self._close(old)
+
+    def _close_idle(self) -> None:
+        """The timer: close what has been idle for IDLE_S; again later while some are kept."""
+        now = time.monotonic()
+        with self._idle_lock:
+            expired = [c for c, at in self._idle if now - at >= IDLE_S]
+            self._idle = [(c, at) for c, at in self._idle if now - at < IDLE_S]
+            self._closer = None
+            if self._idle:
+                wait = max(0.05, IDLE_S - (now - min(at for _, at in self._idle)))
+                self._closer = threading.Timer(wait, self._close_idle)
+                self._closer.daemon = True
+                self._closer.start()
+        for con in expired:
+            self._close(con)
 
     def _close(self, con: duckdb.DuckDBPyConnection) -> None:
         key = f"con:{id(con)}" if self.views else str(self.db_path)
