@@ -361,6 +361,7 @@ def case_breakdown(home: Path) -> dict[str, Any]:
     # 5. DuckDB's own Parquet writer on the same query (its threads), for comparison.
     import duckdb
 
+    rt.sources.get(WS).warehouse.close()  # its warm connections hold the file with the lockdown's settings
     con = duckdb.connect(str(home / "workspaces" / WS / "data" / "warehouse.duckdb"), read_only=True)
     try:
         t0 = time.perf_counter()
