@@ -138,26 +138,24 @@ def _first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_t
             if rows > INLINE_MAX_ROWS and held > HOLD_BYTES:
                 exhausted = False
                 break
-        if rows > INLINE_MAX_ROWS and exhausted:  # a large result, read whole within HOLD_BYTES
-            stream.close()  # the database work is done: the slot goes back before the writer is awaited
-            if on_end is not None:
-                on_end()
-            return ToolResult(content="", table=TabularStream(stream.schema, iter(head)))
         if exhausted:
-            table = pa.Table.from_batches(head, schema=stream.schema)
-            result = QueryResult(
-                columns=table.column_names, types=stream.sql_types or [str(t) for t in table.schema.types],
-                rows=[[jsonable(v) for v in row.values()] for row in table.to_pylist()],
-                row_count=table.num_rows, truncated=False,
-            )
-            content = render_result(result, sys.maxsize)
-            if len(content) <= threshold_chars and rows:
-                stream.close()
-                return ToolResult(content=content, data=result.to_dict(), meta=ToolRecordMeta(rows=rows))
-            if not rows:
-                stream.close()
-                return ToolResult(content=content, data=result.to_dict(), meta=ToolRecordMeta(rows=0))
-            stream.close()  # every row is in `head`: the database work is done
+            if rows <= INLINE_MAX_ROWS:  # small enough to be answered inline, if its text fits
+                table = pa.Table.from_batches(head, schema=stream.schema)
+                result = QueryResult(
+                    columns=table.column_names, types=stream.sql_types or [str(t) for t in table.schema.types],
+                    rows=[[jsonable(v) for v in row.values()] for row in table.to_pylist()],
+                    row_count=table.num_rows, truncated=False,
+                )
+                content = render_result(result, sys.maxsize)
+                if len(content) <= threshold_chars and rows:
+                    stream.close()
+                    return ToolResult(content=content, data=result.to_dict(), meta=ToolRecordMeta(rows=rows))
+                if not rows:
+                    stream.close()
+                    return ToolResult(content=content, data=result.to_dict(), meta=ToolRecordMeta(rows=0))
+            # every row is in `head` (too wide to inline, or read whole within HOLD_BYTES): the
+            # database work is done, and the slot goes back before the writer is awaited
+            stream.close()
             if on_end is not None:
                 on_end()
             return ToolResult(content="", table=TabularStream(stream.schema, iter(head)))
