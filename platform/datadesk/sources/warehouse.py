@@ -216,20 +216,23 @@ class Warehouse:
 
     def _release(self, con: duckdb.DuckDBPyConnection, reusable: bool = True) -> None:
         """Give back a connection from `_connect`: kept warm when it ended cleanly, there is room
-        and the file is unchanged, else closed (the last one of an instance removes its spill dir)."""
+        and the file is unchanged, else closed (the last one of an instance removes its spill dir).
+        Kept ones are closed by the timer once idle for IDLE_S."""
         now = time.monotonic()
         with self._idle_lock:
-            expired = [c for c, at in self._idle if now - at >= IDLE_S]
-            self._idle = [(c, at) for c, at in self._idle if now - at < IDLE_S]
             keep = reusable and len(self._idle) < IDLE_MAX and self._opened_on.get(id(con)) == self._file_signature()
             if keep:
                 self._idle.append((con, now))
                 if self._closer is None:
-                    self._closer = threading.Timer(IDLE_S, self._close_idle)
-                    self._closer.daemon = True
-                    self._closer.start()
-        for old in expired if keep else [*expired, con]:
-            self._close(old)
+                    self._arm_closer(IDLE_S)
+        if not keep:
+            self._close(con)
+
+    def _arm_closer(self, wait_s: float) -> None:
+        """(under the idle lock) The timer that closes idle connections, in `wait_s`."""
+        self._closer = threading.Timer(wait_s, self._close_idle)
+        self._closer.daemon = True
+        self._closer.start()
 
     def _close_idle(self) -> None:
         """The timer: close what has been idle for IDLE_S; again later while some are kept."""
@@ -239,10 +242,7 @@ class Warehouse:
             self._idle = [(c, at) for c, at in self._idle if now - at < IDLE_S]
             self._closer = None
             if self._idle:
-                wait = max(0.05, IDLE_S - (now - min(at for _, at in self._idle)))
-                self._closer = threading.Timer(wait, self._close_idle)
-                self._closer.daemon = True
-                self._closer.start()
+                self._arm_closer(max(0.05, IDLE_S - (now - min(at for _, at in self._idle))))
         for con in expired:
             self._close(con)
 
