@@ -44,16 +44,11 @@ class WriterPool:
 
     def __init__(self, per_user: int = PER_USER, total: int = 0) -> None:
         self._line = FairQueue(per_user, total if total > 0 else cpu_cores())
-        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def executor(self) -> ThreadPoolExecutor:
-        """Threads of the pool's own (one per writer, two more for writes that outlive a cancel):
-        a write that has its writer never waits for a thread behind other work."""
-        with self._line.lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.total + 2, thread_name_prefix="datadesk-writer")
-            return self._executor
+        """Threads of the pool's own: a write that has its writer never waits behind other work."""
+        return self._line.threads("writer")
 
     @property
     def per_user(self) -> int:

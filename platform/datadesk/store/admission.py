@@ -129,16 +129,11 @@ class QuerySlots:
         self._lock = self._line.lock
         self._watchdog: threading.Thread | None = None
         self.stopped_for_memory = 0  # queries the watchdog interrupted (for the health report)
-        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def executor(self) -> ThreadPoolExecutor:
-        """Threads of the slots' own (one per slot, and two for calls that end after their slot):
-        work that holds a slot never waits for a thread behind other work."""
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.total + 2, thread_name_prefix=f"datadesk-{self.kind}")
-            return self._executor
+        """Threads of the slots' own: work that holds a slot never waits behind other work."""
+        return self._line.threads(self.kind)
 
     @property
     def per_user(self) -> int:

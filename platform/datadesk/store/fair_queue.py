@@ -24,6 +24,7 @@ import asyncio
 import collections
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 REPORT_S = 1.0  # an async waiter looks at its place in line this often (to report it)
@@ -59,6 +60,16 @@ class FairQueue:
         self._lines: dict[str, collections.deque[Waiter]] = {}
         self._turns: collections.deque[str] = collections.deque()  # users with waiters, next served first
         self._on_grant = on_grant
+        self._threads: ThreadPoolExecutor | None = None
+
+    def threads(self, name: str) -> ThreadPoolExecutor:
+        """Threads for the holders' work, made on first use: one per place, and two for work that
+        ends after its place was given back (a cancel's grace). A holder never waits for a
+        thread behind other work."""
+        with self.lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(self.total + 2, thread_name_prefix=f"datadesk-{name}")
+            return self._threads
 
     # -- under the lock ---------------------------------------------------------------------
     def _grant(self) -> None:
