@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator, Callable
 
 import msgspec
 
-from datadesk.chat.journal import MAX_BEHIND, JournalEvent, event_id, kept_form
+from datadesk.chat.journal import JournalEvent, event_id, fan_out, kept_form
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +105,7 @@ class TurnFeed:
         return Frame(ev.n, live, replay, ev.type == "done")
 
     def _publish(self, frame: Frame, ev: JournalEvent | None) -> None:
-        for queue in list(self._subscribers):
-            if queue.qsize() >= MAX_BEHIND:
-                self._subscribers.discard(queue)
-                queue.put_nowait(None)
-            else:
-                queue.put_nowait(frame)
+        fan_out(self._subscribers, frame)
         if ev is not None:
             self._keep(frame, ev)
 

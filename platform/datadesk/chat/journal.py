@@ -81,6 +81,17 @@ def event_id(turn_id: str, n: int) -> str:
     return f"{turn_id}:{n}"
 
 
+def fan_out(subscribers: set[asyncio.Queue[Any]], item: Any) -> None:
+    """`item` to every subscriber's queue; one MAX_BEHIND items behind is dropped (its stream
+    ends with None, without `done`; the client re-attaches with its last event id)."""
+    for queue in list(subscribers):
+        if queue.qsize() >= MAX_BEHIND:
+            subscribers.discard(queue)
+            queue.put_nowait(None)
+        else:
+            queue.put_nowait(item)
+
+
 class TurnJournal:
     """The kept events of one running turn, in the worker that runs it (see the module doc)."""
 
@@ -139,12 +150,7 @@ class TurnJournal:
     def _add(self, type: str, data: dict[str, Any]) -> JournalEvent:
         self.n += 1
         ev = JournalEvent(self.n, type, data)
-        for queue in list(self._subscribers):
-            if queue.qsize() >= MAX_BEHIND:
-                self._subscribers.discard(queue)
-                queue.put_nowait(None)
-            else:
-                queue.put_nowait(ev)
+        fan_out(self._subscribers, ev)
         self._keep(ev)
         if type == "done":
             self.close()
