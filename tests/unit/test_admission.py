@@ -26,12 +26,12 @@ BIG = "SELECT * FROM readings LIMIT 50000"  # offloaded: a stream, not inline
 SLOW = "SELECT count(*) FROM range(3000000000) a WHERE a.range % 7 = 3"  # seconds of CPU, little memory
 
 
-
 @pytest.fixture(autouse=True)
 def _streamed_under_the_slot(monkeypatch):
     """These tests follow a large result that streams to its writer under the query slot; a
     result read whole within tools.sql.HOLD_BYTES frees its slot at once (tested on its own)."""
     monkeypatch.setattr("datadesk.tools.sql.HOLD_BYTES", 0)
+
 
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory) -> tuple[Path, Warehouse]:

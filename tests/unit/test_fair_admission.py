@@ -17,39 +17,14 @@ from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.offload.pipeline import OffloadCapability, OffloadPipeline
 from datadesk.offload.readahead import ReadAhead
 from datadesk.offload.writers import WriterPool
-from datadesk.settings import OffloadSettings, SQLSettings
-from datadesk.sources.registry import SourceSet
-from datadesk.sources.warehouse import Warehouse
+from datadesk.settings import OffloadSettings
 from datadesk.store.admission import Busy, MemoryGuard, QuerySlots
-from datadesk.store.demo import create_demo_warehouse
 from datadesk.store.layout import Layout
 from datadesk.store.threads import Thread
 from datadesk.tools.registry import ToolContext, ToolRegistry
-from datadesk.tools.sql import register_sql_tool
+from tests.unit.test_admission import BIG, _registry, _streamed_under_the_slot, warehouse  # noqa: F401 (fixtures)
 
-BIG = "SELECT * FROM readings LIMIT 50000"  # offloaded: a stream, not inline
 YES = OffloadCapability(True)
-
-
-
-@pytest.fixture(autouse=True)
-def _streamed_under_the_slot(monkeypatch):
-    """These tests follow a large result that streams to its writer under the query slot; a
-    result read whole within tools.sql.HOLD_BYTES frees its slot at once (tested on its own)."""
-    monkeypatch.setattr("datadesk.tools.sql.HOLD_BYTES", 0)
-
-@pytest.fixture(scope="module")
-def warehouse(tmp_path_factory) -> tuple[Path, Warehouse]:
-    root = tmp_path_factory.mktemp("fair")
-    data = root / "ws" / "data"
-    return root, Warehouse(create_demo_warehouse(data), data, timeout_s=30)
-
-
-def _registry(warehouse, slots: QuerySlots) -> ToolRegistry:
-    registry = ToolRegistry()
-    register_sql_tool(registry, lambda ctx: SourceSet.of(warehouse[1]), SQLSettings(timeout_s=30),
-                      threshold_chars=2000, slots=slots)
-    return registry
 
 
 def _ctx(root: Path, user: str, progress=None) -> ToolContext:
