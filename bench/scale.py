@@ -53,12 +53,14 @@ sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]
 
 import httpx  # noqa: E402
 
+from bench.proctree import host_cpu, main_threads_cpu, tree_cpu, tree_rss  # noqa: E402
+from tests.serving import serving  # noqa: E402
+
 SQL = "SELECT * FROM readings ORDER BY building_id, ts LIMIT 50000"
 SUMMARY_MARK = "running summary of a data-analysis chat thread"
 WORDS = ("The", "**consumption**", "of", "the", "buildings", "rose", "in", "January;", "see", "the",
          "`readings`", "artifact", "for", "every", "hour.\n\n-", "heat", "pumps", "use", "more", "when", "it", "is",
          "cold,\n-", "offices", "in", "Amsterdam", "less.\n\n")
-CLK = os.sysconf("SC_CLK_TCK")
 
 
 # -- the fake model (its own process) --------------------------------------------------------
@@ -174,71 +176,8 @@ def fake_model(args: argparse.Namespace) -> Iterator[str]:
 
 # -- the app and its process tree --------------------------------------------------------------
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tree(pid: int) -> list[int]:
-    """`pid` and all its live descendants."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat", "rb") as fh:
-                    ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def host_cpu() -> tuple[float, float]:
-    """(busy, total) CPU-seconds of the whole host since boot, from /proc/stat."""
-    with open("/proc/stat") as fh:
-        f = [int(x) for x in fh.readline().split()[1:]]
-    idle = f[3] + f[4]
-    return (sum(f[:8]) - idle) / CLK, sum(f[:8]) / CLK
-
-
-def main_threads_cpu(pid: int) -> float:
-    """CPU-seconds of the main threads (the event loops) of the tree's processes."""
-    total = 0.0
-    for p in tree(pid):
-        try:
-            with open(f"/proc/{p}/task/{p}/stat", "rb") as fh:
-                f = fh.read().rsplit(b")", 1)[1].split()
-            total += (int(f[11]) + int(f[12])) / CLK
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
-def tree_cpu_rss(pid: int) -> tuple[float, int]:
-    """CPU-seconds (own and reaped children's) and RSS bytes of the whole tree under `pid`."""
-    cpu, rss = 0.0, 0
-    for p in tree(pid):
-        try:
-            with open(f"/proc/{p}/stat", "rb") as fh:
-                f = fh.read().rsplit(b")", 1)[1].split()
-            cpu += (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / CLK
-            rss += int(f[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            continue
-    return cpu, rss
-
-
 @contextmanager
 def serve(home: Path, model_url: str, workers: int, extra_toml: str = "") -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
     run_dir = tempfile.mkdtemp(prefix="ddsc-", dir="/tmp")  # kernel sockets: a short path
     config = home / "datadesk.toml"
     config.write_text(f'[sandbox]\nrun_dir = "{run_dir}"\n{extra_toml}\n')
@@ -246,30 +185,8 @@ def serve(home: Path, model_url: str, workers: int, extra_toml: str = "") -> Ite
            "DATADESK_CONFIG": str(config), "DATADESK_LLM_BASE_URL": f"{model_url}/v1",
            "DATADESK_LLM_API_KEY": "sk-bench", "DATADESK_LLM_MODEL": "fake-model"}
     log = Path(os.environ.get("DATADESK_SCALE_LOG_DIR", str(home.parent))) / f"serve-{workers}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "datadesk.cli", "serve", "--workers", str(workers), "--allow-unsafe-local-sandbox",
-                                 "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=home.parent)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            beats = list((home / "sandbox" / "workers").glob("*.json"))
-            try:
-                if httpx.get(f"{base}/api/health", timeout=2).status_code == 200 and len(beats) >= workers:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"the server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
-        yield base, proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with serving(home, env, log, workers, ("--allow-unsafe-local-sandbox",), heartbeats=workers) as served:
+        yield served
 
 
 # -- the load ---------------------------------------------------------------------------------
@@ -391,7 +308,7 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            self.peak_rss = max(self.peak_rss, tree_cpu_rss(self.pid)[1])
+            self.peak_rss = max(self.peak_rss, tree_rss(self.pid))
             self.stop.wait(self.every)
 
 
@@ -463,12 +380,12 @@ def run_config(args: argparse.Namespace, model_url: str, users: int, workers: in
             sampler.start()
             time.sleep(1.5)  # the prober's process is up and its first loop report lies before the window
             with profiled(proc.pid, args.profile):
-                cpu0, _ = tree_cpu_rss(proc.pid)
+                cpu0 = tree_cpu(proc.pid, reaped=True)
                 host0, me0, loop0 = host_cpu(), os.times(), main_threads_cpu(proc.pid)
                 t0 = time.perf_counter()
                 rows = asyncio.run(_all(base, tokens, tids, tag, args.turns, 1.0))
                 t1 = time.perf_counter()
-            cpu1, _ = tree_cpu_rss(proc.pid)
+            cpu1 = tree_cpu(proc.pid, reaped=True)
             host1, me1, loop1 = host_cpu(), os.times(), main_threads_cpu(proc.pid)
             time.sleep(0.3)
             prober.stop.set()
@@ -476,7 +393,7 @@ def run_config(args: argparse.Namespace, model_url: str, users: int, workers: in
             prober.join(35)
             sampler.join(5)
             stats = httpx.get(f"{model_url}/stats", timeout=30).json()["seconds"]
-    inside = [lat for lat in prober.latencies]
+    inside = prober.latencies
     for r in rows:
         r["model"] = stats.get(r["text"], 0.0)
         r["overhead"] = r["wall"] - r["model"]

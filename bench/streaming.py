@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,8 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]
 
-TICK = os.sysconf("SC_CLK_TCK")
+from bench.proctree import tree_cpu  # noqa: E402
+
 
 
 # -- the fake model, in its own process -------------------------------------------------
@@ -79,58 +79,11 @@ def fake_llm_main() -> None:
 
 
 # -- processes and their CPU --------------------------------------------------------------
-def tree_cpu_s(pid: int) -> float:
-    """utime+stime of `pid` and its living descendants, in seconds."""
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2:].split()
-        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK)
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        total += stats.get(p, (0, 0.0))[1]
-        todo += [c for c, (ppid, _) in stats.items() if ppid == p]
-    return total
-
-
 def start_fake(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--fake-llm"], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
-
-
-def start_server(home: Path, env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    import httpx
-
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "datadesk.cli", "serve", "--port", str(port)], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, cwd=home.parent)
-    deadline = time.time() + 120
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"the server did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-
-
-def stop(proc: subprocess.Popen[Any]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
 
 
 # -- clients --------------------------------------------------------------------------------
@@ -187,7 +140,7 @@ def one_case(bases: dict[str, str], pids: list[int], token: str, deltas: int, de
         tid = c.post("/api/threads", json={"title": "bench"}).json()["id"]
     clients = [httpx.Client(headers=headers, timeout=timeout) for _ in range(followers + 1)]
     poster, readers = Reader(), [Reader() for _ in range(followers)]
-    cpu0, t0 = sum(tree_cpu_s(p) for p in pids), time.monotonic()
+    cpu0, t0 = sum(tree_cpu(p) for p in pids), time.monotonic()
     threads = [threading.Thread(target=poster.read, args=(clients[0], "POST", f"{bases['same']}/api/threads/{tid}/"
                                                           "messages"), kwargs={"json": {
                                                               "content": f"stream {deltas} {delta_ms}"}})]
@@ -200,7 +153,7 @@ def one_case(bases: dict[str, str], pids: list[int], token: str, deltas: int, de
     for t in threads:
         t.join(600)
     wall = time.monotonic() - t0
-    cpu = sum(tree_cpu_s(p) for p in pids) - cpu0 - idle_rate * wall
+    cpu = sum(tree_cpu(p) for p in pids) - cpu0 - idle_rate * wall
     for client in clients:
         client.close()
     for r in (poster, *readers):
@@ -223,9 +176,9 @@ def median_case(reps: int, *args: Any) -> dict[str, Any]:
 
 def idle_rate_s(pids: list[int], seconds: float) -> float:
     """CPU-seconds per wall second the idle servers burn (timers, heartbeats)."""
-    cpu0, t0 = sum(tree_cpu_s(p) for p in pids), time.monotonic()
+    cpu0, t0 = sum(tree_cpu(p) for p in pids), time.monotonic()
     time.sleep(seconds)
-    return (sum(tree_cpu_s(p) for p in pids) - cpu0) / (time.monotonic() - t0)
+    return (sum(tree_cpu(p) for p in pids) - cpu0) / (time.monotonic() - t0)
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -235,6 +188,7 @@ def servers(tmp: Path) -> Iterator[tuple[dict[str, str], list[int], str]]:
     from datadesk.store.users import UserStore
     from datadesk.store.workspaces import ensure_demo_workspace
     from tests.conftest import free_port
+    from tests.serving import start_serve, stop_serve
 
     home = tmp / "var"
     home.mkdir()
@@ -253,12 +207,12 @@ def servers(tmp: Path) -> Iterator[tuple[dict[str, str], list[int], str]]:
         bases = {}
         for where in ("same", "other"):
             port = free_port()
-            procs.append(start_server(home, env, port, tmp / f"serve-{where}.log"))
+            procs.append(start_serve(home, env, port, tmp / f"serve-{where}.log"))
             bases[where] = f"http://127.0.0.1:{port}"
         yield bases, [p.pid for p in procs], token
     finally:
         for p in procs:
-            stop(p)
+            stop_serve(p, 30)
         assert fake.stdin is not None
         fake.stdin.close()
         fake.wait(30)

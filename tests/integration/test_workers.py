@@ -17,9 +17,6 @@ import contextlib
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,8 +31,9 @@ from datadesk.sandbox.kerneltable import KernelTable
 from datadesk.store.layout import Layout
 from datadesk.store.threadlog import ThreadLog
 from datadesk.store.users import UserStore
-from tests.conftest import free_port, parse_sse, wait_until
+from tests.conftest import parse_sse, wait_until
 from tests.fakes.tool_loop import ToolLoopServer
+from tests.serving import serving
 
 ROOT = Path(__file__).resolve().parents[2]
 FILLER = " ".join(f"word{i}" for i in range(120))  # long user turns: history leaves a small window
@@ -45,38 +43,14 @@ FILLER = " ".join(f"word{i}" for i in range(120))  # long user turns: history le
 def serve_workers(home: Path, fake: ToolLoopServer, workers: int, toml: str = "",
                   log_name: str = "serve.log") -> Iterator[tuple[str, Path]]:
     """`datadesk serve --workers N` on a free 127.0.0.1 port; stopped by its PID."""
-    port = free_port()
     config = home / "datadesk.toml"
     config.write_text(toml)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}", "DATADESK_HOME": str(home),
            "DATADESK_CONFIG": str(config), "DATADESK_LLM_BASE_URL": fake.base_url,
            "DATADESK_LLM_API_KEY": "sk-test-secret", "DATADESK_LLM_MODEL": "fake-model"}
     log = home.parent / log_name
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "datadesk.cli", "serve", "--workers", str(workers),
-                                 "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=home.parent)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            beats = list((home / "sandbox" / "workers").glob("*.json"))
-            try:
-                if httpx.get(f"{base}/api/health", timeout=2).status_code == 200 and len(beats) >= workers:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"the server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+    with serving(home, env, log, workers, heartbeats=workers) as (base, _):
         yield base, log
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def settings_toml(run_dir: str, budget: int = 1_500) -> str:

@@ -30,7 +30,7 @@ BUCKETS_MS = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 75, 100, 200, 500, 1_000, 2_000
 SLOT_S = 10.0
 SLOTS = 6  # the last minute
 STALL_S = 0.25  # a loop that has not ticked for this long is logged, with where it is
-STALL_LOG_EVERY_S = float(os.environ.get("DATADESK_STALL_LOG_EVERY_S", "60"))  # ... at most this often
+STALL_LOG_EVERY_S = 60.0  # ... at most this often
 
 
 class LoopLag:
