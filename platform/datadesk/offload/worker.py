@@ -27,6 +27,7 @@ from concurrent.futures import Executor
 from typing import Any, Callable, TypeVar
 
 from datadesk.domain.artifacts import Artifact
+from datadesk.store.fair_queue import in_thread
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,7 @@ async def run_job(job: WriteJob, fn: Callable[..., T], *args: Any,
     `discard` each artifact it published before the cancel arrived. `done()` runs once the
     thread has really ended (e.g. to give back its writer), even when that is after the grace.
     `executor`: the threads to run in (the writer pool's own), else the loop's default ones."""
-    if executor is None:
-        task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    else:
-        task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args)))
+    task = asyncio.ensure_future(in_thread(executor, fn, *args))
     if done is not None:
         task.add_done_callback(lambda _task: done())
     try:

@@ -22,6 +22,7 @@ import msgspec
 import pyarrow as pa
 
 from datadesk.sources.errors import SQLCancelled, SQLError, SQLLimit
+from datadesk.store.fair_queue import in_thread
 
 T = TypeVar("T")
 # How long a cancelled call waits for its worker thread to give the connection back.
@@ -232,10 +233,7 @@ async def interruptible(control: QueryControl, fn: Callable[..., T], *args: Any,
     anyway is handed to `late` (e.g. to close a stream nobody will read). `executor`: the
     threads to run in (the query slots' own: a query holding a slot never waits for a thread
     behind other work), else the loop's default ones."""
-    if executor is None:
-        task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    else:
-        task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args)))
+    task = asyncio.ensure_future(in_thread(executor, fn, *args))
     try:
         return await asyncio.wait_for(asyncio.shield(task), timeout_s)
     except (asyncio.CancelledError, asyncio.TimeoutError):

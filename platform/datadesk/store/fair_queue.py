@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
+import functools
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 REPORT_S = 1.0  # an async waiter looks at its place in line this often (to report it)
 
@@ -235,3 +239,10 @@ class FairQueue:
 def _settle(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
+
+
+async def in_thread(executor: Executor | None, fn: Callable[..., T], *args: Any) -> T:
+    """`asyncio.to_thread(fn, *args)` in `executor` (a line's own threads, `FairQueue.threads`),
+    or in the loop's default threads when None; the caller's context variables go along."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(executor, call)
