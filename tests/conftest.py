@@ -265,6 +265,8 @@ def _xdist_group(item: pytest.Item) -> str | None:
         return "serial"  # even in a lane that forgot `-m "not serial"`: one after the other
     if item.get_closest_marker("databases") or {"pg", "maria"} & set(getattr(item, "fixturenames", ())):
         return "databases"  # one PostgreSQL and one MariaDB (session fixtures) for the whole run
+    if item.get_closest_marker("cluster"):
+        return "cluster"  # one PostgreSQL and one SeaweedFS (session fixtures) for the whole run
     fixtures = getattr(item, "_fixtureinfo", None)
     defs = fixtures.name2fixturedefs.values() if fixtures else ()
     if any(d and d[-1].scope in _ONCE_PER_MODULE for d in defs):
@@ -283,11 +285,13 @@ def pytest_collection_modifyitems(config, items) -> None:
                 item.add_marker(pytest.mark.xdist_group(group))
     import os
 
+    from tests.clusterkit import cluster_problem
     from tests.dbkit import databases_problem
 
     needs = {"docker": (_docker_problem, "DATADESK_REQUIRE_DOCKER"),
              "browser": (_browser_problem, "DATADESK_REQUIRE_BROWSER"),
-             "databases": (databases_problem, "DATADESK_REQUIRE_DATABASES")}
+             "databases": (databases_problem, "DATADESK_REQUIRE_DATABASES"),
+             "cluster": (cluster_problem, "DATADESK_REQUIRE_CLUSTER")}
     for marker, (probe, required_by) in needs.items():
         marked = [i for i in items if i.get_closest_marker(marker)]
         problem = probe() if marked else None

@@ -130,7 +130,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 WORKER_SETTINGS_ENV = "DATADESK_WORKER_SETTINGS"
-_SECRET_FIELD = ("api_key", "token", "secret", "password")
+_SECRET_FIELD = ("api_key", "token", "secret", "password", "secret_key", "database_url")  # database_url: it holds a password
 
 
 def _secret_paths(struct: object, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

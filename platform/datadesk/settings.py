@@ -193,6 +193,25 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
     requests_in_flight_per_user: int = 32  # a user's requests being answered at once (event streams apart)
     streams_per_user: int = 10  # a user's open event streams (a turn's POST stream, re-attached GET /events)
     requests_in_flight: int = 256  # requests being answered at once by one worker, all users (503 past it)
+    # one secret for CSRF tokens and anything signed, the same on every host (DATADESK_SECRET_KEY);
+    # unset: a key made once per home (`csrf.key`), which only one host can share
+    secret_key: str | None = None
+
+
+class ClusterSettings(msgspec.Struct, forbid_unknown_fields=True):
+    # PostgreSQL that holds the truth for several hosts (SCALE.md); unset: the embedded file set
+    database_url: str | None = None  # postgresql://user:password@host/db (DATADESK_CLUSTER_DATABASE_URL)
+    pool_size: int = 8  # connections per app process
+    host_id: str | None = None  # this host's name in the cluster (default: the machine's host name)
+
+
+class StorageSettings(msgspec.Struct, forbid_unknown_fields=True):
+    # the object store for every file a user has, with the cluster set: s3://bucket/prefix
+    url: str | None = None  # DATADESK_STORAGE_URL
+    endpoint: str | None = None  # any S3-compatible server (DATADESK_STORAGE_ENDPOINT); unset: AWS
+    cache_mb: int = 2048  # this host's read-through cache of objects (keys are written once: never stale)
+    presign_ttl_s: int = 300  # how long a presigned URL handed to a kernel works
+    # credentials come only from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_REGION
 
 
 class StoreSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -223,7 +242,14 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     sandbox: SandboxSettings = msgspec.field(default_factory=SandboxSettings)
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
+    cluster: ClusterSettings = msgspec.field(default_factory=ClusterSettings)
+    storage: StorageSettings = msgspec.field(default_factory=StorageSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
+
+    @property
+    def clustered(self) -> bool:
+        """The cluster set (PostgreSQL + object store) rather than the embedded files."""
+        return bool(self.cluster.database_url)
 
     @property
     def llm_configured(self) -> bool:
@@ -245,6 +271,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "DATADESK_SANDBOX_BACKEND": ("sandbox", "backend"),
     "DATADESK_SANDBOX_SHARED_DIR": ("sandbox", "shared_dir"),
     "DATADESK_GATEWAY_TOKEN": ("sandbox", "gateway_token"),
+    "DATADESK_CLUSTER_DATABASE_URL": ("cluster", "database_url"),
+    "DATADESK_STORAGE_URL": ("storage", "url"),
+    "DATADESK_STORAGE_ENDPOINT": ("storage", "endpoint"),
+    "DATADESK_SECRET_KEY": ("server", "secret_key"),
 }
 # Standard OpenAI variables, used only when the DATADESK_ one is unset.
 FALLBACK_ENV_VARS: dict[str, tuple[str, str]] = {
