@@ -1,17 +1,15 @@
-"""`users.json` (users, hashed tokens, permissions) and `sessions.json` (login sessions).
+"""`users.json` (users, hashed tokens, permissions) and `sessions.json` (login sessions): the
+embedded `state.users.Users`.
 
-Secrets are never stored in clear: API tokens, one-time login codes and
-session ids are random 256-bit values kept only as SHA-256 hashes (a slow
-password hash buys nothing for values with that much entropy). Writes are
-atomic renames under a cross-process file lock, so the CLI can add or revoke
-users while the server runs; the server notices by the file's mtime.
+Secrets are never stored in clear: API tokens, one-time login codes and session ids are random
+256-bit values kept only as SHA-256 hashes (a slow password hash buys nothing for values with
+that much entropy). Writes are atomic renames under a cross-process file lock, so the CLI can
+add or revoke users while the server runs; the server notices by the file's mtime.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import secrets
 import threading
 import time
 from typing import Callable
@@ -19,32 +17,17 @@ from typing import Callable
 import msgspec
 from filelock import FileLock
 
-from datadesk.domain.ids import ID_PATTERN, check_id, new_id
-from datadesk.domain.users import PERMISSION_NAMES, TokenEntry, User
+from datadesk.domain.ids import new_id
+from datadesk.domain.users import TokenEntry, User
+from datadesk.state.users import (UserError, checked_new_user, credential_account, new_api_token,
+                                  new_login_code_value, new_session_id, no_user, secret_hash)
 from datadesk.store.files import read_json, write_json
 from datadesk.store.layout import Layout
 
+__all__ = ["UserError", "UserStore", "credential_account"]
 
-class UserError(ValueError):
-    """A bad user operation (unknown user, duplicate name, unknown permission)."""
-
-
-def _new_token(uid: str) -> str:
-    """An API token: `ddt_<user>.<secret>`; the user part only names whose it is (for the
-    per-account login limit), the secret alone is what is checked."""
-    return f"ddt_{uid}.{secrets.token_urlsafe(32)}"
-
-
-def credential_account(credential: str) -> str | None:
-    """The account a token (`ddt_<user>.<secret>`) or login code (`<user>.<secret>`) names,
-    or None (an older credential without the user part, or not one of ours)."""
-    body = credential[4:] if credential.startswith("ddt_") else credential
-    uid, dot, rest = body.partition(".")
-    return uid if dot and rest and ID_PATTERN.fullmatch(uid) else None
-
-
-def _hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+_new_token = new_api_token
+_hash = secret_hash
 
 
 class LoginCode(msgspec.Struct):
@@ -67,7 +50,7 @@ class UsersDoc(msgspec.Struct, omit_defaults=True):
 
 
 class UserStore:
-    """Reads and updates users, tokens, login codes and sessions."""
+    """Reads and updates users, tokens, login codes and sessions (the embedded `Users`)."""
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
@@ -109,21 +92,13 @@ class UserStore:
 
     def add(self, name: str, workspaces: list[str], permissions: list[str] = ()) -> tuple[User, str]:
         """Create a user and return it with its first API token (shown once)."""
-        check_id(name, "user name")
-        for ws in workspaces:
-            check_id(ws, "workspace")
-        if not workspaces:
-            raise UserError("a user needs at least one workspace")
-        unknown = set(permissions) - set(PERMISSION_NAMES)
-        if unknown:
-            raise UserError(f"unknown permission(s) {sorted(unknown)}; known: {list(PERMISSION_NAMES)}")
+        wss, perms = checked_new_user(name, workspaces, permissions)
         token = _new_token(name)
 
         def change(doc: UsersDoc) -> User:
             if name in doc.users:
                 raise UserError(f"user {name!r} already exists")
-            user = User(id=name, name=name, workspaces=list(dict.fromkeys(workspaces)),
-                        permissions=sorted(set(permissions)), created=time.time(),
+            user = User(id=name, name=name, workspaces=wss, permissions=perms, created=time.time(),
                         tokens=[TokenEntry(id=new_id("k"), hash=_hash(token), created=time.time())])
             doc.users[name] = user
             return user
@@ -181,7 +156,7 @@ class UserStore:
     def _need(doc: UsersDoc, uid: str) -> User:
         user = doc.users.get(uid)
         if user is None:
-            raise UserError(f"no user named {uid!r}")
+            raise no_user(uid)
         return user
 
     # -- authentication -----------------------------------------------------
@@ -201,7 +176,7 @@ class UserStore:
     def new_login_code(self, uid: str, ttl_s: float) -> str:
         """A one-time code for the login URL (exchanged for a session, then void); the user's
         earlier codes stop working."""
-        code = f"{uid}.{secrets.token_urlsafe(32)}"
+        code = new_login_code_value(uid)
 
         def change(doc: UsersDoc) -> None:
             self._need(doc, uid)
@@ -252,7 +227,7 @@ class UserStore:
         return msgspec.convert(raw, dict[str, Session])
 
     def new_session(self, uid: str, ttl_s: float) -> str:
-        sid = secrets.token_urlsafe(32)
+        sid = new_session_id()
         now = time.time()
         with self._slock:
             sessions = {k: v for k, v in self._sessions().items() if v.expires > now}

@@ -14,7 +14,10 @@ address, behind `server.trusted_proxies` the forwarded one, as for the login lim
 - all users together: `server.requests_in_flight` per worker (503, `Retry-After: 1`).
 
 `/api/health` is never limited. Every refusal names the setting that refused it (in the message
-and in `extra.setting`). Each worker of `serve --workers N` keeps its own tables.
+and in `extra.setting`). Each worker of `serve --workers N` keeps its own tables, but for the
+request budget given a shared `RateCounter` (state/counters.py; the cluster set's rows): then
+every host counts a user's requests into one window (`SharedBudget`), so N hosts allow what one
+would. In-flight and stream counts stay per worker: they protect that process.
 
 Memory is bounded: a bucket left alone until it is full again is the same as a new one and is
 dropped; past `MAX_PRINCIPALS` the least recently seen bucket goes, so a flood of distinct
@@ -23,6 +26,7 @@ addresses cannot grow the table. In-flight counters exist only while requests ru
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
@@ -34,6 +38,7 @@ from typing import Any, Callable
 from datadesk.api.guards.auth import SESSION_COOKIE
 from datadesk.api.guards.security import ASGIApp, Scope, _answer, _cookie, _header, _networks, client_address
 from datadesk.settings import ServerSettings
+from datadesk.state.counters import RateCounter
 
 log = logging.getLogger(__name__)
 EXEMPT_PATHS = frozenset({"/api/health"})  # liveness probes must see the truth, even under a flood
@@ -87,6 +92,28 @@ class TokenBuckets:
             if len(self._buckets) <= self.max_keys and tokens + (now - at) * self.rate < self.burst:
                 break
             self._buckets.popitem(last=False)
+
+
+class SharedBudget:
+    """The request budget counted in a shared `RateCounter`: `burst` requests per window of
+    `burst / per_minute` minutes (the time the token bucket takes to refill), counted by every
+    host together. Coarser than the per-worker token bucket (after a burst the wait is until
+    the window ends, not until one token is back) but one statement a request, and the same
+    long-run rate and burst for the whole cluster."""
+
+    def __init__(self, counter: RateCounter, per_minute: int, burst: int) -> None:
+        self.counter = counter
+        self.burst = max(1, burst)
+        self.window_s = self.burst * 60.0 / per_minute if per_minute > 0 else 0.0
+
+    def take(self, key: str) -> int:
+        """Spend one request of `key`: 0 when within the budget, else the seconds to wait."""
+        if self.window_s <= 0:
+            return 0
+        bkey = f"budget:{key}"
+        if self.counter.hit(bkey, self.window_s) <= self.burst:
+            return 0
+        return max(1, math.ceil(self.counter.resets_in(bkey, self.window_s)))
 
 
 class Counters:
@@ -153,14 +180,19 @@ class Principals:
 
 
 class Limits:
-    """The decisions of the middleware (no I/O): admit a request or say why not."""
+    """The decisions of the middleware: admit a request or say why not. No I/O but for a shared
+    budget's counter (`take_shared`)."""
 
-    def __init__(self, server: ServerSettings) -> None:
+    def __init__(self, server: ServerSettings, counter: RateCounter | None = None) -> None:
         self.s = server
         self.buckets = TokenBuckets(server.requests_per_minute_per_user, server.request_burst_per_user)
+        # a counter other hosts count into replaces the bucket: the budget is the cluster's
+        self.shared = (SharedBudget(counter, server.requests_per_minute_per_user, server.request_burst_per_user)
+                       if counter is not None and counter.shared else None)
         self.in_flight = Counters()  # per principal, streams apart
         self.streams = Counters()  # per principal
         self.total = 0  # requests in flight in this worker (streams apart)
+        self._warn_after = 0.0
 
     def admit(self, key: str, stream: bool) -> Refusal | None:
         """None and the request is counted (call `release`), or why it is refused."""
@@ -177,15 +209,39 @@ class Limits:
             return Refusal(429, f"{who} already {have} {self.in_flight.get(key)} requests running (limit "
                            f"{s.requests_in_flight_per_user}, server.requests_in_flight_per_user): wait for "
                            "them to finish", "server.requests_in_flight_per_user", 1)
-        wait = self.buckets.take(key)
+        wait = self.buckets.take(key) if self.shared is None else 0  # shared: `take_shared`, off the loop
         if wait:
-            return Refusal(429, f"too many requests from {who}: the limit is {s.requests_per_minute_per_user} "
-                           f"per minute (server.requests_per_minute_per_user; bursts of "
-                           f"{s.request_burst_per_user}, server.request_burst_per_user): try again in {wait} s",
-                           "server.requests_per_minute_per_user", wait)
+            return self.over_budget(key, wait)
         (self.streams if stream else self.in_flight).add(key)
         self.total += 0 if stream else 1
         return None
+
+    def over_budget(self, key: str, wait: int) -> Refusal:
+        s = self.s
+        who = "you" if key.startswith("user:") else f"your address ({key[5:]})"
+        return Refusal(429, f"too many requests from {who}: the limit is {s.requests_per_minute_per_user} "
+                       f"per minute (server.requests_per_minute_per_user; bursts of "
+                       f"{s.request_burst_per_user}, server.request_burst_per_user): try again in {wait} s",
+                       "server.requests_per_minute_per_user", wait)
+
+    async def take_shared(self, key: str, stream: bool) -> Refusal | None:
+        """After `admit`: spend the request from the shared budget (a database statement, so in a
+        thread). Over budget: the request is released again and refused. A counter that fails
+        admits the request: the budget must not take the whole service down with the database."""
+        if self.shared is None:
+            return None
+        try:
+            wait = await asyncio.to_thread(self.shared.take, key)
+        except Exception:
+            now = time.monotonic()
+            if now >= self._warn_after:  # once a minute, not once a request, while the database is away
+                self._warn_after = now + 60.0
+                log.warning("could not count requests in the shared budget; admitting them", exc_info=True)
+            return None
+        if not wait:
+            return None
+        self.release(key, stream)
+        return self.over_budget(key, wait)
 
     def release(self, key: str, stream: bool) -> None:
         (self.streams if stream else self.in_flight).done(key)
@@ -208,6 +264,8 @@ class RateLimiter:
         stream = bool(handler is not None and handler.opt.get("stream"))
         key = self.principals.of(scope)
         refused = self.limits.admit(key, stream)
+        if refused is None and self.limits.shared is not None:
+            refused = await self.limits.take_shared(key, stream)
         if refused is not None:
             await _answer(send, refused.status, refused.message,
                           ((b"retry-after", str(refused.retry_after).encode()),),

@@ -7,10 +7,12 @@
   downloads and report pages use `sandbox`) keep it.
 - CSRF: a state-changing request (POST, PUT, PATCH, DELETE) authenticated by
   the session cookie must carry `X-CSRF-Token`, an HMAC of the session id
-  under a per-installation key. The UI reads it from `GET /api/me`; another
+  under the installation's key. The UI reads it from `GET /api/me`; another
   site can neither read it nor set the header on a cross-site form. Requests
   with `Authorization: Bearer` (API clients) carry no ambient credentials and
   need no token. The session cookie is also `SameSite=Strict`, a second wall.
+  The key is derived from `server.secret_key` when set (one secret for every host), else
+  the home's `csrf.key` (`load_key`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ import hmac
 import ipaddress
 import os
 import secrets
-import time
-from collections import deque
 from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -29,6 +29,7 @@ from typing import Any, Awaitable, Callable
 import msgspec
 
 from datadesk.api.guards.auth import SESSION_COOKIE
+from datadesk.state.counters import MemoryCounter, RateCounter
 
 CSRF_HEADER = b"x-csrf-token"
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -48,8 +49,18 @@ Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
 
 
-def load_key(home: Path) -> bytes:
-    """The installation's CSRF key (created once, 0600; shared by every worker of this data dir)."""
+MIN_SECRET_BYTES = 32
+
+
+def load_key(home: Path, secret_key: str | None = None) -> bytes:
+    """The key for CSRF tokens and everything the app signs.
+
+    With `server.secret_key` set (`secret_key`; required with the cluster set), a key derived
+    from it, the same on every host that shares the secret; the home is not touched. Otherwise
+    the installation's own `csrf.key` (created once, 0600; shared by every worker of this data
+    dir). The secret itself is never logged, stored or returned."""
+    if secret_key is not None and secret_key != "":
+        return derive_key(secret_key, "csrf")
     path = Path(home) / "csrf.key"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -62,6 +73,18 @@ def load_key(home: Path) -> bytes:
     with os.fdopen(fd, "wb") as fh:
         fh.write(key)
     return key
+
+
+def derive_key(secret_key: str, purpose: str) -> bytes:
+    """A 32-byte key for `purpose` from the shared secret (HMAC-SHA256), so one secret serves
+    several uses without any one key revealing another or the secret."""
+    if not isinstance(secret_key, str):
+        raise TypeError(f"server.secret_key must be a string, not {type(secret_key).__name__}")
+    raw = secret_key.encode("utf-8", "surrogatepass")
+    if len(raw) < MIN_SECRET_BYTES:  # the length only: the value never goes into a message
+        raise ValueError(f"server.secret_key is too short ({len(raw)} bytes; at least {MIN_SECRET_BYTES}): "
+                         "use a random value, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(48))'`")
+    return hmac.new(raw, f"datadesk/{purpose}/v1".encode(), hashlib.sha256).digest()
 
 
 def csrf_token(key: bytes, session_id: str) -> str:
@@ -170,33 +193,38 @@ class LoginFailures:
       refused to every address that itself failed in the last minute, so a spread-out guesser is
       slowed down while the account's owner, from a clean address, still gets in.
 
-    Only failures count (401/403): a user's own valid logins never lock anyone out. Bounded:
-    keys with no recent failure are dropped once the tables grow past 10,000 entries."""
+    Only failures count (401/403): a user's own valid logins never lock anyone out. The counts
+    live in `counter` (state/counters.py): by default this process's memory (bounded: ended
+    windows are dropped); with the cluster set, rows every host counts into, so N hosts do not
+    allow N times the attempts. A minute opens at an address's (account's) first failure."""
 
-    def __init__(self, per_minute: int, per_account: int, trusted_proxies: list[str]) -> None:
+    WINDOW_S = 60.0
+
+    def __init__(self, per_minute: int, per_account: int, trusted_proxies: list[str],
+                 counter: RateCounter | None = None) -> None:
         self.per_minute = per_minute
         self.per_account = per_account
         self.trusted = _networks(trusted_proxies)
-        self.by_address: dict[str, deque[float]] = {}
-        self.by_account: dict[str, deque[float]] = {}
+        self.counter: RateCounter = counter if counter is not None else MemoryCounter()
 
     @staticmethod
-    def _recent(table: dict[str, deque[float]], key: str, now: float) -> deque[float]:
-        q = table.setdefault(key, deque())
-        while q and q[0] <= now - 60:
-            q.popleft()
-        if not q and len(table) > 10_000:
-            table.pop(key, None)  # bounded: keys with no recent failure are dropped
-        return q
+    def _address_key(addr: str) -> str:
+        return f"login:addr:{addr}"
+
+    @staticmethod
+    def _account_key(account: str) -> str:
+        return f"login:account:{account}"
+
+    def _wait(self, key: str) -> int:
+        return max(1, int(self.counter.resets_in(key, self.WINDOW_S)) + 1)
 
     def address(self, scope: Scope) -> str:
         return client_address(scope, self.trusted)
 
     def address_refusal(self, addr: str) -> tuple[str, int] | None:
-        now = time.monotonic()
-        recent = self._recent(self.by_address, addr, now)
-        if len(recent) >= self.per_minute:
-            wait = max(1, int(recent[0] + 60 - now) + 1)
+        key = self._address_key(addr)
+        if self.counter.count(key, self.WINDOW_S) >= self.per_minute:
+            wait = self._wait(key)
             return f"too many failed login attempts from {addr}: try again in {wait} s", wait
         return None
 
@@ -204,29 +232,22 @@ class LoginFailures:
         """Refuse an attempt on a targeted account, unless it comes from a clean address."""
         if account is None:
             return None
-        now = time.monotonic()
-        recent = self._recent(self.by_account, account, now)
-        if len(recent) < self.per_account or not self._recent(self.by_address, addr, now):
+        key = self._account_key(account)
+        if (self.counter.count(key, self.WINDOW_S) < self.per_account
+                or not self.counter.count(self._address_key(addr), self.WINDOW_S)):
             return None
-        wait = max(1, int(recent[0] + 60 - now) + 1)
+        wait = self._wait(key)
         return (f"too many failed login attempts for this account: try again in {wait} s "
                 "(from an address with no failed attempts, a valid login still works)"), wait
 
-    @classmethod
-    def _count(cls, table: dict[str, deque[float]], key: str) -> None:
-        now = time.monotonic()
-        q = cls._recent(table, key, now)
-        q.append(now)
-        table[key] = q
-
     def failed(self, addr: str) -> None:
         """A failed attempt from `addr` (the middleware counts every 401/403 of a login route)."""
-        self._count(self.by_address, addr)
+        self.counter.hit(self._address_key(addr), self.WINDOW_S)
 
     def failed_account(self, account: str | None) -> None:
         """A failed attempt on `account` (the route counts it: only it reads the credential)."""
         if account is not None:
-            self._count(self.by_account, account)
+            self.counter.hit(self._account_key(account), self.WINDOW_S)
 
 
 class LoginLimiter:

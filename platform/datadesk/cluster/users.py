@@ -1,0 +1,182 @@
+"""`PgUserStore`: the cluster `state.users.Users`, on tables `users`, `user_tokens`,
+`login_codes`, `sessions` and `user_logins` (migration 0002_users.sql).
+
+No cache: every read is a query, so a user revoked or a session ended via one host is refused
+by every other host at the next request. The hot reads (`by_token`, `by_session`) are one
+SELECT each, the user's tokens folded in as JSON. Times come from the database clock
+(`now()`), so hosts with skewed clocks agree on what has expired.
+
+Login codes are consumed by `DELETE ... RETURNING`: of two hosts redeeming one code at once,
+the second's DELETE waits on the first's row lock and then finds no row, so exactly one wins.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable
+
+import msgspec
+
+from datadesk.cluster.database import Database
+from datadesk.domain.ids import new_id
+from datadesk.domain.users import User
+from datadesk.state.users import (UserError, checked_new_user, new_api_token, new_login_code_value,
+                                  new_session_id, no_user, secret_hash)
+
+log = logging.getLogger(__name__)
+
+# A user row with its tokens (oldest first) as JSON: `SELECT {USER_COLUMNS} FROM users u ...`.
+USER_COLUMNS = """u.id, u.name, u.workspaces, u.permissions, extract(epoch FROM u.created_at)::float8 AS created,
+    u.revoked, coalesce((SELECT json_agg(json_build_object('id', k.id, 'hash', k.hash,
+        'created', extract(epoch FROM k.created_at)::float8, 'revoked', k.revoked) ORDER BY k.seq)
+        FROM user_tokens k WHERE k.user_id = u.id), '[]'::json) AS tokens"""
+
+# What `delete` also removes: the user's data in the other stores (threads, artifacts, memory),
+# given by the composition root; returns the places removed.
+Purge = Callable[[str], Iterable[str]]
+
+
+def _user(row: dict[str, Any] | None) -> User | None:
+    return None if row is None else msgspec.convert(row, User)
+
+
+class PgUserStore:
+    """Users, tokens, login codes and sessions in PostgreSQL (the cluster `Users`)."""
+
+    def __init__(self, db: Database, purge: Purge | None = None) -> None:
+        self.db = db
+        self.purge = purge
+
+    def _one(self, sql: str, params: tuple | dict = ()) -> dict[str, Any] | None:
+        with self.db.connection() as conn:
+            return conn.execute(sql, params).fetchone()
+
+    # -- users ---------------------------------------------------------------------
+    def list(self) -> list[User]:
+        with self.db.connection() as conn:
+            rows = conn.execute(f"SELECT {USER_COLUMNS} FROM users u ORDER BY u.seq").fetchall()
+        return [msgspec.convert(r, User) for r in rows]
+
+    def get(self, uid: str) -> User | None:
+        if not isinstance(uid, str) or not uid:
+            return None
+        return _user(self._one(f"SELECT {USER_COLUMNS} FROM users u WHERE u.id = %s", (uid,)))
+
+    def add(self, name: str, workspaces: list[str], permissions: list[str] = ()) -> tuple[User, str]:
+        """Create a user and return it with its first API token (shown once)."""
+        wss, perms = checked_new_user(name, workspaces, permissions)
+        token = new_api_token(name)
+        with self.db.connection() as conn:
+            made = conn.execute(
+                "INSERT INTO users (id, name, workspaces, permissions) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT DO NOTHING RETURNING id", (name, name, wss, perms)).fetchone()
+            if made is None:
+                raise UserError(f"user {name!r} already exists")
+            conn.execute("INSERT INTO user_tokens (id, user_id, hash) VALUES (%s, %s, %s)",
+                         (new_id("k"), name, secret_hash(token)))
+            row = conn.execute(f"SELECT {USER_COLUMNS} FROM users u WHERE u.id = %s", (name,)).fetchone()
+        return msgspec.convert(row, User), token
+
+    def new_token(self, uid: str) -> str:
+        token = new_api_token(uid)
+        made = self._one("INSERT INTO user_tokens (id, user_id, hash) SELECT %s, id, %s FROM users"
+                         " WHERE id = %s RETURNING id", (new_id("k"), secret_hash(token), uid))
+        if made is None:
+            raise no_user(uid)
+        return token
+
+    def revoke(self, uid: str) -> None:
+        """Revoke a user: every token, login code and session stops working at once (one
+        statement: no host sees the user revoked with a session still live)."""
+        hit = self._one(
+            "WITH u AS (UPDATE users SET revoked = true WHERE id = %(u)s RETURNING id),"
+            " k AS (UPDATE user_tokens SET revoked = true WHERE user_id = %(u)s),"
+            " c AS (DELETE FROM login_codes WHERE user_id = %(u)s),"
+            " s AS (DELETE FROM sessions WHERE user_id = %(u)s)"
+            " SELECT id FROM u", {"u": uid})
+        if hit is None:
+            raise no_user(uid)
+
+    def delete(self, uid: str) -> list[str]:
+        """Remove a user; its tokens, codes, sessions and login go with it (ON DELETE CASCADE),
+        then `purge` removes its data in the other stores. Returns what `purge` removed."""
+        if self._one("DELETE FROM users WHERE id = %s RETURNING id", (uid,)) is None:
+            raise no_user(uid)
+        return list(self.purge(uid)) if self.purge is not None else []
+
+    # -- authentication --------------------------------------------------------------
+    def by_token(self, token: str) -> User | None:
+        """The active user owning API token `token`, else None."""
+        if not token or not isinstance(token, str):
+            return None
+        return _user(self._one(
+            f"SELECT {USER_COLUMNS} FROM user_tokens t JOIN users u ON u.id = t.user_id"
+            " WHERE t.hash = %s AND NOT t.revoked AND NOT u.revoked", (secret_hash(token),)))
+
+    def new_login_code(self, uid: str, ttl_s: float) -> str:
+        """A one-time code for the login URL; the user's earlier codes stop working."""
+        code = new_login_code_value(uid)
+        with self.db.connection() as conn:
+            # the user's row lock orders two hosts making codes at once: the second one's
+            # DELETE (a later statement, a newer snapshot) then sees and voids the first's code
+            if conn.execute("SELECT id FROM users WHERE id = %s FOR UPDATE", (uid,)).fetchone() is None:
+                raise no_user(uid)
+            conn.execute(
+                "WITH gone AS (DELETE FROM login_codes WHERE user_id = %(u)s OR expires_at <= now())"
+                " INSERT INTO login_codes (hash, user_id, expires_at)"
+                " VALUES (%(h)s, %(u)s, now() + make_interval(secs => %(ttl)s))",
+                {"u": uid, "h": secret_hash(code), "ttl": float(ttl_s)})
+        return code
+
+    def peek_login_code(self, code: str) -> User | None:
+        """The active user a valid login code is for, without consuming it."""
+        if not code or not isinstance(code, str):
+            return None
+        return _user(self._one(
+            f"SELECT {USER_COLUMNS} FROM login_codes c JOIN users u ON u.id = c.user_id"
+            " WHERE c.hash = %s AND c.expires_at > now() AND NOT u.revoked", (secret_hash(code),)))
+
+    def redeem_login_code(self, code: str) -> User | None:
+        """Consume a login code; its active user, or None if unknown/expired/used."""
+        if not code or not isinstance(code, str):
+            return None
+        return _user(self._one(
+            "WITH hit AS (DELETE FROM login_codes WHERE hash = %s RETURNING user_id, expires_at)"
+            f" SELECT {USER_COLUMNS} FROM hit JOIN users u ON u.id = hit.user_id"
+            " WHERE hit.expires_at > now() AND NOT u.revoked", (secret_hash(code),)))
+
+    def record_login(self, uid: str) -> None:
+        self._one("INSERT INTO user_logins (user_id, last_at) SELECT id, now() FROM users WHERE id = %s"
+                  " ON CONFLICT (user_id) DO UPDATE SET last_at = EXCLUDED.last_at RETURNING user_id", (uid,))
+
+    def has_logged_in(self, uid: str) -> bool:
+        return self._one("SELECT 1 AS x FROM user_logins WHERE user_id = %s", (uid,)) is not None
+
+    # -- sessions ------------------------------------------------------------------------
+    def new_session(self, uid: str, ttl_s: float) -> str:
+        """A session id for `uid`; expired sessions are swept in the same statement. Like the
+        embedded store, an unknown user gets an id that authenticates no one."""
+        sid = new_session_id()
+        self._one(
+            "WITH swept AS (DELETE FROM sessions WHERE expires_at <= now())"
+            " INSERT INTO sessions (hash, user_id, expires_at)"
+            " SELECT %(h)s, id, now() + make_interval(secs => %(ttl)s) FROM users WHERE id = %(u)s"
+            " RETURNING user_id", {"h": secret_hash(sid), "u": uid, "ttl": float(ttl_s)})
+        return sid
+
+    def by_session(self, sid: str) -> User | None:
+        if not sid or not isinstance(sid, str):
+            return None
+        return _user(self._one(
+            f"SELECT {USER_COLUMNS} FROM sessions s JOIN users u ON u.id = s.user_id"
+            " WHERE s.hash = %s AND s.expires_at > now() AND NOT u.revoked", (secret_hash(sid),)))
+
+    def end_session(self, sid: str) -> None:
+        if sid and isinstance(sid, str):
+            self._one("DELETE FROM sessions WHERE hash = %s RETURNING hash", (secret_hash(sid),))
+
+
+def build_users(db: Database, purge: Purge | None = None) -> PgUserStore:
+    """The cluster user store on `db` (schema from migration 0002_users.sql); `purge(uid)`
+    removes a deleted user's data in the other stores and returns the places removed."""
+    return PgUserStore(db, purge)
