@@ -33,6 +33,7 @@ from typing import Any, AsyncIterator, Callable
 
 import msgspec
 
+from datadesk.state.journal import EventSink, JournalEvent, KeptTurn
 from datadesk.store.jsonl import last_newline_end
 from datadesk.store.files import write_all
 from datadesk.store.tempnames import host_hash, proc_start, temp_prefix
@@ -48,15 +49,6 @@ DELTA_FLUSH_S = 0.25  # how long text pieces may wait before other workers can r
 FOLLOW_POLL_S = 0.1  # how often another worker looks for new lines
 ENDING = frozenset({"tool.finished", "artifact.created", "message.completed", "error", "done"})
 TAIL_BYTES = 1024  # a `done` line is far shorter: enough to tell whether a file's turn ended
-
-
-@dataclass(frozen=True)
-class JournalEvent:
-    """One event of a turn: its number in the turn, SSE name and JSON payload."""
-
-    n: int
-    type: str
-    data: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -77,6 +69,9 @@ class Cursor:
         return cls(turn or None, int(n))
 
 
+FILE_SINK = object()  # TurnJournal's default sink: the event file at its path
+
+
 def event_id(turn_id: str, n: int) -> str:
     return f"{turn_id}:{n}"
 
@@ -93,11 +88,15 @@ def fan_out(subscribers: set[asyncio.Queue[Any]], item: Any) -> None:
 
 
 class TurnJournal:
-    """The kept events of one running turn, in the worker that runs it (see the module doc)."""
+    """The kept events of one running turn, in the worker that runs it (see the module doc).
+    `sink`: where kept events go for the other workers or hosts (state/journal.py); by default
+    the event file `path` (None for both: only this worker's subscribers, no re-attach)."""
 
-    def __init__(self, turn_id: str, path: Path | None) -> None:
+    def __init__(self, turn_id: str, path: Path | None, sink: EventSink | None | object = FILE_SINK) -> None:
         self.turn_id = turn_id
-        self.path = path  # None: events only for the subscribers of this worker (no re-attach)
+        self.path = path
+        # others can follow it (re-attach): also when its event file could not be made
+        self.followable = path is not None or sink not in (None, FILE_SINK)
         self.n = 0
         self.kept: list[JournalEvent] = []
         self.kept_bytes = 0
@@ -106,19 +105,9 @@ class TurnJournal:
         self._subscribers: set[asyncio.Queue[JournalEvent | None]] = set()
         self._text: list[str] = []  # text pieces not made an event yet (`add_text`)
         self._text_at: asyncio.TimerHandle | None = None
-        self._pending: list[str] = []  # text pieces not written yet
-        self._pending_from = 0
-        self._flush_at: asyncio.TimerHandle | None = None
-        self._fd: int | None = None
-        self._lost = False  # a write to the event file failed: the file no longer tells the whole turn
-        if path is not None:
-            try:
-                # who writes it (host, pid and its start time): a finisher can tell a dead writer
-                self._fd = _replace_file(path, {"turn": turn_id, "pid": os.getpid(),
-                                                "pid_start": proc_start(os.getpid()), "host": host_hash(),
-                                                "started": time.time()})
-            except OSError as exc:  # the thread may be gone: the turn still streams to its clients
-                log.warning("no event file for turn %s: %s", turn_id, exc)
+        if sink is FILE_SINK:
+            sink = FileSink.create(turn_id, path) if path is not None else None
+        self._sink: EventSink | None = sink  # type: ignore[assignment]
 
     def add_text(self, text: str) -> None:
         """A piece of the answer: one `message.delta` with the pieces of the next COALESCE_S."""
@@ -169,21 +158,17 @@ class TurnJournal:
     def close(self) -> None:
         self.flush_text()
         self.done = True
-        self._flush()
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-        if self._lost and self.path is not None:
-            # the file lacks events (a full disk), `done` among them: left in place it would make
-            # this turn, which ended here, look cut off by a crash to whoever reads it next
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
+        if self._sink is not None:
+            self._sink.close()
         for queue in self._subscribers:
             queue.put_nowait(None)
         self._subscribers.clear()
 
-    # -- keeping -----------------------------------------------------------------
+    def _flush(self) -> None:
+        """What was kept is readable by the other workers now."""
+        if self._sink is not None:
+            self._sink.flush()
+
     def _keep(self, event: JournalEvent) -> None:
         ev, size = kept_form(event, self.kept_bytes)
         if ev is None:
@@ -191,25 +176,66 @@ class TurnJournal:
             return
         self.kept.append(ev)
         self.kept_bytes += size
+        if self._sink is not None:
+            self._sink.put(ev)
+
+
+class FileSink:
+    """The thread's event file as a turn's `EventSink`: a header line, then one line per
+    event, a run of `message.delta` events as one line of `parts` (flushed at the next other
+    event or after DELTA_FLUSH_S)."""
+
+    def __init__(self, turn_id: str, path: Path, fd: int) -> None:
+        self.turn_id, self.path = turn_id, path
+        self._fd: int | None = fd
+        self._pending: list[str] = []  # text pieces not written yet
+        self._pending_from = 0
+        self._flush_at: asyncio.TimerHandle | None = None
+        self._lost = False  # a write failed: the file no longer tells the whole turn
+
+    @classmethod
+    def create(cls, turn_id: str, path: Path) -> "FileSink | None":
+        try:
+            # who writes it (host, pid and its start time): a finisher can tell a dead writer
+            fd = _replace_file(path, {"turn": turn_id, "pid": os.getpid(), "pid_start": proc_start(os.getpid()),
+                                      "host": host_hash(), "started": time.time()})
+        except OSError as exc:  # the thread may be gone: the turn still streams to its clients
+            log.warning("no event file for turn %s: %s", turn_id, exc)
+            return None
+        return cls(turn_id, path, fd)
+
+    def put(self, ev: JournalEvent) -> None:
         if self._fd is None:
             return
         text = ev.data.get("text") if ev.type == "message.delta" and len(ev.data) == 1 else None
         if isinstance(text, str) and (not self._pending or self._pending_from + len(self._pending) == ev.n):
             if not self._pending:
                 self._pending_from = ev.n
-                self._flush_at = asyncio.get_running_loop().call_later(DELTA_FLUSH_S, self._flush)
+                self._flush_at = asyncio.get_running_loop().call_later(DELTA_FLUSH_S, self.flush)
             self._pending.append(text)
             return
-        self._flush()
+        self.flush()
         self._write({"n": ev.n, "type": ev.type, "data": ev.data})
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         if self._flush_at is not None:
             self._flush_at.cancel()
             self._flush_at = None
         if self._pending:
             parts, self._pending = self._pending, []
             self._write({"n": self._pending_from, "type": "message.delta", "parts": parts})
+
+    def close(self) -> None:
+        self.flush()
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        if self._lost:
+            # the file lacks events (a full disk), `done` among them: left in place it would make
+            # this turn, which ended here, look cut off by a crash to whoever reads it next
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
     def _write(self, line: dict[str, Any]) -> None:
         if self._fd is None:
@@ -328,26 +354,10 @@ def _decode(line: bytes) -> list[JournalEvent]:
         return []
 
 
-@dataclass(frozen=True)
-class EventFile:
-    """What a turn's event file holds: its header (turn, pid, pid_start, host, started), every
-    event written (a torn last line skipped) and whether the file ends with a whole line."""
-
-    turn_id: str
-    header: dict[str, Any]
-    events: list[JournalEvent]
-    whole: bool
-
-    @property
-    def ended(self) -> bool:
-        return bool(self.events) and self.events[-1].type == "done"
-
-    @property
-    def last_n(self) -> int:
-        return self.events[-1].n if self.events else 0
+EventFile = KeptTurn  # what a turn's event file holds (state/journal.py)
 
 
-def read_event_file(path: Path) -> EventFile | None:
+def read_event_file(path: Path) -> KeptTurn | None:
     """The whole event file (at most KEEP_BYTES of events and its header), or None without one."""
     try:
         raw = path.read_bytes()
@@ -362,7 +372,7 @@ def read_event_file(path: Path) -> EventFile | None:
         return None
     # the last piece is b"" after a final newline, else a torn line: skipped either way
     events = [ev for line in lines[1:-1] if line.strip() for ev in _decode(line)]
-    return EventFile(str(header["turn"]), header, events, raw.endswith(b"\n"))
+    return KeptTurn(str(header["turn"]), header, events, raw.endswith(b"\n"))
 
 
 def file_ended(path: Path) -> bool | None:
@@ -379,7 +389,7 @@ def file_ended(path: Path) -> bool | None:
     return any(ev.type == "done" for ev in _decode(last)) if last else False
 
 
-def append_to_file(kept: EventFile, path: Path, events: list[tuple[str, dict[str, Any]]],
+def append_to_file(kept: KeptTurn, path: Path, events: list[tuple[str, dict[str, Any]]],
                    first_n: int) -> list[JournalEvent]:
     """Add `events` to the event file of a turn nobody writes any more (numbered from `first_n`),
     so that every client re-attaching to it gets its end. A torn last line (a write the crash
@@ -434,3 +444,47 @@ async def follow_file(path: Path, turn_id: str,
                     yield ev
                     if ev.type == "done":
                         return
+
+
+class FileEventJournal:
+    """The embedded `EventJournal` (state/journal.py): each thread's `events.jsonl` (`at`)."""
+
+    def sink(self, thread_id: str, turn_id: str, at: Path | None) -> EventSink | None:
+        return FileSink.create(turn_id, at) if at is not None else None
+
+    def latest(self, thread_id: str, at: Path | None) -> str | None:
+        return file_turn(at) if at is not None else None
+
+    def follow(self, thread_id: str, turn_id: str, running: Callable[[str], bool], at: Path | None,
+               after: int = 0) -> AsyncIterator[JournalEvent | None]:
+        if at is None:
+            raise ValueError(f"no event file given for thread {thread_id}")
+        events = follow_file(at, turn_id, running)
+        return events if not after else _after(events, after)
+
+    def read(self, thread_id: str, at: Path | None) -> KeptTurn | None:
+        return read_event_file(at) if at is not None else None
+
+    def ended(self, thread_id: str, at: Path | None) -> bool | None:
+        return file_ended(at) if at is not None else None
+
+    def append_end(self, thread_id: str, kept: KeptTurn, events: list[tuple[str, dict[str, Any]]],
+                   first_n: int, at: Path | None) -> list[JournalEvent]:
+        if at is None:
+            raise ValueError(f"no event file given for thread {thread_id}")
+        return append_to_file(kept, at, events, first_n)
+
+    def drop(self, thread_id: str, at: Path | None) -> None:
+        if at is not None:
+            with contextlib.suppress(FileNotFoundError):
+                at.unlink()
+
+
+async def _after(events: AsyncIterator[JournalEvent | None], after: int) -> AsyncIterator[JournalEvent | None]:
+    """`events` without those numbered `after` or less (keep-alives pass)."""
+    try:
+        async for ev in events:
+            if ev is None or ev.n > after:
+                yield ev
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
