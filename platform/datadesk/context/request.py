@@ -15,7 +15,7 @@ then, for every step, calls `RequestAssembler.build` and, when the reply is in,
 and the no-gap rule: when uncovered records would leave the window, the summary is
 made first and the request built again; when that fails, the window trims and the
 request itself says that earlier history was dropped unsummarised (and why). `record` writes the request's manifest
-(`context.jsonl`, through the `Thread`, never after a clear) with the provider's
+(the thread's manifests, through the `Thread`, never after a clear) with the provider's
 usage, and feeds the token calibration.
 """
 
@@ -29,13 +29,13 @@ import msgspec
 
 from datadesk.context.builder import BuiltContext, ContextBuilder, Coverage, Preamble
 from datadesk.context.calibration import Calibration
-from datadesk.context.manifest import encode_manifest, last_manifest
+from datadesk.context.manifest import append_manifest, last_manifest
 from datadesk.context.rules import BASE_RULES
 from datadesk.context.taskstate import TaskStateStore, render_task_state
 from datadesk.domain.records import Usage
 from datadesk.memory.store import MemoryStore
 from datadesk.settings import SummarySettings
-from datadesk.store.threads import Thread
+from datadesk.state.threads import Thread
 from datadesk.summary.model import ThreadSummary, render_summary
 from datadesk.summary.service import SummaryService
 
@@ -227,7 +227,7 @@ class RequestAssembler:
         elif not replied:
             manifest.error = "no reply"
         try:
-            turn.thread.append_manifest(encode_manifest(manifest), turn.epoch)  # dropped after a clear
+            append_manifest(turn.thread, manifest, turn.epoch)  # dropped after a clear
         except OSError:
             log.warning("could not write the context manifest of %s", turn.thread.id)
 

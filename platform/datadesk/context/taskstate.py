@@ -15,8 +15,9 @@ turn. A summary may only withdraw what a summary added (listed by it as supersed
 the summarizer takes from the user's words). Withdrawn items stay in the file for the
 record, marked. The active items are injected into every request of the thread.
 
-`task_state.json` is the `Thread`'s; every write holds the thread lock and is refused once
-the thread was cleared since the epoch the work started in (a clear deletes the file).
+The task state is the `Thread`'s `task_state` document (`task_state.json` in the embedded set,
+a row in the cluster set); every change holds the thread (`Thread.guarded`) and is refused once
+the thread was cleared since the epoch the work started in (a clear deletes it).
 """
 
 from __future__ import annotations
@@ -29,9 +30,7 @@ from typing import Iterator, Literal
 import msgspec
 
 from datadesk.domain.ids import new_id
-from datadesk.store.files import write_json
-from datadesk.store.threadlog import LogClosed
-from datadesk.store.threads import Thread
+from datadesk.state.threads import TASK_STATE, LogClosed, Thread
 from datadesk.summary.model import ThreadSummary, normalize_item
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ class TaskItem(msgspec.Struct, kw_only=True):
 
 
 class TaskState(msgspec.Struct, kw_only=True):
-    """`task_state.json` of a thread."""
+    """The `task_state` document of a thread."""
 
     epoch: int = 0
     items: list[TaskItem] = msgspec.field(default_factory=list)
@@ -120,16 +119,18 @@ class TaskStateStore:
 
     def load(self, thread: Thread, epoch: int | None) -> TaskState:
         """The task state of `epoch` (empty when none, unreadable, or left from before a clear)."""
-        try:
-            state = _decoder.decode(thread.task_state_path.read_bytes())
-        except FileNotFoundError:
+        raw = thread.read_doc(TASK_STATE)
+        if raw is None:
             return TaskState(epoch=epoch or 0)
+        try:
+            state = _decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("ignoring an unreadable task state of %s: %s", thread.id, exc)
             return TaskState(epoch=epoch or 0)
         return state if state.epoch == (epoch or 0) else TaskState(epoch=epoch or 0)
 
-    def _save(self, thread: Thread, state: TaskState) -> None:
+    def _save(self, thread: Thread, state: TaskState, epoch: int | None) -> None:
+        """Write `state`; called inside `_guard(thread, epoch)`, whose hold the write joins."""
         state.updated = time.time()
         if len(state.items) > MAX_KEPT:  # the oldest withdrawn items go first
             drop = len(state.items) - MAX_KEPT
@@ -140,7 +141,8 @@ class TaskStateStore:
                     continue
                 kept.append(item)
             state.items = kept
-        write_json(thread.task_state_path, state)
+        if not thread.write_doc(TASK_STATE, state, epoch):
+            raise TaskStateError(f"the task state was not changed: thread {thread.id} was cleared")
 
     def note(self, thread: Thread, epoch: int | None, text: str, kind: Kind, source: Source,
              user_seq: int | None = None, replaces: str | None = None) -> TaskItem:
@@ -164,7 +166,7 @@ class TaskStateStore:
                     gone.status, gone.withdrawn_by, gone.withdrawn_seq = "withdrawn", source, user_seq
                     gone.replaced_by = item.id
             state.items.append(item)
-            self._save(thread, state)
+            self._save(thread, state, epoch)
             return item
 
     def withdraw(self, thread: Thread, epoch: int | None, item_id: str, by: Source,
@@ -174,7 +176,7 @@ class TaskStateStore:
             state = self.load(thread, epoch)
             item = self._find(state, item_id)
             item.status, item.withdrawn_by, item.withdrawn_seq = "withdrawn", by, user_seq
-            self._save(thread, state)
+            self._save(thread, state, epoch)
             return item
 
     def merge_summary(self, thread: Thread, epoch: int | None, summary: ThreadSummary | None) -> TaskState:
@@ -188,7 +190,7 @@ class TaskStateStore:
                 state = self.load(thread, epoch)
                 if summary.covers_through_seq > state.summary_through:
                     self._merge(state, summary)
-                    self._save(thread, state)
+                    self._save(thread, state, epoch)
         except TaskStateError as exc:  # cleared meanwhile: nothing to merge into
             log.info("summary not merged into the task state of %s: %s", thread.id, exc)
         return state

@@ -27,24 +27,27 @@ import msgspec
 from filelock import FileLock
 
 from datadesk.domain.records import Record, record_decoder, record_encoder
+from datadesk.state.threads import LogClosed
 from datadesk.store.files import StoreWriteError, disk_reason, write_all
 from datadesk.store.jsonl import last_newline_end, lines_from_end
 
 log = logging.getLogger(__name__)
 
-_local_locks: dict[str, threading.Lock] = {}
+_local_locks: dict[str, threading.RLock] = {}
 _local_locks_guard = threading.Lock()
 
 
-def _thread_lock(path: Path) -> threading.Lock:
+def _thread_lock(path: Path) -> threading.RLock:
     # filelock is re-entrant per process object; a threading lock keeps threads
-    # of this process orderly as well.
+    # of this process orderly as well. Re-entrant, so a write of the thread inside
+    # `Thread.guarded` (the same Thread object, the same OS thread) joins the hold.
     with _local_locks_guard:
-        return _local_locks.setdefault(str(path), threading.Lock())
+        return _local_locks.setdefault(str(path), threading.RLock())
 
 
 class FileAndThreadLock:
-    """A lock held across the threads of this process and across processes (`filelock`)."""
+    """A lock held across the threads of this process and across processes (`filelock`);
+    re-entrant for the same object in the same thread."""
 
     def __init__(self, path: Path) -> None:
         self._flock = FileLock(str(path))
@@ -70,10 +73,6 @@ def _what(record: Record) -> str:
     size = f"{len(record.content):,} characters"
     return {"user": f"user's message, {size}", "assistant": f"assistant's answer, {size}",
             "tool": f"result of {record.name or 'a tool'}, {size}"}.get(record.role, record.role)
-
-
-class LogClosed(Exception):
-    """The thread was deleted or cleared while something tried to append to it."""
 
 
 class ThreadLog:

@@ -16,6 +16,8 @@ from filelock import FileLock
 
 from datadesk.domain.ids import check_id, new_id
 from datadesk.domain.records import ThreadMeta
+from datadesk.state.threads import (MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE,
+                                    ThreadNotFound, TooManyThreads, check_document, check_line_set)
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
 from datadesk.store.search import indexed_append, indexed_reset
@@ -23,18 +25,15 @@ from datadesk.domain.records import Record
 from datadesk.store.jsonl import lines_from_end
 from datadesk.store.threadlog import FileAndThreadLock, LogClosed, ThreadLog
 
+__all__ = ["LogClosed", "Thread", "ThreadNotFound", "ThreadStore", "TooManyThreads"]
+
 log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
 LOCK_FILE = "thread.lock"
-
-
-class TooManyThreads(Exception):
-    """The user holds `limits.max_threads_per_user` threads in this workspace already (API: 429)."""
-
-
-class ThreadNotFound(LookupError):
-    """No such thread for this user (another user's thread is also 'not found')."""
+# the file of each per-thread document and line set (state/threads.py names them)
+DOC_FILES = {SUMMARY: "summary.json", SUMMARY_STATUS: "summary.status.json", TASK_STATE: "task_state.json",
+             SUMMARY_REVISIONS: "summary.revisions.jsonl", MANIFESTS: "context.jsonl"}
 
 
 class Thread:
@@ -85,27 +84,29 @@ class Thread:
         return self.meta.epoch if self.meta is not None else None
 
     # -- where things live ---------------------------------------------------
+    # the files behind the documents and line sets (read_doc, lines, ...): for this set's own
+    # code and its tests; everything else goes through the methods
     @property
     def summary_path(self) -> Path:
-        return self.dir / "summary.json"
+        return self.dir / DOC_FILES[SUMMARY]
 
     @property
     def summary_revisions_path(self) -> Path:
-        return self.dir / "summary.revisions.jsonl"
+        return self.dir / DOC_FILES[SUMMARY_REVISIONS]
 
     @property
     def summary_status_path(self) -> Path:
         """How the last summary refresh went (summary.status): ok, or failed with the reason."""
-        return self.dir / "summary.status.json"
+        return self.dir / DOC_FILES[SUMMARY_STATUS]
 
     @property
     def task_state_path(self) -> Path:
         """The user's goal and standing constraints (context.taskstate), independent of the summary."""
-        return self.dir / "task_state.json"
+        return self.dir / DOC_FILES[TASK_STATE]
 
     @property
     def manifests_path(self) -> Path:
-        return self.dir / "context.jsonl"
+        return self.dir / DOC_FILES[MANIFESTS]
 
     @property
     def artifacts_dir(self) -> Path:
@@ -155,26 +156,95 @@ class Thread:
                 raise LogClosed(f"thread {self.id} was cleared")
             yield
 
-    def append(self, make: Callable[[int], Record], epoch: int | None = None) -> Record:
+    def append(self, make: Callable[[int], Record], epoch: int | None = None,
+               fence: int | None = None) -> Record:
         """Append `make(next_seq)` to the log, refused (LogClosed) when cleared since `epoch`;
-        the search index (store/search.py) takes the record too."""
+        the search index (store/search.py) takes the record too. `fence` is not checked here:
+        the turn's file lock already makes its worker the thread's one writer."""
         record = self.log.append(make, epoch=epoch)
         indexed_append(self, record)
         return record
 
-    def append_manifest(self, line: bytes, epoch: int | None) -> bool:
-        """Append one manifest line (`context.jsonl`); False when the thread was cleared or is gone."""
+    # -- the records, read (the log's own reads) ------------------------------------
+    def tail(self, n: int) -> list[Record]:
+        return self.log.tail(n)
+
+    def since(self, first_seq: int, last_seq: int | None = None) -> list[Record]:
+        return self.log.since(first_seq, last_seq)
+
+    def newest_first(self) -> Iterator[Record]:
+        return self.log.newest_first()
+
+    def find(self, predicate: Callable[[Record], bool], limit: int = 1) -> list[Record]:
+        return self.log.find(predicate, limit)
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.log)
+
+    # -- documents and line sets (state/threads.py) -------------------------------
+    def read_doc(self, name: str) -> bytes | None:
+        """The bytes of `<name>.json`, or None when there is none."""
+        try:
+            return (self.dir / DOC_FILES[check_document(name)]).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def write_doc(self, name: str, value: Any, epoch: int | None) -> bool:
+        """Replace `<name>.json` atomically under the guard; False when cleared or gone."""
+        path = self.dir / DOC_FILES[check_document(name)]
         try:
             with self.guarded(epoch):
-                with open(self.manifests_path, "ab") as fh:
-                    fh.write(line.rstrip(b"\n") + b"\n")
+                write_json(path, value)
         except LogClosed:
             return False
         return True
 
+    def update_doc(self, name: str, change: Callable[[bytes | None], Any], epoch: int | None) -> Any:
+        """Read, change and replace `<name>.json` under the guard (see state/threads.py)."""
+        path = self.dir / DOC_FILES[check_document(name)]
+        with self.guarded(epoch):
+            value = change(self.read_doc(name))
+            if value is not None:
+                write_json(path, value)
+            return value
+
+    def append_line(self, name: str, line: bytes, epoch: int | None, keep: int | None = None) -> bool:
+        """Append one line to `<name>.jsonl` under the guard. With `keep`, the file is rewritten
+        atomically with its newest `keep` lines (0: removed); without, the line is appended (the
+        manifests: the file is their whole history). False when cleared or gone."""
+        path = self.dir / DOC_FILES[check_line_set(name)]
+        try:
+            with self.guarded(epoch):
+                if keep is None:
+                    with open(path, "ab") as fh:
+                        fh.write(line.rstrip(b"\n") + b"\n")
+                elif keep <= 0:
+                    path.unlink(missing_ok=True)
+                else:
+                    kept = (list(self.lines(name)) + [line.rstrip(b"\n")])[-keep:]
+                    write_atomic(path, b"\n".join(kept) + b"\n")
+        except LogClosed:
+            return False
+        return True
+
+    def lines(self, name: str, newest_first: bool = False) -> Iterator[bytes]:
+        """The non-blank lines of `<name>.jsonl`; newest first reads from the end of the file."""
+        path = self.dir / DOC_FILES[check_line_set(name)]
+        if newest_first:
+            return lines_from_end(path)
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return iter(())
+        return iter([line for line in data.split(b"\n") if line.strip()])
+
+    def append_manifest(self, line: bytes, epoch: int | None) -> bool:
+        """Append one manifest line (`context.jsonl`); False when the thread was cleared or is gone."""
+        return self.append_line(MANIFESTS, line, epoch)
+
     def manifest_lines(self) -> Iterator[bytes]:
         """Manifest lines, newest first, read from the end."""
-        return lines_from_end(self.manifests_path)
+        return self.lines(MANIFESTS, newest_first=True)
 
     def rewrite_summaries(self, transform: Callable[[Any], Any]) -> int:
         """Rewrite the summary, its revisions and the task state (which takes in summaries'

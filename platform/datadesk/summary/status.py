@@ -1,11 +1,11 @@
-"""How the last summary refresh of a thread went: `summary.status.json`.
+"""How the last summary refresh of a thread went: the thread's `summary.status` document.
 
 The summary itself keeps the previous version when a refresh fails (DESIGN section 8), so
 the failure would leave no trace but a log line. This small record says it: `ok`, or
 `failed` with the reason (shown to the user in the context inspector and the chat, and
 to the model when history had to leave the window unsummarised). Written through the
-`Thread` under its lock, only while the thread is still in the job's epoch (a clear
-removes it with the summary).
+`Thread` (`summary.status.json` in the embedded set, a row in the cluster set), only while
+the thread is still in the job's epoch (a clear removes it with the summary).
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from datadesk.store.files import write_json
-from datadesk.store.threadlog import LogClosed
-from datadesk.store.threads import Thread
+from datadesk.state.threads import SUMMARY_STATUS, Thread
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +37,15 @@ _decoder = msgspec.json.Decoder(SummaryStatus)
 
 
 class SummaryStatusStore:
-    """Reads and writes `summary.status.json` of a thread."""
+    """Reads and writes the `summary.status` document of a thread."""
 
     def load(self, thread: Thread, epoch: int | None) -> SummaryStatus | None:
         """The status of `epoch` (None: none yet, unreadable, or from before a clear)."""
-        try:
-            status = _decoder.decode(thread.summary_status_path.read_bytes())
-        except FileNotFoundError:
+        raw = thread.read_doc(SUMMARY_STATUS)
+        if raw is None:
             return None
+        try:
+            status = _decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("ignoring an unreadable summary status of %s: %s", thread.id, exc)
             return None
@@ -60,9 +59,10 @@ class SummaryStatusStore:
             reason = reason[: REASON_CHARS - 1].rstrip() + "…"
         status = SummaryStatus(state=state, reason=reason, attempted_through=upto_seq, epoch=epoch, at=time.time())
         try:
-            with thread.guarded(epoch):
-                write_json(thread.summary_status_path, status)
-        except (LogClosed, OSError) as exc:
+            written = thread.write_doc(SUMMARY_STATUS, status, epoch)
+        except OSError as exc:
             log.info("summary status of %s not written: %s", thread.id, exc)
             return False
-        return True
+        if not written:
+            log.info("summary status of %s not written: the thread was cleared or deleted", thread.id)
+        return written

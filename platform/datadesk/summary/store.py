@@ -1,4 +1,4 @@
-"""`summary.json` and its bounded revision history, written with guards.
+"""A thread's summary and its bounded revision history, written with guards.
 
 A write is dropped (returns False) when
 - the thread is gone, or its epoch is no longer the one the job started in
@@ -6,10 +6,12 @@ A write is dropped (returns False) when
 - the stored summary of this epoch already covers as far or farther (an older
   job that finished late must not replace a newer summary).
 
-The check and the write happen under the thread lock (the same lock appends
-and clear take), so a clear cannot interleave. The replaced version is
-appended to `summary.revisions.jsonl`, which keeps only the newest
-`revisions_kept` lines. Every file is replaced atomically.
+The check and the write happen while holding the thread (`Thread.guarded`: the
+lock or row that appends and clear take), so a clear cannot interleave. The
+replaced version is appended to the thread's summary revisions, which keep only
+the newest `revisions_kept` lines. Both are the `Thread`'s documents
+(state/threads.py): `summary.json` and `summary.revisions.jsonl` in the embedded
+set, each replaced atomically; rows in the cluster set.
 """
 
 from __future__ import annotations
@@ -18,9 +20,7 @@ import logging
 
 import msgspec
 
-from datadesk.store.files import write_atomic, write_json
-from datadesk.store.threadlog import LogClosed
-from datadesk.store.threads import Thread
+from datadesk.state.threads import SUMMARY, SUMMARY_REVISIONS, LogClosed, Thread
 from datadesk.summary.model import ThreadSummary
 
 log = logging.getLogger(__name__)
@@ -30,20 +30,20 @@ _encoder = msgspec.json.Encoder()
 
 
 class SummaryStore:
-    """Reads and writes the summary of a thread (its files are the `Thread`'s)."""
+    """Reads and writes the summary of a thread (its documents are the `Thread`'s)."""
 
     def __init__(self, revisions_kept: int = 10) -> None:
         self.revisions_kept = max(0, int(revisions_kept))
 
     def load(self, thread: Thread) -> ThreadSummary | None:
         """The stored summary, or None (none yet, or unreadable: logged, treated as none)."""
-        path = thread.summary_path
-        try:
-            return _decoder.decode(path.read_bytes())
-        except FileNotFoundError:
+        raw = thread.read_doc(SUMMARY)
+        if raw is None:
             return None
+        try:
+            return _decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.warning("ignoring an unreadable summary %s: %s", path, exc)
+            log.warning("ignoring an unreadable summary of thread %s: %s", thread.id, exc)
             return None
 
     def load_current(self, thread: Thread, epoch: int | None) -> ThreadSummary | None:
@@ -65,10 +65,10 @@ class SummaryStore:
                     log.info("summary dropped for %s: the stored one covers #%d, this one #%d",
                              thread.id, previous.covers_through_seq, summary.covers_through_seq)
                     return False
-                if previous is not None:
-                    self._push_revision(thread, previous)
-                write_json(thread.summary_path, summary)
-                return True
+                if previous is not None:  # joins the hold: one step with the write below
+                    thread.append_line(SUMMARY_REVISIONS, _encoder.encode(previous), expected_epoch,
+                                       keep=self.revisions_kept)
+                return thread.write_doc(SUMMARY, summary, expected_epoch)
         except LogClosed as exc:
             log.info("summary dropped: %s (the job started in epoch %s)", exc, expected_epoch)
             return False
@@ -76,27 +76,9 @@ class SummaryStore:
     def revisions(self, thread: Thread) -> list[ThreadSummary]:
         """Earlier versions, oldest first (unreadable lines skipped)."""
         out: list[ThreadSummary] = []
-        for raw in self._revision_lines(thread):
+        for raw in thread.lines(SUMMARY_REVISIONS):
             try:
                 out.append(_decoder.decode(raw))
             except (msgspec.DecodeError, msgspec.ValidationError):
                 log.warning("skipping an unreadable summary revision in %s", thread.id)
         return out
-
-    # -- internals ---------------------------------------------------------
-    @staticmethod
-    def _revision_lines(thread: Thread) -> list[bytes]:
-        try:
-            data = thread.summary_revisions_path.read_bytes()
-        except FileNotFoundError:
-            return []
-        return [line for line in data.split(b"\n") if line.strip()]
-
-    def _push_revision(self, thread: Thread, previous: ThreadSummary) -> None:
-        path = thread.summary_revisions_path
-        if self.revisions_kept == 0:
-            path.unlink(missing_ok=True)
-            return
-        lines = self._revision_lines(thread) + [_encoder.encode(previous)]
-        lines = lines[-self.revisions_kept:]
-        write_atomic(path, b"\n".join(lines) + b"\n")
