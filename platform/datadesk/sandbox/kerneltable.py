@@ -10,11 +10,15 @@ rename) and changed only under its own lock file:
   there was one. The key's lock is held for the whole of an execution, so
   "can I take the lock with timeout 0" means "the kernel is idle".
 - `p-<kernel id>.json`: a pre-started pool kernel of one worker.
-- `.create.lock`: held while counting kernels against the caps and reserving a
-  record for a new one, so two workers never both pass a cap.
+- `.create.lock`: held while counting kernels against the caps and making room
+  for a new one, so two workers never both pass a cap; `.reserve.lock`: held for
+  the count and the write of one `reserve` (state/kernels.py).
+- `.reaper.lock`: one reaper round over the records at a time.
 
 Every worker reads the same table, so per-user and global caps, the reaper and
-the orphan sweep see all kernels of the host, not one worker's.
+the orphan sweep see all kernels of the host, not one worker's. This is the
+embedded `state.kernels.KernelTable`; cluster/kernels.py keeps the same records
+in PostgreSQL for several hosts.
 """
 
 from __future__ import annotations
@@ -26,15 +30,18 @@ from pathlib import Path
 from typing import Iterator
 
 import msgspec
-from filelock import FileLock
+from filelock import Timeout
 
 from datadesk.sandbox.base import KernelLocator, KernelPlacement
 from datadesk.sandbox.ownership import file_lock
+from datadesk.state.kernels import KernelCapReached, KernelCaps, SessionKey
 from datadesk.store.files import write_atomic
 
 log = logging.getLogger(__name__)
 
-SessionKey = tuple[str, str, str]  # (workspace, user, thread)
+__all__ = ["FileKernelLock", "KernelRecord", "KernelTable", "SessionKey", "key_hash"]
+
+RESERVE_WAIT_S = 30.0  # a reserve holds its lock for a count and one write: a long wait means a hung worker
 
 
 class KernelRecord(msgspec.Struct, omit_defaults=True):
@@ -82,8 +89,29 @@ def key_hash(key: SessionKey) -> str:
     return hashlib.sha256("\0".join(key).encode()).hexdigest()[:32]
 
 
+class FileKernelLock:
+    """A `state.kernels.KernelLock` on a lock file: never waits, not reentrant."""
+
+    def __init__(self, path: Path) -> None:
+        self.lock = file_lock(path)
+        self.path = Path(path)
+
+    def try_acquire(self) -> bool:
+        if self.lock.is_locked:
+            return False
+        try:
+            self.lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        return True
+
+    def release(self) -> None:
+        if self.lock.is_locked:
+            self.lock.release()
+
+
 class KernelTable:
-    """Reads and writes the records of one data directory."""
+    """Reads and writes the records of one data directory (the embedded `state.kernels.KernelTable`)."""
 
     def __init__(self, home: Path) -> None:
         self.dir = Path(home) / "sandbox" / "kernels"
@@ -95,11 +123,14 @@ class KernelTable:
     def pool_path(self, kernel_id: str) -> Path:
         return self.dir / f"p-{kernel_id}.json"
 
-    def key_lock(self, key: SessionKey) -> FileLock:
-        return file_lock(self.dir / f"s-{key_hash(key)}.lock")
+    def key_lock(self, key: SessionKey) -> FileKernelLock:
+        return FileKernelLock(self.dir / f"s-{key_hash(key)}.lock")
 
-    def create_lock(self) -> FileLock:
-        return file_lock(self.dir / ".create.lock")
+    def create_lock(self) -> FileKernelLock:
+        return FileKernelLock(self.dir / ".create.lock")
+
+    def reaper_lock(self) -> FileKernelLock:
+        return FileKernelLock(self.dir / ".reaper.lock")
 
     # -- records ----------------------------------------------------------------
     def _read(self, path: Path) -> KernelRecord | None:
@@ -135,6 +166,17 @@ class KernelTable:
         with contextlib.suppress(FileNotFoundError):
             self.pool_path(kernel_id).unlink()
 
+    def reserve(self, rec: KernelRecord, caps: KernelCaps) -> None:
+        """Save `rec` if the caps leave room for it, counting every other record, under
+        `.reserve.lock` (KernelCapReached otherwise)."""
+        lock = file_lock(self.dir / ".reserve.lock")
+        with lock.acquire(timeout=RESERVE_WAIT_S):
+            check_caps(rec, self.kernels(), caps)
+            if rec.key is None:
+                self.save_pool(rec)
+            else:
+                self.save(rec)
+
     def sessions(self) -> Iterator[KernelRecord]:
         for path in sorted(self.dir.glob("s-*.json")) if self.dir.is_dir() else ():
             rec = self._read(path)
@@ -150,3 +192,16 @@ class KernelTable:
     def kernels(self) -> list[KernelRecord]:
         """Every record that stands for a kernel (sessions with one, and pool kernels)."""
         return [r for r in self.sessions() if r.kernel_id] + list(self.pooled())
+
+
+def check_caps(rec: KernelRecord, records: list[KernelRecord], caps: KernelCaps) -> None:
+    """KernelCapReached when `rec` (replacing its own record, if any) would pass a cap."""
+    if rec.key is not None:
+        others = [r for r in records if r.key != rec.key]
+        mine = sum(1 for r in others if r.key is not None and r.user == rec.user)
+        if rec.kernel_id and mine >= caps.per_user:
+            raise KernelCapReached("user", mine, caps.per_user)
+    else:
+        others = [r for r in records if r.key is not None or r.kernel_id != rec.kernel_id]
+    if rec.kernel_id and len(others) >= caps.total:
+        raise KernelCapReached("total", len(others), caps.total)

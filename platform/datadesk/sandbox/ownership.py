@@ -11,8 +11,12 @@ liveness of processes, and non-blocking host-wide locks.
   owner are never touched; an owner that is gone leaves orphans to be removed.
 - `pid_alive`: a process is alive when /proc says so and it is not a zombie; with a
   start time, the pid must still name that very process.
-- `try_lock` / `acquire_async`: `filelock` locks taken without blocking the event
-  loop (timeout 0, or polled with a deadline).
+- `try_lock` / `acquire_async`: `filelock` locks (or any `state.kernels.KernelLock`)
+  taken without blocking the event loop (timeout 0, or polled with a deadline).
+
+`Heartbeat` is the embedded `state.kernels.WorkerRegistry`; cluster/kernels.py `PgWorkers`
+keeps the same heartbeats as database rows for several hosts (and this file too, for the
+backends' orphan sweeps on this host).
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Union
 
 from filelock import FileLock, Timeout
+
+from datadesk.state.kernels import KernelLock
 
 from datadesk.store.files import write_json
 from datadesk.store.tempnames import pid_alive, proc_start  # noqa: F401 (re-exported)
@@ -73,6 +79,7 @@ class Heartbeat:
     """The heartbeat file of this worker: written at start, touched by a task, removed at stop."""
 
     def __init__(self, home: Path, interval_s: float, worker: Worker | None = None) -> None:
+        self.home = Path(home)
         self.worker = worker or this_worker()
         self.path = workers_dir(home) / f"{self.worker.id}.json"
         self.interval_s = max(0.05, float(interval_s))
@@ -107,6 +114,12 @@ class Heartbeat:
                 await task
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+    def owner_alive(self, owner: str | None, stale_s: float) -> bool:
+        return owner == self.worker.id or owner_alive(self.home, owner, stale_s)
+
+    def remove_dead(self, stale_s: float) -> list[str]:
+        return remove_dead_heartbeats(self.home, stale_s)
 
 
 def owner_alive(home: Path, owner: str | None, stale_s: float, now: float | None = None) -> bool:
@@ -149,15 +162,27 @@ def file_lock(path: Path) -> FileLock:
     return FileLock(str(path), thread_local=False)
 
 
+AnyLock = Union[Path, FileLock, KernelLock]
+
+
+def _take_now(lock: FileLock | KernelLock) -> bool:
+    """Take `lock` if nobody holds it (timeout 0)."""
+    if isinstance(lock, FileLock):
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        return True
+    return lock.try_acquire()
+
+
 @contextlib.contextmanager
-def try_lock(lock: Path | FileLock) -> Iterator[bool]:
+def try_lock(lock: AnyLock) -> Iterator[bool]:
     """Take `lock` (or the lock file at that path) if nobody holds it (timeout 0); yields
     whether we got it."""
-    if not isinstance(lock, FileLock):
+    if isinstance(lock, (str, Path)):
         lock = file_lock(lock)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
+    if not _take_now(lock):
         yield False
         return
     try:
@@ -166,16 +191,14 @@ def try_lock(lock: Path | FileLock) -> Iterator[bool]:
         lock.release()
 
 
-async def acquire_async(lock: FileLock, timeout_s: float, poll_s: float = 0.01) -> bool:
+async def acquire_async(lock: FileLock | KernelLock, timeout_s: float, poll_s: float = 0.01) -> bool:
     """Take `lock` without blocking the event loop; False when `timeout_s` passed first."""
     deadline = time.monotonic() + timeout_s
     delay = poll_s / 4
     while True:
-        try:
-            lock.acquire(timeout=0)
+        if _take_now(lock):
             return True
-        except Timeout:
-            if time.monotonic() >= deadline:
-                return False
+        if time.monotonic() >= deadline:
+            return False
         await asyncio.sleep(delay)
         delay = min(poll_s * 5, delay * 2)

@@ -1,8 +1,11 @@
 """Culling: the registry's reaper loop. Each round ends this worker's spare kernels
 that are too old or dead and lets go of connections the kernel table no longer
 backs; then, in the one worker of the host that takes `sandbox/reaper.lock`
-(timeout 0), it reclaims idle and too-old kernels of every worker, ends orphans
-(their worker is gone) and removes dead heartbeats.
+(timeout 0), it sweeps what the backend left on this host (`remove_orphans`)
+and, if it also takes the table's reaper lock (timeout 0: with the cluster set
+one worker of the whole cluster per round), reclaims idle and too-old kernels
+of every worker, ends orphans (their worker is gone) and removes dead
+heartbeats.
 
 `KernelReaper` holds the `KernelRegistry` that made it (registry.py), as
 jupyter_client's `KernelRestarter` holds its kernel manager: it works on the
@@ -19,9 +22,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from datadesk.sandbox.kerneltable import KernelRecord, KernelTable, SessionKey
-from datadesk.sandbox.ownership import owner_alive, pid_alive, remove_dead_heartbeats, try_lock
+from datadesk.sandbox.kerneltable import KernelRecord, SessionKey
+from datadesk.sandbox.ownership import pid_alive, try_lock
 from datadesk.sandbox.sessions import ORPHAN_NOTICE, KernelSession
+from datadesk.state.kernels import KernelTable, WorkerRegistry
 
 if TYPE_CHECKING:
     from datadesk.sandbox.base import SandboxBackend
@@ -39,6 +43,7 @@ class ReaperOwner(Protocol):
     settings: SandboxSettings
     home: Path
     worker: Worker
+    workers: WorkerRegistry
     table: KernelTable
     sessions: dict[SessionKey, KernelSession]
     pool: list[KernelSession]
@@ -74,10 +79,15 @@ class KernelReaper:
         return await self.reap_host(now)
 
     async def reap_host(self, now: float) -> list[tuple[SessionKey, str]]:
-        """The host-wide part, in the one worker that takes `sandbox/reaper.lock` (timeout 0);
-        [] in the others."""
+        """The host-wide part, in the one worker that takes `sandbox/reaper.lock` (timeout 0), and
+        the records' part where the table's reaper lock is free too; [] in the others."""
         with try_lock(self.lock_path) as got:
-            return await self._reap_host(now) if got else []
+            if not got:
+                return []
+            with try_lock(self.registry.table.reaper_lock()) as rows:
+                reclaimed = await self._reap_records(now) if rows else []
+            await asyncio.to_thread(self.registry.backend.remove_orphans)  # e.g. containers whose owner is gone
+            return reclaimed
 
     async def _prune_sessions(self) -> None:
         """Let go of connections to kernels the table no longer gives this thread."""
@@ -91,14 +101,14 @@ class KernelReaper:
                     await reg.let_go(session)
         reg.forget_idle_locks()
 
-    async def _reap_host(self, now: float) -> list[tuple[SessionKey, str]]:
+    async def _reap_records(self, now: float) -> list[tuple[SessionKey, str]]:
         reg, s = self.registry, self.registry.settings
         reclaimed: list[tuple[SessionKey, str]] = []
         for rec in list(reg.table.sessions()):
             key = rec.key
             if not rec.kernel_id or key is None:
                 continue
-            if not owner_alive(reg.home, rec.owner, s.owner_stale_s):
+            if not reg.workers.owner_alive(rec.owner, s.owner_stale_s):
                 reason, notice = "its worker is gone", ORPHAN_NOTICE
             elif rec.pid and rec.host == reg.worker.host and not pid_alive(rec.pid, rec.pid_start):
                 reason, notice = "it had stopped", "the previous one stopped"
@@ -113,11 +123,10 @@ class KernelReaper:
             if await reg.reclaim_if_idle(key, notice, rec.kernel_id):
                 reclaimed.append((key, reason))
         for rec in list(reg.table.pooled()):
-            if rec.owner != reg.worker.id and not owner_alive(reg.home, rec.owner, s.owner_stale_s):
+            if rec.owner != reg.worker.id and not reg.workers.owner_alive(rec.owner, s.owner_stale_s):
                 reg.table.remove_pool(rec.kernel_id or "")
                 await reg.end_record(rec)
-        await asyncio.to_thread(reg.backend.remove_orphans)  # e.g. containers whose owner is gone
-        await asyncio.to_thread(remove_dead_heartbeats, reg.home, s.owner_stale_s)
+        await asyncio.to_thread(reg.workers.remove_dead, s.owner_stale_s)
         return reclaimed
 
     async def run(self) -> None:

@@ -31,6 +31,10 @@ kernel table (kerneltable.py):
   host-wide part (idle and lifetime limits by the records' timestamps,
   orphans, the backend's orphan sweep, dead heartbeats) runs in one worker per
   round: the one that takes `sandbox/reaper.lock` with timeout 0.
+
+The table and the heartbeats are `state.kernels` protocols: by default the
+files of this data directory; with the cluster set (cluster/kernels.py) rows
+shared by every host, so the caps and the orphan rule hold across hosts.
 """
 
 from __future__ import annotations
@@ -52,13 +56,15 @@ from datadesk.sandbox.base import (
 )
 from datadesk.sandbox.execution import INTERRUPT_GRACE_S
 from datadesk.sandbox.kerneltable import KernelRecord, KernelTable, SessionKey
-from datadesk.sandbox.ownership import Heartbeat, acquire_async, owner_alive, this_worker, try_lock
+from datadesk.sandbox.ownership import Heartbeat, acquire_async, this_worker, try_lock
 from datadesk.sandbox.reaper import KernelReaper
 from datadesk.sandbox.recovery import KernelRecovery
 from datadesk.sandbox.sessions import (
     ORPHAN_NOTICE, SEEN_FILE, ExecutionReport, KernelSession, SeenOutputs, fresh_kernel_notice,
 )
 from datadesk.settings import SandboxSettings
+from datadesk.state.kernels import KernelCapReached, KernelCaps, WorkerRegistry
+from datadesk.state.kernels import KernelTable as KernelTableProtocol
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +73,15 @@ class KernelRegistry:
     """The kernels this worker started or reaches, over the host's kernel table; `backend`
     makes, reaches and cleans up the kernels themselves."""
 
-    def __init__(self, settings: SandboxSettings, home: Path, backend: SandboxBackend) -> None:
+    def __init__(self, settings: SandboxSettings, home: Path, backend: SandboxBackend,
+                 table: KernelTableProtocol | None = None, workers: WorkerRegistry | None = None) -> None:
         self.settings = settings
         self.home = Path(home)
         self.backend = backend
-        self.table = KernelTable(self.home)
-        self.worker = this_worker()
-        self.heartbeat = Heartbeat(self.home, settings.heartbeat_s, self.worker)
+        self.table: KernelTableProtocol = table if table is not None else KernelTable(self.home)
+        self.worker = workers.worker if workers is not None else this_worker()
+        self.workers: WorkerRegistry = workers if workers is not None else \
+            Heartbeat(self.home, settings.heartbeat_s, self.worker)
         self.sessions: dict[SessionKey, KernelSession] = {}  # kernels this worker talks to
         self.pool: list[KernelSession] = []  # this worker's pre-started kernels
         self._key_locks: dict[SessionKey, asyncio.Lock] = {}
@@ -101,13 +109,17 @@ class KernelRegistry:
         return root
 
     @property
+    def caps(self) -> KernelCaps:
+        return KernelCaps(per_user=self.settings.max_kernels_per_user, total=self.settings.max_kernels)
+
+    @property
     def _busy_wait_s(self) -> float:
         """How long an execution waits for the thread's kernel to be free."""
         return self.settings.exec_timeout_s + self.settings.start_timeout_s + 30
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
-        self.heartbeat.start()  # before any container carries this worker's id
+        self.workers.start()  # before any container carries this worker's id
         await self.reaper.reap_host(time.time())  # orphans of an earlier run (or a crashed worker) go now
         await asyncio.to_thread(self.refresh_health)
         self._tasks.append(asyncio.create_task(self.reaper.run(), name="kernel-reaper"))
@@ -136,7 +148,7 @@ class KernelRegistry:
             self.table.remove_pool(session.placement.kernel_id)
         self.sessions.clear()
         self.pool.clear()
-        await self.heartbeat.stop()
+        await self.workers.stop()
 
     async def reap_once(self, now: float | None = None) -> list[tuple[SessionKey, str]]:
         """One reaper round (reaper.py), then the pool refilled; the (thread, reason) of each
@@ -267,10 +279,10 @@ class KernelRegistry:
             if not await acquire_async(lock, self.settings.start_timeout_s):
                 return
             try:
-                if len(self.table.kernels()) >= self.settings.max_kernels:
-                    return  # the host is at its cap: no spare kernel
                 placement = self._placement()
-                self.table.save_pool(self._pool_record(placement))  # counted from now on
+                self.table.reserve(self._pool_record(placement), self.caps)  # counted from now on
+            except KernelCapReached:
+                return  # the server is at its cap: no spare kernel
             finally:
                 lock.release()
             session = await self._launch(placement)
@@ -315,10 +327,10 @@ class KernelRegistry:
                     await self.dispose(candidate)
             now = time.time()
             if session is not None:
-                self.table.save(self._record(key, session.placement, session.kernel, session.started_at, now))
+                self._reserve(self._record(key, session.placement, session.kernel, session.started_at, now), session)
             else:
                 placement = self._placement()
-                self.table.save(self._record(key, placement, None, now, now))  # reserved
+                self._reserve(self._record(key, placement, None, now, now))  # reserved
         finally:
             lock.release()
         if session is None:
@@ -341,6 +353,19 @@ class KernelRegistry:
         self.table.save(self._record(key, session.placement, session.kernel, session.started_at, session.last_used))
         self._fill_pool()  # a used kernel never returns to the pool; start a replacement
         return session
+
+    def _reserve(self, rec: KernelRecord, pooled: KernelSession | None = None) -> None:
+        """Save the record of a kernel being handed out, if the caps still allow it (another host
+        may have made room for itself at the same time): else the pool kernel goes back."""
+        try:
+            self.table.reserve(rec, self.caps)
+        except KernelCapReached as exc:
+            if pooled is not None:
+                self.pool.insert(0, pooled)
+                self.table.save_pool(self._pool_record(pooled.placement, pooled.kernel))
+            mine = f"you already have {exc.count} Python kernels busy" if exc.scope == "user" else \
+                f"the server runs {exc.count} Python kernels"
+            raise KernelLimitReached(f"{mine} (limit {exc.limit}); wait for one to finish") from None
 
     async def _drop_pool(self) -> None:
         """End this worker's pre-started kernels (none of them may be handed out any more)."""
@@ -381,7 +406,7 @@ class KernelRegistry:
     async def _reclaim_lru(self, candidates: list[KernelRecord], reason: str) -> bool:
         """Reclaim the first idle one: orphans first, then the least recently used."""
         stale = self.settings.owner_stale_s
-        order = sorted(candidates, key=lambda r: (owner_alive(self.home, r.owner, stale), r.last_used))
+        order = sorted(candidates, key=lambda r: (self.workers.owner_alive(r.owner, stale), r.last_used))
         for rec in order:
             if rec.key is not None and await self.reclaim_if_idle(rec.key, f"the previous one was reclaimed: {reason}"):
                 return True
@@ -504,7 +529,7 @@ class KernelRegistry:
     async def _reach(self, key: SessionKey, rec: KernelRecord) -> KernelSession | None:
         """Attach to the thread's kernel that another worker started; None (and the reason saved
         for the notice) when its owner is gone or it cannot be reached."""
-        if not owner_alive(self.home, rec.owner, self.settings.owner_stale_s):
+        if not self.workers.owner_alive(rec.owner, self.settings.owner_stale_s):
             log.info("kernel %s of %s is an orphan (worker %s is gone): ending it", rec.kernel_id, key, rec.owner)
             await self.end_record(rec)
             self._save_gone(rec, ORPHAN_NOTICE)
