@@ -28,11 +28,11 @@ import os
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator
 
 from datadesk.domain.artifacts import Artifact
+from datadesk.state.artifacts import Drift, Row, ThreadKey, Totals, Victim, scope_of  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -81,87 +81,6 @@ _UPSERT = ("INSERT INTO artifacts VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(thread,
 # files before it was written must not bring the artifact back
 _DEAD = ("INSERT INTO artifacts VALUES (?,?,?,0,0,0,0,0,?) ON CONFLICT(thread, aid) DO UPDATE SET "
          "live=0, stored=0, deliverable=0, saved_ns=excluded.saved_ns")
-
-
-class ThreadKey(NamedTuple):
-    """A thread as the ledger names it: workspace, user (its folder's name) and thread id."""
-
-    workspace: str
-    user: str
-    thread: str
-
-    @property
-    def path(self) -> str:
-        return f"{self.workspace}/{self.user}/{self.thread}"
-
-    @classmethod
-    def parse(cls, path: str) -> "ThreadKey":
-        ws, user, tid = path.split("/")
-        return cls(ws, user, tid)
-
-
-class Row(NamedTuple):
-    """What one artifact counts: (thread, aid, user, live, stored, deliverable, last_used, created)."""
-
-    thread: str
-    aid: str
-    user: str
-    live: int
-    stored: int
-    deliverable: int
-    last_used: float
-    created: float
-
-    @property
-    def counts(self) -> bool:
-        """False for a dead row (the artifact expired, was discarded, or its thread cleared)."""
-        return bool(self.live or self.deliverable)
-
-    @classmethod
-    def of(cls, key: ThreadKey, art: Artifact) -> "Row | None":
-        """The row of `art`, or None when it counts against no quota (a tombstone)."""
-        if not art.available:
-            return None
-        live = int(art.is_cache)
-        deliv = art.bytes if art.kind == "deliverable" else 0
-        return cls(key.path, art.id, key.user, live, art.stored_bytes, deliv, art.last_used, art.created)
-
-
-class Totals(NamedTuple):
-    count: int = 0  # live cache artifacts
-    bytes: int = 0  # their stored bytes (data and kept originals)
-    deliverable: int = 0  # bytes of kept deliverables
-
-
-class Victim(NamedTuple):
-    """A claimed artifact (its row is gone): the quota expires its files next."""
-
-    thread: str
-    aid: str
-    user: str
-    stored: int
-
-
-@dataclass
-class Drift:
-    """What a reconcile found different from the files."""
-
-    missing: int = 0  # a file without its row (a crash between the two, or a file restored by hand)
-    stale: int = 0  # a row without its file (deleted outside the app, a user removed)
-    changed: int = 0  # a row that says something else than its file
-    totals: int = 0  # totals that did not sum their rows
-    examples: list[str] = field(default_factory=list)
-
-    @property
-    def rows(self) -> int:
-        return self.missing + self.stale + self.changed
-
-
-def scope_of(key: ThreadKey | None = None, user: str | None = None) -> str:
-    """The totals key of a thread, a user, or (neither) the host."""
-    if key is not None:
-        return f"t:{key.path}"
-    return f"u:{user}" if user is not None else "*"
 
 
 class LedgerView:
@@ -228,6 +147,8 @@ class LedgerView:
 
 class ArtifactLedger:
     """The ledger file of one home; one connection per process, used by one thread at a time."""
+
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)  # what a failing ledger raises (quota.py)
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)

@@ -18,20 +18,18 @@ drifted from them, and then runs the full pass over every thread and user.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable
 
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from datadesk.domain.artifacts import Artifact
-from datadesk.offload.artifacts.ledger import BATCH, Drift, LedgerView, ThreadKey, Victim, scope_of
-from datadesk.offload.artifacts.store import ArtifactStore, regular_file
+from datadesk.offload.artifacts.ledger import BATCH
 from datadesk.offload.artifacts.tempfiles import sweep_temp_files
 from datadesk.settings import OffloadSettings
-from datadesk.store.threads import Thread
+from datadesk.state.artifacts import (Artifacts, Drift, QuotaView as LedgerView, SweepBusy, ThreadKey, Victim,
+                                      scope_of)
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +51,12 @@ Claims = list[tuple[Victim, str]]  # claimed in the ledger, with the reason; the
 class ArtifactQuota:
     """Enforces the cache limits; safe to call from several processes (one sweep at a time)."""
 
-    def __init__(self, settings: OffloadSettings, store: ArtifactStore) -> None:
+    def __init__(self, settings: OffloadSettings, store: Artifacts) -> None:
         self.settings = settings
         self.store = store
         self.ledger = store.ledger
-        self._lock = FileLock(str(store.layout.home / ".artifact-sweep.lock"))
+        self._errors = store.ledger.errors  # what a failing ledger raises: logged, never fails a write
+        self._lock = store.sweep_lock()  # one sweep per home (a file lock) or per cluster
         self._checked_open = -1  # the ledger connection whose file was seen built
 
     def after_create(self, art: Artifact, *more: Artifact) -> list[Eviction]:
@@ -77,7 +76,7 @@ class ArtifactQuota:
                 return []
             with self.ledger.transaction() as view:
                 claims = self._claim(view, threads, users, user, protect, now)
-        except sqlite3.Error as exc:  # the data is written; the next sweep enforces the limits
+        except self._errors as exc:  # the data is written; the next sweep enforces the limits
             log.warning("quota check after %s skipped: the artifact ledger failed (%s)", art.id, exc)
             return []
         return self._expire(claims)
@@ -89,7 +88,7 @@ class ArtifactQuota:
         try:
             with self._lock.acquire(timeout=30 if wait else 0):
                 return self._enforce_all(trigger_user, set(protect))
-        except Timeout:
+        except (Timeout, SweepBusy):
             return []  # another worker is sweeping right now
 
     def sweep_round(self, interval_s: float) -> list[Eviction] | None:
@@ -98,20 +97,17 @@ class ArtifactQuota:
         corrects the ledger from the metadata files, runs the full pass (TTL, every thread and
         user, global), and removes what a crash left in artifacts folders (stale temp files,
         orphan data)."""
-        marker = Path(self._lock.lock_file).with_name(".artifact-sweep.last")
         try:
             with self._lock.acquire(timeout=0):
-                try:
-                    if time.time() - marker.stat().st_mtime < interval_s * 0.9:
-                        return None
-                except FileNotFoundError:
-                    pass
+                last = self._lock.last_swept()
+                if last is not None and time.time() - last < interval_s * 0.9:
+                    return None
                 self.reconcile()
                 evicted = self._enforce_all(None, set())
                 sweep_temp_files(self.store)
-                marker.touch()
+                self._lock.mark_swept()
                 return evicted
-        except Timeout:
+        except (Timeout, SweepBusy):
             return None
 
     def start(self) -> None:
@@ -146,7 +142,7 @@ class ArtifactQuota:
                 with self._lock.acquire(timeout=30):
                     if not self.ledger.built():
                         self.reconcile()
-            except Timeout:  # a sweep is running (it builds it): counted as far as the ledger knows
+            except (Timeout, SweepBusy):  # a sweep is running (it builds it): counted as far as the ledger knows
                 return
         self._checked_open = self.ledger.opens
 
@@ -169,7 +165,7 @@ class ArtifactQuota:
                 threads = view.over("t", s.thread_max_count, s.thread_max_bytes)
                 users = view.over("u", s.user_max_count, s.user_max_bytes)
                 claims = self._claim(view, threads, users, trigger_user, protect, time.time())
-        except sqlite3.Error as exc:
+        except self._errors as exc:
             log.warning("quota pass skipped: the artifact ledger failed (%s)", exc)
             return []
         return self._expire(claims)
@@ -199,10 +195,9 @@ class ArtifactQuota:
         if not view.claim(victim):
             return False
         key = ThreadKey.parse(victim.thread)
-        tdir = self.store.layout.thread_dir(key.workspace, key.user, key.thread)
-        if regular_file(tdir / "artifacts" / f"{victim.aid}.json"):
+        if self.store.has_artifact(key, victim.aid):
             return True
-        if not tdir.is_dir():
+        if not self.store.has_thread(key):
             view.drop_thread(victim.thread)
         return False
 
@@ -252,8 +247,7 @@ class ArtifactQuota:
         for victim, reason in claims:
             key = ThreadKey.parse(victim.thread)
             try:
-                thread = Thread(self.store.layout.thread_dir(key.workspace, key.user, key.thread))
-                art = self.store.expire(thread, victim.aid)
+                art = self.store.expire_at(key, victim.aid)
             except Exception:  # one bad artifact never stops the others (its row is claimed: the sweep sees it)
                 log.exception("evicting artifact %s of %s failed", victim.aid, victim.user)
                 continue
@@ -270,7 +264,7 @@ class ArtifactQuota:
             self._ensure_built()
             totals, _ = self.ledger.read([scope_of(user=user)])
             return totals[scope_of(user=user)].deliverable
-        except sqlite3.Error as exc:
+        except self._errors as exc:
             log.warning("artifact ledger failed (%s): counting %s's deliverables from the files", exc, user)
             return sum(a.bytes for _, u, _, a in self.store.walk()
                        if u == user and a.kind == "deliverable" and a.available)

@@ -27,16 +27,13 @@ from filelock import FileLock
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.ids import check_id, new_id
 from datadesk.offload.artifacts.ledger import LEDGER_FILE, ArtifactLedger, Row, ThreadKey
+from datadesk.state.artifacts import ArtifactNotFound  # noqa: F401 (its home was here)
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
 from datadesk.store.threadlog import LogClosed
 from datadesk.store.threads import Thread
 
 log = logging.getLogger(__name__)
-
-
-class ArtifactNotFound(LookupError):
-    """No such artifact for this user (another user's artifact is also 'not found')."""
 
 
 def new_artifact_id() -> str:
@@ -51,8 +48,27 @@ def regular_file(path: Path) -> bool:
         return False
 
 
+class SweepLock(FileLock):
+    """The sweep's lock of one home (`.artifact-sweep.lock`) and when it last ran (the mtime of
+    `.artifact-sweep.last` beside it)."""
+
+    @property
+    def marker(self) -> Path:
+        return Path(self.lock_file).with_name(".artifact-sweep.last")
+
+    def last_swept(self) -> float | None:
+        try:
+            return self.marker.stat().st_mtime
+        except FileNotFoundError:
+            return None
+
+    def mark_swept(self) -> None:
+        self.marker.touch()
+
+
 class ArtifactStore:
-    """Reads and writes artifact metadata; finds a user's artifact by id."""
+    """Reads and writes artifact metadata; finds a user's artifact by id (the embedded
+    `state.artifacts.Artifacts`)."""
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
@@ -88,6 +104,23 @@ class ArtifactStore:
     def forget_thread(self, thread: Thread) -> None:
         """The thread was cleared or deleted: what it held no longer counts."""
         self._ledger_write(thread, "a cleared thread", self.ledger.forget_thread)
+
+    def sweep_lock(self) -> SweepLock:
+        return SweepLock(str(self.layout.home / ".artifact-sweep.lock"))
+
+    def has_artifact(self, key: ThreadKey, aid: str) -> bool:
+        """Whether the metadata file of `aid` is there (a ledger row may outlive it)."""
+        return regular_file(self._key_dir(key) / "artifacts" / f"{aid}.json")
+
+    def has_thread(self, key: ThreadKey) -> bool:
+        return self._key_dir(key).is_dir()
+
+    def expire_at(self, key: ThreadKey, aid: str) -> Artifact | None:
+        """`expire` of the thread the ledger names `key`."""
+        return self.expire(Thread(self._key_dir(key)), aid)
+
+    def _key_dir(self, key: ThreadKey) -> Path:
+        return self.layout.thread_dir(key.workspace, key.user, key.thread)
 
     def counted_rows(self) -> Iterator[Row]:
         """What the ledger should hold, read from every metadata file on this host (the sweep)."""
@@ -171,6 +204,17 @@ class ArtifactStore:
         if art.kind == "upload":  # only an upload keeps one (no listing of a large folder for the rest)
             found.update(thread.artifacts_dir.glob(self.original_name(art.id, "*")))
         return [p for p in found if p.parent == thread.artifacts_dir]
+
+    def original_path(self, thread: Thread, art: Artifact) -> Path:
+        """Where an upload's kept original is (it may be missing)."""
+        return thread.artifacts_dir / (art.original or self.original_name(art.id, "csv"))
+
+    def kept_original(self, thread: Thread, art: Artifact) -> None:
+        """The original is in place beside the data: nothing more to do here (it is the file)."""
+
+    def kernel_files(self, thread: Thread) -> Path:
+        """The folder a kernel's /data is linked from: the artifacts folder itself."""
+        return thread.artifacts_dir
 
     def list(self, thread: Thread) -> list[Artifact]:
         d = thread.artifacts_dir
