@@ -1,14 +1,18 @@
-"""`MemoryStore`: one `memory.json` per workspace + user, and every rule of memory.
+"""`MemoryStore`: one memory document per workspace + user, and every rule of memory.
 
-Files, in `Layout.user_dir(ws, uid)` (never shared across users or workspaces):
+Storage (`state.memory.MemoryDocs`, passed in; never shared across users or workspaces):
 
-- `memory.json`: the user's switch, the facts, and the sha256 of hard-deleted
-  texts (`MemoryDoc`). Written atomically under `memory.json.lock` (a
-  cross-process `filelock`), so the server, background jobs and the CLI
-  never lose each other's writes.
-- `memory.audit.jsonl`: append-only events (created, confirmed, resolved,
-  edited, superseded, forgotten, deleted) with fact ids, status and times but
-  never the text, so a hard delete leaves nothing readable.
+- the embedded default, `FileMemoryDocs`, in `Layout.user_dir(ws, uid)`: `memory.json`
+  (the user's switch, the facts, and the sha256 of hard-deleted texts: `MemoryDoc`),
+  written atomically under `memory.json.lock` (a cross-process `filelock`), so the
+  server, background jobs and the CLI never lose each other's writes; and
+  `memory.audit.jsonl`, the append-only audit;
+- the cluster set, `cluster.memory.PgMemoryDocs`: one row per user updated under
+  `SELECT ... FOR UPDATE`, the audit in a table, both in one transaction.
+
+The audit holds events (created, confirmed, resolved, edited, superseded, forgotten,
+deleted) with fact ids, status and times but never the text, so a hard delete leaves
+nothing readable.
 
 Rules (DESIGN section 8):
 
@@ -33,7 +37,7 @@ Rules (DESIGN section 8):
 Errors: `MemoryInputError` (bad text, kind, importance, scope, a secret, a
 deleted text) with its subclasses `DuplicateFact` and `FactStateError` (an
 operation the fact's status does not allow); `FactNotFound` for an unknown
-id; `MemoryStoreError` for an unreadable `memory.json`.
+id; `MemoryStoreError` for an unreadable stored document.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import msgspec
 from filelock import FileLock
@@ -67,6 +71,7 @@ from datadesk.memory.model import (
 )
 from datadesk.memory.secrets import find_secrets
 from datadesk.settings import MemorySettings
+from datadesk.state.memory import AuditEvent, MemoryDocs, MemoryStoreError
 from datadesk.store.files import read_json, write_json
 from datadesk.store.layout import Layout
 
@@ -94,22 +99,6 @@ class FactNotFound(LookupError):
     """No fact with this id in this user's memory of this workspace."""
 
 
-class MemoryStoreError(RuntimeError):
-    """`memory.json` exists but cannot be read."""
-
-
-class AuditEvent(msgspec.Struct, omit_defaults=True):
-    """One line of `memory.audit.jsonl`. Never the fact text."""
-
-    ts: float
-    event: str  # created | confirmed | resolved | edited | superseded | forgotten | deleted
-    fact: str
-    status: str | None = None
-    kind: str | None = None
-    source: str | None = None
-    reason: str | None = None  # a fixed code ("capacity", "history limit", ...), never user text
-
-
 def memory_access(workspace_on: bool, permissions: Iterable[str], workspace: str = "") -> tuple[bool, str]:
     """Whether the workspace flag and the user's permission allow memory (the panel's gate)."""
     if not workspace_on:
@@ -120,23 +109,21 @@ def memory_access(workspace_on: bool, permissions: Iterable[str], workspace: str
     return True, ""
 
 
-class MemoryStore:
-    """Facts of one user in one workspace, with the rules of the module docstring."""
+class FileMemoryDocs:
+    """`MemoryDocs` of the embedded set: `memory.json` (written atomically under
+    `memory.json.lock`, a cross-process `filelock`) and `memory.audit.jsonl`, in
+    `Layout.user_dir(ws, uid)`."""
 
-    def __init__(self, layout: Layout, settings: MemorySettings | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, layout: Layout) -> None:
         self.layout = layout
-        self.settings = settings or MemorySettings()
-        self.clock = clock
 
-    # -- files -----------------------------------------------------------------
     def path(self, ws: str, uid: str) -> Path:
         return self.layout.user_dir(ws, uid) / "memory.json"
 
     def audit_path(self, ws: str, uid: str) -> Path:
         return self.layout.user_dir(ws, uid) / "memory.audit.jsonl"
 
-    def _load(self, ws: str, uid: str) -> MemoryDoc:
+    def read(self, ws: str, uid: str) -> MemoryDoc:
         path = self.path(ws, uid)
         try:
             return msgspec.convert(read_json(path, {}), MemoryDoc)
@@ -144,18 +131,67 @@ class MemoryStore:
             raise MemoryStoreError(f"{path}: unreadable memory file: {exc}") from exc
 
     @contextlib.contextmanager
-    def _update(self, ws: str, uid: str) -> Iterator[tuple[MemoryDoc, list[AuditEvent]]]:
+    def update(self, ws: str, uid: str) -> Iterator[tuple[MemoryDoc, list[AuditEvent]]]:
         """Load, change and save `memory.json` under its file lock; then append the audit events."""
         path = self.path(ws, uid)
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path) + ".lock"):
-            doc = self._load(ws, uid)
+            doc = self.read(ws, uid)
             events: list[AuditEvent] = []
             yield doc, events
             write_json(path, doc, mode=0o600)
             if events:
                 with open(self.audit_path(ws, uid), "ab") as fh:
                     fh.write(b"".join(msgspec.json.encode(e) + b"\n" for e in events))
+
+    def audit(self, ws: str, uid: str) -> list[AuditEvent]:
+        try:
+            raw = self.audit_path(ws, uid).read_bytes()
+        except FileNotFoundError:
+            return []
+        events = []
+        for line in raw.splitlines():
+            try:
+                events.append(msgspec.json.decode(line, type=AuditEvent))
+            except (msgspec.DecodeError, msgspec.ValidationError):  # a torn last line
+                log.warning("%s: skipping an unreadable audit line", self.audit_path(ws, uid))
+        return events
+
+
+class MemoryStore:
+    """Facts of one user in one workspace, with the rules of the module docstring.
+
+    `docs` is where the documents live (`state.memory.MemoryDocs`): by default the files of
+    `FileMemoryDocs`, in the cluster set `cluster.memory.PgMemoryDocs`. `threads` is the
+    thread store whose summaries a hard delete redacts (by default the files' `ThreadStore`)."""
+
+    def __init__(self, layout: Layout, settings: MemorySettings | None = None,
+                 clock: Callable[[], float] = time.time, docs: MemoryDocs | None = None,
+                 threads: Any = None) -> None:
+        self.layout = layout
+        self.settings = settings or MemorySettings()
+        self.clock = clock
+        self.docs: MemoryDocs = docs if docs is not None else FileMemoryDocs(layout)
+        self.threads = threads
+
+    # -- storage -----------------------------------------------------------------
+    def path(self, ws: str, uid: str) -> Path:
+        """Where the embedded set keeps `memory.json` (the files' layout, whatever `docs` is)."""
+        return FileMemoryDocs(self.layout).path(ws, uid)
+
+    def audit_path(self, ws: str, uid: str) -> Path:
+        return FileMemoryDocs(self.layout).audit_path(ws, uid)
+
+    def _load(self, ws: str, uid: str) -> MemoryDoc:
+        return self.docs.read(ws, uid)
+
+    def _update(self, ws: str, uid: str) -> ContextManager[tuple[MemoryDoc, list[AuditEvent]]]:
+        """The user's document locked for a change, saved with its audit events on a normal exit."""
+        return self.docs.update(ws, uid)
+
+    def audit(self, ws: str, uid: str) -> list[AuditEvent]:
+        """The user's audit events, oldest first (never a fact's text)."""
+        return self.docs.audit(ws, uid)
 
     # -- reading ---------------------------------------------------------------
     def facts(self, ws: str, uid: str) -> list[Fact]:
@@ -452,14 +488,17 @@ class MemoryStore:
     # -- summary redaction -------------------------------------------------------
     def redact_summaries(self, ws: str, uid: str, texts: Iterable[str]) -> int:
         """Replace `texts` (case and spacing insensitive) with "[deleted memory]" in this user's thread
-        summaries of this workspace (the current one and its revisions). Returns files changed."""
-        from datadesk.store.threads import ThreadStore
-
+        summaries of this workspace (the current one and its revisions). Returns documents changed."""
         patterns = [p for p in (_text_pattern(t) for t in texts) if p is not None]
         if not patterns:
             return 0
+        threads = self.threads
+        if threads is None:
+            from datadesk.store.threads import ThreadStore
+
+            threads = ThreadStore(self.layout)
         return sum(thread.rewrite_summaries(lambda value: _redact(value, patterns))
-                   for thread in ThreadStore(self.layout).folders(ws, uid))
+                   for thread in threads.folders(ws, uid))
 
 
 def _need(doc: MemoryDoc, fid: str) -> Fact:

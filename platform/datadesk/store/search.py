@@ -12,6 +12,9 @@ logs, never the truth:
   tail of the log);
 - clear drops the thread's records (the title stays), delete drops the thread.
 
+The hit, the errors and the protocols are in `state/search.py` (re-exported here); the
+cluster set's PostgreSQL index is `cluster/search.py`.
+
 Per-user isolation is structural: a user's index holds only that user's threads, and a
 search opens only the indexes of the caller's own folders. A query's cost is bounded: at
 most `MAX_QUERY_CHARS` and `MAX_TERMS` terms, built into an FTS5 expression here (the user's
@@ -29,7 +32,6 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
@@ -37,6 +39,7 @@ import msgspec
 
 from datadesk.domain.ids import check_id
 from datadesk.domain.records import Record
+from datadesk.state.search import BadSearchQuery, SearchHit, SearchTooCostly
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +69,6 @@ CREATE TABLE IF NOT EXISTS threads(
 """
 
 
-class BadSearchQuery(ValueError):
-    """The search text cannot be searched (empty, too long, too many terms, unbalanced quote)."""
-
-
-class SearchTooCostly(BadSearchQuery):
-    """The query ran past its deadline: the words are too common or too short."""
-
-
 class IndexedThread(Protocol):
     """What the index needs of a thread (store.threads.Thread): its folder, meta and log."""
 
@@ -82,30 +77,16 @@ class IndexedThread(Protocol):
     log: Any
 
 
-@dataclass
-class SearchHit:
-    """One matching record (or title, `seq` 0) of one thread."""
-
-    thread: str
-    workspace: str
-    title: str
-    seq: int
-    role: str
-    ts: float
-    updated: float
-    snippet: str
-    highlights: list[tuple[int, int]]  # [start, end) character offsets of the matched words in `snippet`
-
-
 # -- the query --------------------------------------------------------------------------
 _TOKEN = re.compile(r'"([^"]*)"|(\S+)')
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
-def fts_query(text: str) -> str:
-    """The FTS5 expression for a user's search text: every word must occur (AND), `"a b"` is a
-    phrase, `word*` a prefix, and the last word is a prefix (search as you type). The user's text
-    is reduced to words and re-quoted, so no FTS5 syntax of theirs is ever parsed."""
+def query_terms(text: str) -> list[tuple[list[str], bool]]:
+    """The terms of a user's search text, each (words, is_prefix): every term must occur (AND),
+    `"a b"` is a phrase, `word*` a prefix, and the last word is a prefix (search as you type).
+    The text is reduced to words here, so no syntax of the user's reaches an engine; both
+    indexes (FTS5 here, PostgreSQL in cluster/search.py) build their query from these terms."""
     q = " ".join(str(text or "").split())
     if not q:
         raise BadSearchQuery("search query is empty: type a word to search for")
@@ -113,22 +94,27 @@ def fts_query(text: str) -> str:
         raise BadSearchQuery(f"search query is too long ({len(q)} chars; limit {MAX_QUERY_CHARS})")
     if q.count('"') % 2:
         raise BadSearchQuery("search query has an unbalanced double quote: close the phrase with \"")
-    terms: list[str] = []
+    terms: list[tuple[list[str], bool]] = []
     bare_last = False  # the last term is a plain word: searched as a prefix
     for phrase, word in _TOKEN.findall(q):
         words = _WORD.findall(phrase if phrase else word)
         if not words:
             continue
         prefix = (not phrase) and word.endswith("*")
-        terms.append('"' + " ".join(words) + '"' + ("*" if prefix else ""))
+        terms.append((words, prefix))
         bare_last = not phrase and not prefix and len(words) == 1 and len(words[0]) >= 3
     if not terms:
         raise BadSearchQuery(f"search query {q[:60]!r} has no words to search for (letters or digits)")
     if len(terms) > MAX_TERMS:
         raise BadSearchQuery(f"search query has {len(terms)} terms; at most {MAX_TERMS}")
     if bare_last:
-        terms[-1] += "*"
-    return " ".join(terms)
+        terms[-1] = (terms[-1][0], True)
+    return terms
+
+
+def fts_query(text: str) -> str:
+    """The FTS5 expression for a user's search text (the rules of `query_terms`)."""
+    return " ".join('"' + " ".join(words) + '"' + ("*" if prefix else "") for words, prefix in query_terms(text))
 
 
 # -- what a record contributes ------------------------------------------------------------
@@ -343,6 +329,17 @@ def indexed_reset(thread: IndexedThread, drop: bool) -> None:
         log.warning("search index of %s not reset (%s)", thread.dir.name, exc)
 
 
+class FileSearchIndexer:
+    """The embedded set's `state.search.SearchIndexer`: the two functions above, as an object a
+    thread store can hold (the cluster set's is `cluster.search.PgSearch`)."""
+
+    def indexed_append(self, thread: IndexedThread, record: Record) -> None:
+        indexed_append(thread, record)
+
+    def indexed_reset(self, thread: IndexedThread, drop: bool) -> None:
+        indexed_reset(thread, drop)
+
+
 # -- searching a user's threads -------------------------------------------------------------
 def _highlights(marked: str) -> tuple[str, list[tuple[int, int]]]:
     """Strip the \\x02/\\x03 markers of an FTS5 snippet into (text, [start, end) offsets)."""
@@ -378,7 +375,8 @@ def _unchanged(tdir: Path, known: tuple | None) -> bool:
 
 
 class ThreadSearch:
-    """Search one user's threads across the workspaces they are a member of."""
+    """Search one user's threads across the workspaces they are a member of (the embedded
+    set's `state.search.SearchIndex`)."""
 
     def __init__(self, layout: Any, open_thread: Callable[[Path], IndexedThread]) -> None:
         self.layout = layout  # store.layout.Layout
