@@ -109,6 +109,7 @@ class MemoryCounter:
         return found[0] if found else 0.0
 
     def reset(self, key: str) -> None:
+        check_hit(key, 1.0)
         with self._lock:
             for slot in [s for s in self._windows if s[0] == key]:
                 del self._windows[slot]

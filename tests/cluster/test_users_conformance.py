@@ -1,0 +1,322 @@
+"""`Users` conformance on both sets (users.json + sessions.json; PostgreSQL): every method, bad
+inputs, revocation, expiry, secrets stored only as hashes, two stores (two hosts) seeing each
+other's writes at once, and one login code redeemed from two threads at once (exactly one wins).
+Also the shared secret: one CSRF key for every host from `server.secret_key`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from datadesk.domain.users import User
+from datadesk.state.users import UserError, Users, credential_account, secret_hash
+from datadesk.store.layout import Layout
+from datadesk.store.users import UserStore
+
+pytestmark = pytest.mark.cluster
+
+
+class Hosts:
+    """Makes `Users` of one set; `store(new_host=True)` is another host (cluster: its own pool)."""
+
+    def __init__(self, kind: str, home: Path, request) -> None:
+        self.kind, self.home = kind, home
+        self._dbs: list = []
+        if kind == "cluster":
+            self.url = request.getfixturevalue("cluster_db_url")
+            self.db = request.getfixturevalue("cluster_db")
+
+    def store(self, new_host: bool = False) -> Users:
+        if self.kind == "embedded":
+            return UserStore(Layout(self.home))
+        from datadesk.cluster.database import Database
+        from datadesk.cluster.users import build_users
+
+        if not new_host:
+            return build_users(self.db)
+        db = Database(self.url, max_size=4, name="host-b")
+        self._dbs.append(db)
+        return build_users(db)
+
+    def stored_text(self) -> str:
+        """Everything the set has stored, as text (to prove no secret is kept in clear)."""
+        if self.kind == "embedded":
+            return "".join(p.read_text() for p in sorted(self.home.glob("*.json")))
+        with self.db.connection() as conn:
+            rows = [conn.execute(f"SELECT * FROM {t}").fetchall()
+                    for t in ("users", "user_tokens", "login_codes", "sessions", "user_logins")]
+        return repr(rows)
+
+    def close(self) -> None:
+        for db in self._dbs:
+            db.close()
+
+
+@pytest.fixture(params=["embedded", "cluster"])
+def hosts(request, tmp_path):
+    h = Hosts(request.param, tmp_path, request)
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def users(hosts) -> Users:
+    return hosts.store()
+
+
+def test_both_sets_are_users(hosts) -> None:
+    assert isinstance(hosts.store(), Users) and isinstance(hosts.store(new_host=True), Users)
+
+
+def test_add_get_list_and_tokens(users) -> None:
+    assert users.list() == [] and users.get("alice") is None
+    alice, token = users.add("alice", ["demo", "sales", "demo"], ["memory", "code_execution"])
+    assert isinstance(alice, User) and alice.id == alice.name == "alice"
+    assert alice.workspaces == ["demo", "sales"] and alice.permissions == ["code_execution", "memory"]
+    assert alice.created > 0 and not alice.revoked and len(alice.tokens) == 1
+    assert token.startswith("ddt_alice.") and credential_account(token) == "alice"
+    users.add("bob", ["demo"])
+    assert [u.id for u in users.list()] == ["alice", "bob"]
+    got = users.get("alice")
+    assert got.workspaces == alice.workspaces and got.permissions == alice.permissions
+    assert got.tokens[0].hash == secret_hash(token) and got.can("memory") and not got.can("admin")
+    assert users.by_token(token).id == "alice"
+    extra = users.new_token("alice")
+    assert extra != token and users.by_token(extra).id == "alice" and users.by_token(token).id == "alice"
+    assert len(users.get("alice").tokens) == 2
+    assert users.get("bob").permissions == []
+
+
+def test_bad_inputs_are_refused_naming_what_was_wrong(users) -> None:
+    users.add("alice", ["demo"])
+    with pytest.raises(UserError, match="already exists"):
+        users.add("alice", ["sales"])
+    with pytest.raises(UserError, match="unknown permission"):
+        users.add("bob", ["demo"], ["root"])
+    with pytest.raises(UserError, match="at least one workspace"):
+        users.add("bob", [])
+    with pytest.raises(ValueError, match="user name"):
+        users.add("../bob", ["demo"])
+    with pytest.raises(ValueError, match="workspace"):
+        users.add("bob", ["../etc"])
+    for call in (lambda: users.revoke("nobody"), lambda: users.new_token("nobody"),
+                 lambda: users.new_login_code("nobody", 60), lambda: users.delete("nobody")):
+        with pytest.raises(UserError, match="no user named 'nobody'"):
+            call()
+    assert [u.id for u in users.list()] == ["alice"]  # nothing half-made by a refused add
+    for bad in ("", "ddt_alice.guess", "ddt_oldstyle", "x" * 5000, "\u00e9\u0000"):
+        assert users.by_token(bad) is None and users.by_session(bad) is None
+        assert users.peek_login_code(bad) is None and users.redeem_login_code(bad) is None
+    users.end_session("not-a-session")  # unknown ids are ignored
+
+
+def test_revoking_stops_every_token_code_and_session_at_once(users) -> None:
+    _, token = users.add("alice", ["demo"])
+    users.add("bob", ["demo"])
+    extra = users.new_token("alice")
+    code = users.new_login_code("alice", 600)
+    sid = users.new_session("alice", 600)
+    bob_sid = users.new_session("bob", 600)
+    assert users.by_session(sid).id == "alice" and users.peek_login_code(code).id == "alice"
+    users.revoke("alice")
+    assert users.by_token(token) is None and users.by_token(extra) is None
+    assert users.by_session(sid) is None and users.peek_login_code(code) is None
+    assert users.redeem_login_code(code) is None
+    revoked = users.get("alice")
+    assert revoked.revoked and all(t.revoked for t in revoked.tokens)
+    assert [u.id for u in users.list()] == ["alice", "bob"]  # still listed, as revoked
+    assert users.by_session(bob_sid).id == "bob"  # other users untouched
+    assert users.by_token(users.new_token("alice")) is None  # a new token of a revoked user: no entry
+
+
+def test_login_codes_are_one_time_expiring_and_replace_earlier_ones(users) -> None:
+    users.add("alice", ["demo"])
+    users.add("bob", ["demo"])
+    code = users.new_login_code("alice", 60)
+    assert code.startswith("alice.") and credential_account(code) == "alice"
+    assert users.peek_login_code(code).id == "alice" and users.peek_login_code(code).id == "alice"  # not consumed
+    assert users.redeem_login_code(code).id == "alice"
+    assert users.redeem_login_code(code) is None and users.peek_login_code(code) is None
+    first, second = users.new_login_code("alice", 600), users.new_login_code("alice", 600)
+    bobs = users.new_login_code("bob", 600)
+    assert users.peek_login_code(first) is None and users.redeem_login_code(first) is None
+    assert users.peek_login_code(second).id == "alice" and users.peek_login_code(bobs).id == "bob"
+    assert users.redeem_login_code(users.new_login_code("bob", -1)) is None  # born expired
+    short = users.new_login_code("bob", 0.3)
+    assert users.peek_login_code(short).id == "bob"
+    time.sleep(0.5)
+    assert users.peek_login_code(short) is None and users.redeem_login_code(short) is None
+
+
+def test_sessions_expire_end_and_are_swept(hosts, users) -> None:
+    users.add("alice", ["demo"])
+    sid = users.new_session("alice", 600)
+    assert users.by_session(sid).id == "alice"
+    users.end_session(sid)
+    assert users.by_session(sid) is None
+    short = users.new_session("alice", 0.3)
+    assert users.by_session(short).id == "alice"
+    time.sleep(0.5)
+    assert users.by_session(short) is None
+    assert secret_hash(short) in hosts.stored_text()  # refused, not yet swept
+    users.new_session("alice", 600)
+    assert secret_hash(short) not in hosts.stored_text()  # swept by the next write
+    ghost = users.new_session("ghost", 600)  # nobody: an id that authenticates no one
+    assert users.by_session(ghost) is None
+
+
+def test_logins_are_recorded(users) -> None:
+    users.add("alice", ["demo"])
+    users.add("bob", ["demo"])
+    assert not users.has_logged_in("alice")
+    users.record_login("alice")
+    users.record_login("alice")
+    assert users.has_logged_in("alice") and not users.has_logged_in("bob")
+
+
+def test_delete_removes_the_user_and_its_credentials(users) -> None:
+    _, token = users.add("alice", ["demo"])
+    users.add("bob", ["demo"])
+    sid, code = users.new_session("alice", 600), users.new_login_code("alice", 600)
+    assert isinstance(users.delete("alice"), list)
+    assert users.get("alice") is None and [u.id for u in users.list()] == ["bob"]
+    assert users.by_token(token) is None and users.by_session(sid) is None and users.peek_login_code(code) is None
+    _, again = users.add("alice", ["sales"])  # the name is free again, with fresh credentials only
+    assert users.by_token(again).workspaces == ["sales"] and users.by_token(token) is None
+
+
+def test_secrets_are_stored_only_as_hashes(hosts, users) -> None:
+    _, token = users.add("alice", ["demo"])
+    extra, code, sid = users.new_token("alice"), users.new_login_code("alice", 600), users.new_session("alice", 600)
+    text = hosts.stored_text()
+    for secret in (token, extra, code, sid):
+        assert secret not in text and secret.rsplit(".", 1)[-1] not in text
+        assert secret_hash(secret) in text
+
+
+def test_two_hosts_see_each_others_writes_at_once(hosts) -> None:
+    a, b = hosts.store(), hosts.store(new_host=True)
+    _, token = a.add("alice", ["demo"])
+    assert b.by_token(token).id == "alice" and [u.id for u in b.list()] == ["alice"]
+    sid = b.new_session("alice", 600)
+    assert a.by_session(sid).id == "alice"
+    code = a.new_login_code("alice", 600)
+    assert b.redeem_login_code(code).id == "alice" and a.redeem_login_code(code) is None
+    a.record_login("alice")
+    assert b.has_logged_in("alice")
+    b.revoke("alice")
+    assert a.by_session(sid) is None and a.by_token(token) is None and a.get("alice").revoked
+    a.add("bob", ["demo"])
+    with pytest.raises(UserError, match="already exists"):
+        b.add("bob", ["demo"])  # names are unique across hosts
+    b.delete("bob")
+    assert a.get("bob") is None
+
+
+def test_one_code_redeemed_from_two_hosts_at_once_has_exactly_one_winner(hosts) -> None:
+    a, b = hosts.store(), hosts.store(new_host=True)
+    a.add("alice", ["demo"])
+    for _ in range(10):
+        code = a.new_login_code("alice", 600)
+        start = threading.Barrier(2)
+        won: list[User | None] = []
+
+        def redeem(store: Users) -> None:
+            start.wait()
+            won.append(store.redeem_login_code(code))
+
+        threads = [threading.Thread(target=redeem, args=(s,)) for s in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert sorted(w is None for w in won) == [False, True], won
+
+
+def test_two_hosts_making_codes_at_once_leave_one_live(hosts) -> None:
+    a, b = hosts.store(), hosts.store(new_host=True)
+    a.add("alice", ["demo"])
+    start = threading.Barrier(2)
+    codes: list[str] = []
+
+    def make(store: Users) -> None:
+        start.wait()
+        codes.append(store.new_login_code("alice", 600))
+
+    threads = [threading.Thread(target=make, args=(s,)) for s in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sum(a.peek_login_code(c) is not None for c in codes) == 1  # the later one voided the earlier
+
+
+# -- the shared secret ---------------------------------------------------------------------
+SECRET = "s3cret-" + "x" * 40
+
+
+def test_one_secret_gives_every_host_the_same_key_without_touching_the_home(tmp_path) -> None:
+    from datadesk.api.guards.security import csrf_token, derive_key, load_key
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    key = load_key(a, SECRET)
+    assert key == load_key(b, SECRET) and len(key) == 32
+    assert SECRET.encode() not in key and not (a / "csrf.key").exists() and not (b / "csrf.key").exists()
+    assert csrf_token(key, "sid") == csrf_token(load_key(b, SECRET), "sid")
+    assert load_key(a, SECRET + "y") != key and derive_key(SECRET, "other") != key
+    own = load_key(a)  # no secret: the home's own key, as before
+    assert own != key and (a / "csrf.key").read_bytes() == own and load_key(a, "") == own and load_key(a, None) == own
+
+
+def test_a_short_secret_is_refused_without_showing_it(tmp_path) -> None:
+    from datadesk.api.guards.security import load_key
+
+    with pytest.raises(ValueError, match="server.secret_key is too short") as info:
+        load_key(tmp_path, "hunter2-hunter2")
+    assert "hunter2" not in str(info.value)
+    with pytest.raises(TypeError, match="must be a string"):
+        load_key(tmp_path, 12345)  # type: ignore[arg-type]
+
+
+# -- two app processes behind one database --------------------------------------------------------
+def test_two_apps_share_users_sessions_csrf_and_login_limits(tmp_path, cluster_db, cluster_db_url) -> None:
+    """Two apps with separate homes, one database and one secret: a session made via one works
+    via the other (the CSRF token too), and failed logins via both count together."""
+    from litestar.testing import TestClient
+
+    from datadesk.cluster.counters import build_counters
+    from datadesk.cluster.database import Database
+    from datadesk.cluster.users import build_users
+    from datadesk.llm.scripted import ScriptedModel
+    from tests.conftest import make_harness
+
+    other = Database(cluster_db_url, max_size=4, name="host-b")
+    apps = []
+    for name, db in (("a", cluster_db), ("b", other)):
+        h = make_harness(tmp_path / name, ScriptedModel(then="ok"), server={"secret_key": SECRET},
+                         auth={"login_attempts_per_minute": 3})
+        h.rt.users, h.rt.counters = build_users(db), build_counters(db)
+        apps.append(h.app())
+    try:
+        _, token = build_users(cluster_db).add("dana", ["demo"])
+        with TestClient(apps[0]) as a, TestClient(apps[1]) as b:
+            r = b.post("/api/login", json={"token": token})
+            assert r.status_code == 200, r.text
+            csrf, sid = r.json()["csrf"], r.cookies["datadesk_session"]
+            a.cookies.set("datadesk_session", sid)
+            me = a.get("/api/me")
+            assert me.status_code == 200 and me.json()["csrf"] == csrf and me.json()["id"] == "dana"
+            assert a.post("/api/threads", json={}, headers={"X-CSRF-Token": csrf}).status_code == 201
+            assert a.post("/api/threads", json={}, headers={"X-CSRF-Token": "0" * 40}).status_code == 403
+            assert b.post("/api/logout", headers={"X-CSRF-Token": csrf}).status_code == 200
+            assert a.get("/api/me").status_code == 401  # logged out via B: gone via A at once
+            statuses = [c.post("/api/login", json={"token": "ddt_dana.guess"}).status_code for c in (a, b, a, b)]
+            assert statuses == [401, 401, 401, 429]  # 3 failures a minute for both apps together
+            assert a.post("/api/login", json={"token": token}).status_code == 429
+    finally:
+        other.close()
