@@ -320,3 +320,30 @@ def test_two_apps_share_users_sessions_csrf_and_login_limits(tmp_path, cluster_d
             assert a.post("/api/login", json={"token": token}).status_code == 429
     finally:
         other.close()
+
+
+def test_a_file_homes_users_and_sessions_are_copied_as_hashes(tmp_path, cluster_db) -> None:
+    """What `datadesk migrate` copies: users with their token hashes, revocation, last logins and
+    live sessions; the clear credentials handed out by the file home keep working. Twice is once."""
+    import msgspec
+
+    from datadesk.cluster.users import build_users
+
+    files = UserStore(Layout(tmp_path))
+    _, token = files.add("alice", ["demo", "sales"], ["memory"])
+    _, bobs = files.add("bob", ["demo"])
+    files.revoke("bob")
+    files.record_login("alice")
+    sid, old = files.new_session("alice", 600), files.new_session("alice", 0.01)
+    time.sleep(0.05)
+    pg = build_users(cluster_db)
+    sessions = msgspec.json.decode((tmp_path / "sessions.json").read_bytes())
+    for _ in range(2):
+        for user in files.list():
+            pg.import_user(user, 1.0 if files.has_logged_in(user.id) else None)
+        copied = [pg.import_session(h, s["user"], s["created"], s["expires"]) for h, s in sessions.items()]
+    assert sorted(copied) == [False, True]  # the expired one is not copied
+    assert pg.by_token(token).workspaces == ["demo", "sales"] and pg.by_token(bobs) is None
+    assert pg.by_session(sid).id == "alice" and pg.by_session(old) is None
+    assert pg.has_logged_in("alice") and not pg.has_logged_in("bob") and pg.get("bob").revoked
+    assert [u.id for u in pg.list()] == ["alice", "bob"] and len(pg.get("alice").tokens) == 1

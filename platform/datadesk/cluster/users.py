@@ -175,6 +175,36 @@ class PgUserStore:
         if sid and isinstance(sid, str):
             self._one("DELETE FROM sessions WHERE hash = %s RETURNING hash", (secret_hash(sid),))
 
+    # -- migration from a file home (`datadesk migrate`) ----------------------------------
+    def import_user(self, user: User, last_login: float | None = None) -> None:
+        """Copy one user as it is: its tokens keep their ids and hashes (the clear values are
+        not known, nor needed), revocation and times kept. Idempotent: a second run updates."""
+        with self.db.connection() as conn:
+            conn.execute(
+                "INSERT INTO users (id, name, workspaces, permissions, created_at, revoked)"
+                " VALUES (%s, %s, %s, %s, to_timestamp(%s), %s) ON CONFLICT (id) DO UPDATE SET"
+                " workspaces = EXCLUDED.workspaces, permissions = EXCLUDED.permissions, revoked = EXCLUDED.revoked",
+                (user.id, user.name, user.workspaces, user.permissions, user.created, user.revoked))
+            for tok in user.tokens:
+                conn.execute(
+                    "INSERT INTO user_tokens (id, user_id, hash, created_at, revoked)"
+                    " VALUES (%s, %s, %s, to_timestamp(%s), %s) ON CONFLICT (id) DO UPDATE SET revoked = EXCLUDED.revoked",
+                    (tok.id, user.id, tok.hash, tok.created, tok.revoked or user.revoked))
+            if last_login is not None:
+                conn.execute("INSERT INTO user_logins (user_id, last_at) VALUES (%s, to_timestamp(%s))"
+                             " ON CONFLICT (user_id) DO UPDATE SET last_at = EXCLUDED.last_at", (user.id, last_login))
+
+    def import_session(self, digest: str, uid: str, created: float, expires: float) -> bool:
+        """Copy one session by its stored hash; False (nothing copied) when its user is unknown
+        or it has expired. Idempotent."""
+        row = self._one(
+            "INSERT INTO sessions (hash, user_id, created_at, expires_at)"
+            " SELECT %(h)s, id, to_timestamp(%(c)s), to_timestamp(%(e)s) FROM users"
+            " WHERE id = %(u)s AND to_timestamp(%(e)s) > now()"
+            " ON CONFLICT (hash) DO UPDATE SET expires_at = EXCLUDED.expires_at RETURNING hash",
+            {"h": digest, "u": uid, "c": created, "e": expires})
+        return row is not None
+
 
 def build_users(db: Database, purge: Purge | None = None) -> PgUserStore:
     """The cluster user store on `db` (schema from migration 0002_users.sql); `purge(uid)`
