@@ -491,3 +491,50 @@ def test_scratch_folders_are_per_host_and_cleared(tset: ThreadSet, tmp_path: Pat
     removed = a.clear(thread)
     assert removed["artifacts"] == 1 and removed["bytes"] >= 12
     assert not thread.artifacts_dir.exists() and not thread.outputs_dir.exists()
+
+
+_DIES_HOLDING = r"""
+import os, signal, sys, time
+from pathlib import Path
+from datadesk.domain.records import Record
+from datadesk.store.layout import Layout
+kind, where, tid = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "embedded":
+    from datadesk.store.threads import ThreadStore
+    store = ThreadStore(Layout(Path(where)))
+else:
+    from datadesk.cluster.database import Database
+    from datadesk.cluster.threads import PgThreadStore
+    store = PgThreadStore(Database(where), Layout(Path(sys.argv[4])))
+thread = store.get(tid, "alice", ["ws"])
+with thread.guarded(0):
+    thread.append(lambda seq: Record(seq=seq, role="user", ts=time.time(), content="dying"), epoch=0)
+    print("holding", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_host_killed_while_holding_a_thread_leaves_it_writable(tset: ThreadSet, tmp_path: Path) -> None:
+    """SIGKILL inside a hold: the OS (a flock) or the server (the connection) lets go at once; the
+    cluster set loses the uncommitted append, and seqs go on contiguous either way."""
+    import subprocess
+    import sys
+
+    store = tset.store("a")
+    thread = store.create("ws", "alice")
+    thread.append(rec("kept"), epoch=0)
+    if tset.kind == "embedded":
+        args = ["embedded", str(tmp_path / "home"), thread.id]
+    else:
+        args = ["cluster", tset.db.url, thread.id, str(tmp_path / "home-dying")]
+    proc = subprocess.run([sys.executable, "-c", _DIES_HOLDING, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -9 and "holding" in proc.stdout, proc.stderr
+    started = time.monotonic()
+    made = thread.append(rec("after"), epoch=0)
+    assert time.monotonic() - started < 5
+    contents = [r.content for r in thread]
+    if tset.kind == "cluster":
+        assert contents == ["kept", "after"] and made.seq == 2  # the dead host's append was never committed
+    else:
+        assert contents == ["kept", "dying", "after"] and made.seq == 3  # a file append is not undone
+    assert [r.seq for r in thread] == list(range(1, made.seq + 1))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,14 @@ class Hold:
     conn: psycopg.Connection
     epoch: int
     last_seq: int
+    owner: int = 0  # the OS thread that holds it
+    live: bool = True  # False once its transaction ended
+
+
+def _joinable(held: Hold | None) -> Hold | None:
+    """`held` if it can be joined here: still open and held by this OS thread (a task or thread
+    started inside a hold inherits the context, never the transaction)."""
+    return held if held is not None and held.live and held.owner == threading.get_ident() else None
 
 
 # the holds of this context (OS thread or task), by (database, thread id): a write inside a
@@ -56,7 +65,7 @@ _FENCE = "SELECT EXISTS (SELECT 1 FROM turns WHERE thread_id = %s AND fence = %s
 
 
 def current_hold(thread: "PgThread") -> Hold | None:
-    return _HOLDS.get().get((id(thread.db), thread.id))
+    return _joinable(_HOLDS.get().get((id(thread.db), thread.id)))
 
 
 @contextlib.contextmanager
@@ -65,7 +74,7 @@ def hold(thread: "PgThread", epoch: int | None, fence: int | None = None) -> Ite
     with that fence holds it; LogClosed / TurnFenced otherwise. Nested holds join the outer."""
     key = (id(thread.db), thread.id)
     holds = _HOLDS.get()
-    outer = holds.get(key)
+    outer = _joinable(holds.get(key))
     if outer is not None:
         _check_epoch(thread, outer.epoch, epoch)
         if fence is not None and not outer.conn.execute(_FENCE, (thread.id, fence)).fetchone()["fenced"]:
@@ -82,11 +91,12 @@ def hold(thread: "PgThread", epoch: int | None, fence: int | None = None) -> Ite
         _check_epoch(thread, row["epoch"], epoch)
         if fence is not None and not row["fenced"]:
             raise _fenced(thread, fence)
-        held = Hold(conn, row["epoch"], row["last_seq"])
+        held = Hold(conn, row["epoch"], row["last_seq"], owner=threading.get_ident())
         token = _HOLDS.set({**holds, key: held})
         try:
             yield held
         finally:
+            held.live = False
             _HOLDS.reset(token)
 
 

@@ -209,8 +209,8 @@ class PgThread:
             return value
 
     def _put_doc(self, conn: psycopg.Connection, name: str, text: str, epoch: int) -> None:
-        conn.execute("INSERT INTO thread_docs (thread_id, name, value, epoch, updated) VALUES (%s, %s, %s::jsonb, %s, %s) "
-                     "ON CONFLICT (thread_id, name) DO UPDATE SET value = EXCLUDED.value, epoch = EXCLUDED.epoch, "
+        conn.execute("INSERT INTO thread_docs (thread_id, name, value, epoch, updated) "
+                     "VALUES (%s, %s, %s::jsonb, %s, %s) ON CONFLICT (thread_id, name) DO UPDATE SET value = EXCLUDED.value, epoch = EXCLUDED.epoch, "
                      "updated = EXCLUDED.updated", (self._id, name, text, epoch, time.time()))
 
     # -- line sets ----------------------------------------------------------------
@@ -394,9 +394,9 @@ class PgThreadStore:
                 if table == "records":
                     removed["records"] = int(row["n"])
             now = time.time()
-            row = conn.execute("UPDATE threads SET epoch = epoch + 1, last_seq = 0, updated = %s, meta = "
-                               "jsonb_set(meta, '{epoch}', to_jsonb(epoch + 1)) || jsonb_build_object('updated', %s::float8) "
-                               "WHERE id = %s RETURNING meta, epoch", (now, now, thread.id)).fetchone()
+            row = conn.execute("UPDATE threads SET epoch = epoch + 1, last_seq = 0, updated = %s, "
+                               "meta = jsonb_set(meta, '{epoch}', to_jsonb(epoch + 1)) "
+                               "|| jsonb_build_object('updated', %s::float8) WHERE id = %s RETURNING meta, epoch", (now, now, thread.id)).fetchone()
         thread.meta = meta_of(row)
         self._clear_scratch(thread, removed)
         if self.search is not None:
