@@ -70,11 +70,7 @@ class Hosts:
 
     def close(self) -> None:
         for reg in self._made:
-            if reg.directory is not None:
-                reg.directory.close()
-            close = getattr(reg.journal, "close", None)
-            if close is not None:
-                close()
+            reg.close()
         for db in self._dbs:
             db.close()
 

@@ -13,6 +13,10 @@ remove it. The header also names the writer (pid, its start time, host). A turn 
 process died leaves a file without `done`: chat/interrupted.py finishes the turn and ends
 the file (`append_to_file`), so re-attached clients get its end.
 
+Where the kept events go for the others is the turn's `EventSink` (state/journal.py): by default
+`FileSink`, the event file above; `FileEventJournal` is the embedded `EventJournal` around these
+functions, and the cluster set's (cluster/journal.py) writes rows instead, with the same ids.
+
 Bounds per turn: KEEP_BYTES of kept events (memory and file alike). Past PROGRESS_TEXT_BYTES
 the printed text of `tool.progress` is no longer kept (live subscribers still get it); past
 KEEP_BYTES only the events that end something are kept (ENDING). A subscriber that falls

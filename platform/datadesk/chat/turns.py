@@ -454,6 +454,14 @@ class TurnRegistry:
         async with self.directory.hold_wait(thread_id, wait_s, deleting):
             yield
 
+    def close(self) -> None:
+        """Let go of what the directory and the journal hold (connections, the writer thread),
+        after `cancel_all`, at shutdown."""
+        for part in (self.directory, self.journal):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
+
     async def cancel_all(self) -> None:
         for tid in list(self._by_thread):
             await self.cancel(tid)

@@ -46,6 +46,19 @@ CHANNEL = "turn_events"
 INSERT = ("INSERT INTO turn_events (thread_id, turn_id, n, type, data) VALUES (%s, %s, %s, %s, %s::jsonb) "
           "ON CONFLICT DO NOTHING")
 
+# a batch in one statement (so one transaction, no BEGIN/COMMIT round trips): commit without
+# waiting for the WAL flush, insert every row, notify each thread once (delivered at commit)
+WRITE_BATCH = """
+WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v),
+ins AS (
+    INSERT INTO turn_events (thread_id, turn_id, n, type, data)
+    SELECT r.thread_id, r.turn_id, r.n, r.type, r.data::jsonb
+    FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::text[]) AS r(thread_id, turn_id, n, type, data),
+         cfg
+    ON CONFLICT DO NOTHING
+    RETURNING thread_id)
+SELECT pg_notify(%s, t.thread_id) FROM (SELECT DISTINCT thread_id FROM ins) t"""
+
 _encode = msgspec.json.Encoder().encode
 
 
@@ -64,6 +77,7 @@ class _Writer:
         self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._mu = threading.Lock()
+        self._conn: psycopg.Connection | None = None  # the writer thread's own (autocommit)
 
     def put(self, batch: _Batch) -> None:
         with self._mu:
@@ -78,6 +92,9 @@ class _Writer:
         if thread is not None:
             self._queue.put(None)
             thread.join(timeout=CLOSE_WAIT_S)
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
     def _run(self) -> None:
         while True:
@@ -99,16 +116,14 @@ class _Writer:
 
     def _write(self, batches: list[_Batch]) -> None:
         rows = [r for b in batches for r in b.rows]
-        threads = sorted({b.thread_id for b in batches})
+        if not rows:
+            return
+        columns = [list(c) for c in zip(*rows)]
         for attempt in range(1, WRITE_TRIES + 1):
             try:
-                with self.db.connection() as conn:
-                    conn.execute("SET LOCAL synchronous_commit = off")
-                    if rows:
-                        with conn.cursor() as cur:
-                            cur.executemany(INSERT, rows)
-                    for tid in threads:
-                        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, tid))
+                if self._conn is None or self._conn.closed or self._conn.broken:
+                    self._conn = self.db.dedicated()
+                self._conn.execute(WRITE_BATCH, [*columns, CHANNEL])  # one statement, its own transaction
                 return
             except Exception as exc:  # followers miss these events; the turn itself goes on
                 if attempt == WRITE_TRIES:

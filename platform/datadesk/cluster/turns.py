@@ -323,7 +323,10 @@ class PgTurnDirectory:
             free, self._free = self._free, []
         for conn in free:
             conn.close()
-        self._listener = None  # its loop closes it (or it dies with the process)
+        listener, self._listener = self._listener, None
+        if listener is not None:  # no loop needed: libpq closes the socket
+            with contextlib.suppress(Exception):
+                listener[1].pgconn.finish()
 
 
 def _info(row: dict[str, Any]) -> TurnInfo:
