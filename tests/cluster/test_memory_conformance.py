@@ -248,6 +248,28 @@ def test_hard_delete_redacts_summaries_through_the_thread_store(hosts: Hosts) ->
     assert "Chinese" in fake.threads[("sales", UID)][0].summary["goal"]  # another workspace
 
 
+def test_hard_delete_redacts_the_sets_own_thread_summaries(hosts: Hosts) -> None:
+    """Through the set's real thread store: its summary, revisions and task state documents."""
+    if hosts.kind == "embedded":
+        from datadesk.store.threads import ThreadStore
+
+        threads = ThreadStore(hosts.layout)
+    else:
+        from datadesk.cluster.threads import PgThreadStore
+
+        threads = PgThreadStore(hosts.db, hosts.layout)
+    mine, other = threads.create(WS, UID, "Mine"), threads.create("sales", UID, "Other")
+    for t in (mine, other):
+        assert t.write_doc("summary", {"goal": "Reports are in Chinese", "n": 3}, t.epoch)
+        assert t.append_line("summary.revisions", b'{"goal": "reports are in  chinese."}', t.epoch, keep=5)
+    store = hosts.store(threads=threads)
+    f = store.remember(WS, UID, "Reports are in Chinese")
+    store.delete(WS, UID, f.id)
+    assert msgspec.json.decode(mine.read_doc("summary")) == {"goal": "[deleted memory]", "n": 3}
+    assert [msgspec.json.decode(x) for x in mine.lines("summary.revisions")] == [{"goal": "[deleted memory]"}]
+    assert b"Chinese" in other.read_doc("summary")  # another workspace: untouched
+
+
 def test_caps_supersede_the_lowest_score_and_bound_history(hosts: Hosts, clock: Clock) -> None:
     store = hosts.store(MemorySettings(max_active=2, max_inactive=2), clock=clock)
     a = store.remember(WS, UID, "Fact alpha about meters", importance=5)

@@ -78,6 +78,23 @@ class SearchSet:
         finally:
             self.threads.search = search
 
+    def delete_unindexed(self, thread) -> None:
+        """A delete whose index reset never ran."""
+        if self.kind == "embedded":
+            from datadesk.store import threads as mod
+
+            saved, mod.indexed_reset = mod.indexed_reset, lambda *a, **k: None
+            try:
+                self.threads.delete(thread)
+            finally:
+                mod.indexed_reset = saved
+            return
+        search, self.threads.search = self.threads.search, None
+        try:
+            self.threads.delete(thread)
+        finally:
+            self.threads.search = search
+
     def search(self, owner: str, text: str, limit: int = 20, workspaces: list[str] | None = None) -> list[SearchHit]:
         return self.index.search(owner, workspaces or [WS], text, limit)
 
@@ -193,6 +210,20 @@ def test_a_clear_whose_reset_was_lost_is_rebuilt(s: SearchSet) -> None:
     assert [h.seq for h in s.search("alice", "petrel")] == [1]
 
 
+def test_a_delete_whose_reset_was_lost_leaves_nothing_findable(s: SearchSet) -> None:
+    gone = s.create("alice", "Gone fulmar", ["the fulmar record"])
+    kept = s.create("alice", "Kept", ["another fulmar record"])
+    assert len(s.search("alice", "fulmar")) == 3
+    s.delete_unindexed(gone)
+    assert [h.thread for h in s.search("alice", "fulmar")] == [kept.id]
+    if s.kind == "cluster":  # and the leftovers were swept
+        with s.db.connection() as conn:
+            left = conn.execute("SELECT (SELECT count(*) FROM search_entries WHERE thread_id = %s)"
+                                " + (SELECT count(*) FROM search_marks WHERE thread_id = %s) AS n",
+                                (gone.id, gone.id)).fetchone()["n"]
+        assert left == 0
+
+
 def test_threads_made_before_the_index_are_indexed_at_the_first_search(s: SearchSet) -> None:
     t = s.create("alice", "Early", [])
     for i in range(3):
@@ -293,3 +324,18 @@ def test_a_query_past_its_deadline_is_too_costly(s: SearchSet) -> None:
         conn.execute("UPDATE search_marks SET seq = 1000000")
     with pytest.raises(SearchTooCostly, match="longer than"):
         slow.search("alice", [WS], "words")
+
+
+def test_search_holds_what_the_thread_holds_after_a_failed_guarded_write(s: SearchSet) -> None:
+    """An append inside `guarded` whose block then fails: the cluster set rolls the record back
+    (the index must not keep its text), the embedded log keeps it (the index finds it)."""
+    t = s.create("alice", "Guarded", ["first record"])
+    assert s.search("alice", "first")
+    with pytest.raises(RuntimeError, match="after the append"):
+        with t.guarded(t.epoch):
+            s.add(t, "the phalarope record")
+            raise RuntimeError("after the append")
+    s.add(t, "the next jaeger record")
+    kept = {r.seq: r.content for r in t}
+    assert [h.seq for h in s.search("alice", "phalarope")] == [seq for seq, c in kept.items() if "phalarope" in c]
+    assert [h.seq for h in s.search("alice", "jaeger")] == [seq for seq, c in kept.items() if "jaeger" in c]

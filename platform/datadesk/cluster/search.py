@@ -16,7 +16,8 @@ Both are derived from `threads` / `records` (migration 0004), never the truth:
   its mark is indexed from there, and one whose epoch moved (a clear whose reset was lost)
   is rebuilt. Each batch commits with its mark, so an interrupted sync resumes.
 - Titles are not copied: they are searched in `threads.meta` directly (always current).
-- Deleting a thread cascades to its entries and mark (foreign keys).
+- A delete drops the thread's entries and mark; what a lost delete leaves is invisible (a
+  search joins `threads`) and swept by the owner's next search.
 
 Tokens: like FTS5's unicode61, punctuation separates words (`orders.amount` is `orders` and
 `amount`; PostgreSQL's own parser would keep it one token), the 'simple' configuration folds
@@ -51,25 +52,37 @@ TSV = "to_tsvector('simple', regexp_replace({}, '[[:punct:]]+', ' ', 'g'))"  # a
 
 _TOKEN = re.compile(r"[^\W_]+")  # a word as the index sees it: letters and digits, punctuation splits
 
-# an append directly after the mark: the mark moves and the text goes in, as one statement
+# an append directly after the mark: the mark moves and the text goes in, as one statement;
+# only for a record this connection sees committed (an append inside a caller's open
+# transaction may still roll back: `sync` takes it once it is there)
+_COMMITTED = "EXISTS (SELECT 1 FROM records r WHERE r.thread_id = %(tid)s AND r.seq = %(seq)s)"
 _APPEND_FIRST = """
 WITH moved AS (
   INSERT INTO search_marks (thread_id, owner, workspace, epoch, seq)
-  SELECT id, owner, workspace, epoch, 1 FROM threads WHERE id = %(tid)s
+  SELECT id, owner, workspace, epoch, 1 FROM threads WHERE id = %(tid)s AND {committed}
   ON CONFLICT (thread_id) DO UPDATE SET seq = 1
   WHERE search_marks.seq = 0 AND search_marks.epoch = excluded.epoch
   RETURNING owner, workspace)
 INSERT INTO search_entries (thread_id, seq, owner, workspace, role, ts, text)
 SELECT %(tid)s, 1, owner, workspace, %(role)s, %(ts)s, %(text)s FROM moved WHERE %(text)s <> ''
-ON CONFLICT DO NOTHING"""
+ON CONFLICT DO NOTHING""".format(committed=_COMMITTED)
 _APPEND_NEXT = """
 WITH moved AS (
   UPDATE search_marks m SET seq = %(seq)s FROM threads t
   WHERE m.thread_id = %(tid)s AND t.id = m.thread_id AND m.seq = %(seq)s - 1 AND m.epoch = t.epoch
+    AND {committed}
   RETURNING m.owner, m.workspace)
 INSERT INTO search_entries (thread_id, seq, owner, workspace, role, ts, text)
 SELECT %(tid)s, %(seq)s, owner, workspace, %(role)s, %(ts)s, %(text)s FROM moved WHERE %(text)s <> ''
-ON CONFLICT DO NOTHING"""
+ON CONFLICT DO NOTHING""".format(committed=_COMMITTED)
+
+# what a delete whose reset was lost left behind
+_ORPHANS = """
+WITH gone AS (
+  DELETE FROM search_marks m WHERE m.owner = %s AND m.workspace = ANY(%s)
+    AND NOT EXISTS (SELECT 1 FROM threads t WHERE t.id = m.thread_id)
+  RETURNING m.thread_id)
+DELETE FROM search_entries s USING gone WHERE s.thread_id = gone.thread_id"""
 
 # threads of the owner whose index lags: no mark, another epoch, or records past the mark
 _STALE = """
@@ -79,18 +92,19 @@ WHERE t.owner = %s AND t.workspace = ANY(%s)
        OR EXISTS (SELECT 1 FROM records r WHERE r.thread_id = t.id AND r.seq > m.seq))
 ORDER BY t.updated DESC"""
 
+# the tsquery is written out (not a CTE) so the planner folds it and can use the GIN index
+_TSQ = "to_tsquery('simple', %(q)s)"
 _QUERY = f"""
-WITH q AS (SELECT to_tsquery('simple', %(q)s) AS q),
-hits AS (
-  (SELECT s.thread_id AS thread, s.workspace, s.seq, s.role, s.ts, ts_rank(s.tsv, q.q) AS rank, s.text
-   FROM search_entries s CROSS JOIN q
+WITH hits AS (
+  (SELECT s.thread_id AS thread, s.workspace, s.seq, s.role, s.ts, ts_rank(s.tsv, {_TSQ}) AS rank, s.text
+   FROM search_entries s
    JOIN threads t ON t.id = s.thread_id AND t.owner = s.owner AND t.workspace = s.workspace
-   WHERE s.owner = %(owner)s AND s.workspace = ANY(%(ws)s) AND s.tsv @@ q.q)
+   WHERE s.owner = %(owner)s AND s.workspace = ANY(%(ws)s) AND s.tsv @@ {_TSQ})
   UNION ALL
-  (SELECT t.id, t.workspace, 0, 'title', t.created, ts_rank({TSV.format("t.meta->>'title'")}, q.q),
+  (SELECT t.id, t.workspace, 0, 'title', t.created, ts_rank({TSV.format("t.meta->>'title'")}, {_TSQ}),
           t.meta->>'title'
-   FROM threads t CROSS JOIN q
-   WHERE t.owner = %(owner)s AND t.workspace = ANY(%(ws)s) AND {TSV.format("t.meta->>'title'")} @@ q.q)
+   FROM threads t
+   WHERE t.owner = %(owner)s AND t.workspace = ANY(%(ws)s) AND {TSV.format("t.meta->>'title'")} @@ {_TSQ})
   ORDER BY rank DESC, thread, seq LIMIT %(n)s)
 SELECT h.thread, h.workspace, h.seq, h.role, h.ts, h.rank, h.text,
        coalesce(t.meta->>'title', '') AS title, t.updated
@@ -134,7 +148,7 @@ class PgSearch:
 
     def indexed_reset(self, thread: Any, drop: bool) -> None:
         """After a clear: the thread's entries go and its mark restarts in the new epoch; after a
-        delete (`drop`): entries and mark go (the foreign keys do it too)."""
+        delete (`drop`): entries and mark go."""
         tid = _thread_id(thread)
         try:
             with self.db.connection() as conn:
@@ -154,6 +168,7 @@ class PgSearch:
         workspaces = [workspace] if isinstance(workspace, str) else list(workspace)
         stop = time.monotonic() + self.sync_budget_s
         with self.db.connection() as conn:
+            conn.execute(_ORPHANS, (owner, workspaces))
             stale = [r["id"] for r in conn.execute(_STALE, (owner, workspaces)).fetchall()]
         done = 0
         for tid in stale:
@@ -230,7 +245,9 @@ class PgSearch:
         with self.db.connection() as conn:
             conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{int(self.deadline_s * 1000)}ms",))
             try:
-                return conn.execute(_QUERY, {"q": query, "owner": owner, "ws": workspaces, "n": n}).fetchall()
+                # never prepared: a generic plan cannot see the query's words, and scans
+                return conn.execute(_QUERY, {"q": query, "owner": owner, "ws": workspaces, "n": n},
+                                    prepare=False).fetchall()
             except psycopg.errors.QueryCanceled:
                 raise SearchTooCostly(f"search took longer than {self.deadline_s:g} s: use longer or more "
                                       "specific words") from None

@@ -25,9 +25,11 @@ CREATE INDEX memory_audit_user ON memory_audit (workspace, user_id, id);
 -- search (cluster/search.py): the searchable text of each record (store/search.record_text),
 -- a derived index of the `records` table; titles are searched in `threads.meta` directly.
 -- Punctuation separates words before the 'simple' parser sees them, as FTS5's unicode61
--- does (the parser alone keeps `orders.amount` or `report.csv` one token)
+-- does (the parser alone keeps `orders.amount` or `report.csv` one token).
+-- No foreign key to `threads`: its KEY SHARE lock would make indexing wait for any host
+-- holding a thread row FOR UPDATE; a search joins `threads` and sweeps what a lost delete left
 CREATE TABLE search_entries (
-    thread_id text NOT NULL REFERENCES threads (id) ON DELETE CASCADE,
+    thread_id text NOT NULL,
     seq bigint NOT NULL,
     owner text NOT NULL,
     workspace text NOT NULL,
@@ -44,7 +46,7 @@ CREATE INDEX search_entries_owner ON search_entries (owner, workspace);
 -- a search first indexes what lies above it (an append whose indexing was lost in a crash)
 -- and rebuilds a thread whose epoch moved (a clear whose reset was lost)
 CREATE TABLE search_marks (
-    thread_id text PRIMARY KEY REFERENCES threads (id) ON DELETE CASCADE,
+    thread_id text PRIMARY KEY,
     owner text NOT NULL,
     workspace text NOT NULL,
     epoch bigint NOT NULL,
