@@ -354,3 +354,23 @@ def test_the_stored_document_is_a_memory_doc(hosts: Hosts, store: MemoryStore) -
     f = store.remember(WS, UID, "Reports in English")
     doc = hosts.docs().read(WS, UID)
     assert msgspec.json.decode(msgspec.json.encode(doc))["facts"][0]["id"] == f.id
+
+
+def test_a_lost_database_connection_is_a_clear_error_then_recovers(hosts: Hosts) -> None:
+    if hosts.kind == "embedded":
+        pytest.skip("the files have no connection to lose")
+    from datadesk.cluster.database import Database, DatabaseError
+    from datadesk.cluster.memory import build_memory_docs
+
+    db = Database(hosts.url, min_size=1, max_size=1, name="doomed")
+    try:
+        store = MemoryStore(hosts.layout, docs=build_memory_docs(db))
+        store.remember(WS, UID, "Reports in English")
+        with hosts.db.connection() as conn:  # the server drops that host's session
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'doomed'")
+        with pytest.raises(DatabaseError, match="memory could not reach the cluster database") as info:
+            store.facts(WS, UID)
+        assert "pw-" not in str(info.value)  # never the password
+        assert [f.text for f in store.facts(WS, UID)] == ["Reports in English"]  # a fresh connection
+    finally:
+        db.close()

@@ -339,3 +339,24 @@ def test_search_holds_what_the_thread_holds_after_a_failed_guarded_write(s: Sear
     kept = {r.seq: r.content for r in t}
     assert [h.seq for h in s.search("alice", "phalarope")] == [seq for seq, c in kept.items() if "phalarope" in c]
     assert [h.seq for h in s.search("alice", "jaeger")] == [seq for seq, c in kept.items() if "jaeger" in c]
+
+
+def test_a_lost_database_connection_is_a_clear_error_then_recovers(s: SearchSet, request) -> None:
+    if s.kind == "embedded":
+        pytest.skip("the files have no connection to lose")
+    from datadesk.cluster.database import Database, DatabaseError
+    from datadesk.cluster.search import build_search
+
+    s.create("alice", "Lost", ["the storm petrel record"])
+    db = Database(request.getfixturevalue("cluster_db_url"), min_size=1, max_size=1, name="doomed")
+    try:
+        index = build_search(db)
+        assert index.search("alice", [WS], "petrel")
+        with s.db.connection() as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'doomed'")
+        with pytest.raises(DatabaseError, match="search could not reach the cluster database"):
+            index.search("alice", [WS], "petrel")
+        assert index.search("alice", [WS], "petrel")
+        index.indexed_append(next(s.threads.folders(WS, "alice")), Record(seq=9, role="user", ts=0, content="x"))
+    finally:
+        db.close()

@@ -20,8 +20,9 @@ import contextlib
 from typing import Iterator
 
 import msgspec
+import psycopg
 
-from datadesk.cluster.database import Database
+from datadesk.cluster.database import Database, DatabaseError
 from datadesk.memory.model import MemoryDoc
 from datadesk.state.memory import AuditEvent, MemoryStoreError
 
@@ -35,7 +36,7 @@ class PgMemoryDocs:
         self.db = db
 
     def read(self, workspace: str, user_id: str) -> MemoryDoc:
-        with self.db.connection() as conn:
+        with self._unreachable(), self.db.connection() as conn:
             row = conn.execute("SELECT doc::text AS doc FROM memory_docs WHERE workspace = %s AND user_id = %s",
                                (workspace, user_id)).fetchone()
         return _decode(row, workspace, user_id)
@@ -44,7 +45,7 @@ class PgMemoryDocs:
     def update(self, workspace: str, user_id: str) -> Iterator[tuple[MemoryDoc, list[AuditEvent]]]:
         """The user's document under its row lock; stored with its audit events on a normal exit
         (the transaction rolls back on an exception, the inserted empty row included)."""
-        with self.db.connection() as conn:
+        with self._unreachable(), self.db.connection() as conn:
             conn.execute("INSERT INTO memory_docs (workspace, user_id, doc) VALUES (%s, %s, '{}')"
                          " ON CONFLICT DO NOTHING", (workspace, user_id))
             row = conn.execute("SELECT doc::text AS doc FROM memory_docs WHERE workspace = %s AND user_id = %s"
@@ -63,11 +64,20 @@ class PgMemoryDocs:
                         [(workspace, user_id, *(getattr(e, c) for c in _AUDIT_COLUMNS)) for e in events])
 
     def audit(self, workspace: str, user_id: str) -> list[AuditEvent]:
-        with self.db.connection() as conn:
+        with self._unreachable(), self.db.connection() as conn:
             rows = conn.execute("SELECT ts, event, fact, status, kind, source, reason FROM memory_audit"
                                 " WHERE workspace = %s AND user_id = %s ORDER BY id",
                                 (workspace, user_id)).fetchall()
         return [AuditEvent(**{k: v for k, v in r.items() if v is not None}) for r in rows]
+
+    @contextlib.contextmanager
+    def _unreachable(self) -> Iterator[None]:
+        """A lost or refused connection as `DatabaseError` naming the database (callers above the
+        protocol do not know psycopg); every other exception passes unchanged."""
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            raise DatabaseError(f"memory could not reach the cluster database {self.db.where}: {exc}") from exc
 
 
 def _decode(row: dict | None, workspace: str, user_id: str) -> MemoryDoc:
