@@ -17,19 +17,26 @@ ALL_PERMISSIONS = ["admin", "code_execution", "memory"]
 
 def bootstrap(settings: Settings) -> tuple[bool, str | None]:
     """Create the data dir, the demo workspace and the first admin. Returns (created_admin, token)."""
+    from datadesk.composition import open_users
     from datadesk.store.layout import Layout
-    from datadesk.store.users import UserStore
+    from datadesk.store.users import UserError
     from datadesk.store.workspaces import ensure_demo_workspace
 
     layout = Layout(settings.home)
     layout.home.mkdir(parents=True, exist_ok=True)
     if ensure_demo_workspace(layout, memory=True):
         log.info("created the demo workspace in %s", layout.workspace_dir("demo"))
-    users = UserStore(layout)
-    if not users.list():
-        _, token = users.add(FIRST_ADMIN, ["demo"], ALL_PERMISSIONS)
-        return True, token
-    return False, None
+    users, close = open_users(settings)
+    try:
+        if not users.list():
+            try:
+                _, token = users.add(FIRST_ADMIN, ["demo"], ALL_PERMISSIONS)
+            except UserError:  # another host of the cluster made it a moment ago
+                return False, None
+            return True, token
+        return False, None
+    finally:
+        close()
 
 
 def local_sandbox_problem(settings: Settings) -> str | None:
@@ -40,15 +47,17 @@ def local_sandbox_problem(settings: Settings) -> str | None:
                 "security boundary. Use sandbox.backend = \"docker\" for anything shared.")
     if settings.sandbox.allow_unsafe_local:
         return None
-    from datadesk.store.layout import Layout
-    from datadesk.store.users import UserStore
+    from datadesk.composition import open_users
 
     host = settings.server.host
     if host not in ("127.0.0.1", "localhost", "::1"):
         return (f"the local sandbox is not a security boundary and the server would listen on {host}; "
                 "use the docker sandbox (sandbox.backend = \"docker\") or pass --allow-unsafe-local-sandbox")
-    coders = [u.id for u in UserStore(Layout(settings.home)).list()
-              if "code_execution" in u.permissions and not u.revoked]
+    users, close = open_users(settings)
+    try:
+        coders = [u.id for u in users.list() if "code_execution" in u.permissions and not u.revoked]
+    finally:
+        close()
     if len(coders) > 1:
         return (f"the local sandbox is not a security boundary and {len(coders)} users have code_execution "
                 f"({', '.join(coders)}); use the docker sandbox or pass --allow-unsafe-local-sandbox")
@@ -234,10 +243,10 @@ def worker_app():
 
 
 def cmd_users(args: argparse.Namespace, settings: Settings) -> int:
-    from datadesk.store.layout import Layout
-    from datadesk.store.users import UserError, UserStore
+    from datadesk.composition import open_users
+    from datadesk.store.users import UserError
 
-    users = UserStore(Layout(settings.home))
+    users, close = open_users(settings)
     try:
         if args.users_cmd == "add":
             perms = []
@@ -276,6 +285,8 @@ def cmd_users(args: argparse.Namespace, settings: Settings) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        close()
     return 0
 
 
@@ -298,6 +309,56 @@ def _remove_user_containers(settings: Settings, uid: str) -> int:
     except Exception as exc:
         log.warning("could not remove the user's sandbox containers: %s", exc)
     return len(kernels)
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    """`datadesk migrate`: copy this file home into PostgreSQL and an object store, offline (or,
+    with --verify, compare the two and exit 1 on a difference)."""
+    import tempfile
+    import time
+    from pathlib import Path
+
+    url = args.database_url or settings.cluster.database_url
+    storage = args.storage_url or settings.storage.url
+    endpoint = args.storage_endpoint or settings.storage.endpoint
+    if not url or not storage:
+        print("error: datadesk migrate needs --database-url (or DATADESK_CLUSTER_DATABASE_URL) and --storage-url "
+              "s3://bucket/prefix (or DATADESK_STORAGE_URL)", file=sys.stderr)
+        return 2
+    try:
+        from datadesk.cluster.blobs import S3Blobs
+        from datadesk.cluster.database import Database, DatabaseError
+        from datadesk.cluster.migrate import HomeInUse, migrate_home
+        from datadesk.state.blobs import BlobError
+    except ImportError as exc:
+        print(f"error: the cluster packages are not installed ({exc.name}): pip install -e '.[cluster]'",
+              file=sys.stderr)
+        return 2
+    shown = [0.0]
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if done == total or time.monotonic() - shown[0] >= 1.0:
+            shown[0] = time.monotonic()
+            print(f"{stage}: {done}/{total}", flush=True)
+
+    db = None
+    try:
+        db = Database(url, max_size=4, name="datadesk-migrate")
+        if not args.verify:
+            db.migrate()
+        with tempfile.TemporaryDirectory(prefix="datadesk-migrate-") as cache:  # no cache: every object once
+            blobs = S3Blobs(storage, endpoint, Path(cache), 0)
+            print(f"{'verifying' if args.verify else 'migrating'} {settings.home} -> {db.where}, {blobs.where}",
+                  flush=True)
+            report = migrate_home(settings, db, blobs, verify=args.verify, progress=progress)
+    except (HomeInUse, DatabaseError, BlobError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if db is not None:
+            db.close()
+    print(report.summary(), flush=True)
+    return 1 if args.verify and not report.ok else 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -334,6 +395,14 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--yes", action="store_true", help="confirm")
     t = us.add_parser("token", help="issue an additional API token for a user")
     t.add_argument("name")
+    m = sub.add_parser("migrate", help="copy this file home into PostgreSQL and an object store (stop the "
+                                        "servers first), or --verify the copy")
+    m.add_argument("--database-url", help="postgresql://user:password@host/db (default: cluster.database_url; "
+                                          "DATADESK_CLUSTER_DATABASE_URL keeps the password off the command line)")
+    m.add_argument("--storage-url", help="s3://bucket/prefix (default: storage.url)")
+    m.add_argument("--storage-endpoint", help="an S3-compatible server's URL (default: storage.endpoint; unset: AWS)")
+    m.add_argument("--verify", action="store_true",
+                   help="write nothing: compare counts, seqs and hashes per thread; exit 1 on a difference")
     return p
 
 
@@ -345,11 +414,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    if args.cmd == "serve":
-        return cmd_serve(args, settings)
-    if args.cmd == "sandbox":
-        return cmd_sandbox(args, settings)
-    return cmd_users(args, settings)
+    from datadesk.state.errors import ClusterUnavailable
+
+    try:
+        if args.cmd == "serve":
+            return cmd_serve(args, settings)
+        if args.cmd == "sandbox":
+            return cmd_sandbox(args, settings)
+        if args.cmd == "migrate":
+            return cmd_migrate(args, settings)
+        return cmd_users(args, settings)
+    except SettingsError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    except ClusterUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

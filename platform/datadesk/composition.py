@@ -28,9 +28,10 @@ from datadesk.store.diskspace import DiskRoom
 from datadesk.sandbox.backends import build_kernel_registry
 from datadesk.sandbox.files import read_regular
 from datadesk.sandbox.registry import KernelRegistry
-from datadesk.settings import Settings
+from datadesk.settings import Settings, SettingsError
 from datadesk.store.admission import MemoryGuard, QuerySlots
 from datadesk.store.layout import Layout
+from datadesk.store.search import ThreadSearch
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.store.users import UserStore
 from datadesk.store.workspaces import Workspaces
@@ -57,6 +58,33 @@ from datadesk.tools.taskstate import register_task_state_tools
 
 log = logging.getLogger(__name__)
 
+MIGRATED_FILE = "migrated.json"  # written by `datadesk migrate` into a file home it copied
+
+
+def open_cluster(settings: Settings, layout: Layout) -> Any:
+    """The cluster set when `cluster.database_url` is set (imported only then: the embedded set
+    needs neither psycopg nor obstore), else None. A file home that `datadesk migrate` copied to
+    a cluster is refused: two servers writing one truth in two places would split it."""
+    if settings.clustered:
+        from datadesk.cluster.runtime import ClusterSet
+
+        return ClusterSet(settings, layout)
+    marker = layout.home / MIGRATED_FILE
+    if marker.is_file():
+        raise SettingsError(f"{layout.home} was migrated to a cluster database ({marker}): start DataDesk with "
+                            "cluster.database_url (DATADESK_CLUSTER_DATABASE_URL) and storage.url pointing at it; "
+                            "this file home is no longer the truth")
+    return None
+
+
+def open_users(settings: Settings) -> tuple[Any, Callable[[], None]]:
+    """The user store of these settings' set, and how to close it (the CLI's `users` commands)."""
+    layout = Layout(settings.home)
+    cluster = open_cluster(settings, layout)
+    if cluster is None:
+        return UserStore(layout), lambda: None
+    return cluster.users(), cluster.close
+
 
 class Runtime:
     """The composition root: builds every service once from Settings and hands each what it
@@ -72,16 +100,24 @@ class Runtime:
         self.model: ChatModel = model or configured_model(settings)  # the configured LLM, else the demo
         self.summary_model = summary_model or self.model  # the same LLM unless told otherwise
         self.layout = Layout(settings.home)
-        self.users = UserStore(self.layout)
+        # the state set, chosen once: the files of this home (embedded) or PostgreSQL + an object
+        # store shared by every host (cluster, docs/several-hosts.md)
+        self.cluster = open_cluster(settings, self.layout)
+        self.counters = self.cluster.counters() if self.cluster else None  # None: each process's memory
+        self.users = self.cluster.users() if self.cluster else UserStore(self.layout)
         self.disk = DiskRoom(self.layout.home, settings.store.min_free_mb)  # checked before new work
-        self.threads = ThreadStore(self.layout, settings.limits.max_threads_per_user, settings.store.fsync)
+        self.threads = (self.cluster.threads() if self.cluster else
+                        ThreadStore(self.layout, settings.limits.max_threads_per_user, settings.store.fsync))
         self.workspaces = Workspaces(self.layout)
+        # full-text search over a user's threads: FTS5 per user in the home, or PostgreSQL's
+        self.search = self.cluster.search() if self.cluster else ThreadSearch(self.layout, Thread.at)
         # the warehouse and the [sources.*] of each workspace: first rows within sql.timeout_s; for a
         # database the whole statement within offload.stream_timeout_s (set in its session)
         self.sources = WorkspaceSources(self.workspaces, settings.sql.timeout_s, settings.offload.stream_timeout_s,
                                         SQLLimits.from_settings(settings.limits, self.layout.home))
         # one turn per thread, N per user, cancel: across every worker of the host (file locks)
-        self.turns = TurnRegistry(settings.chat.max_turns_per_user, lock_dir=self.layout.home / "locks" / "turns")
+        self.turns = (self.cluster.turns() if self.cluster else
+                      TurnRegistry(settings.chat.max_turns_per_user, lock_dir=self.layout.home / "locks" / "turns"))
         # turns a dead process cut off: finished at start and before the thread's next turn
         self.cut_off = CutOffTurns(self.layout, self.turns, settings.store.fsync)
         self.turns.before_turn = self.cut_off.before_turn
@@ -93,7 +129,8 @@ class Runtime:
         self.kernels: KernelRegistry | None = None
         self.sandbox_health: Callable[[], tuple[bool, str]] = lambda: (False, "the sandbox is not running")
         if settings.sandbox.backend != "none":
-            self.kernels = build_kernel_registry(settings, self.layout)
+            table, workers = self.cluster.kernels() if self.cluster else (None, None)
+            self.kernels = build_kernel_registry(settings, self.layout, table, workers)
             self.sandbox_health = self.kernels.health
             register_python_tool(self.tools, PythonTool(settings, self.kernels, self.artifacts, self.quota,
                                                         self.requery, self.auto_requery))
@@ -113,7 +150,7 @@ class Runtime:
 
     def _build_data(self, settings: Settings) -> None:
         """Artifacts and the data tools: SQL, re-query, history, skills, MCP."""
-        self.artifacts = ArtifactStore(self.layout)
+        self.artifacts = (self.cluster.artifacts(self._open_thread) if self.cluster else ArtifactStore(self.layout))
         self.quota = ArtifactQuota(settings.offload, self.artifacts)
         limits = settings.limits
         self.writers = WriterPool(limits.offload_writers_per_user, limits.offload_writers)  # 0: one per core
@@ -145,7 +182,8 @@ class Runtime:
                                                    summary_output(self.summary_model, settings)),
                                         settings.summary)
         register_compact_tool(self.tools, self.summaries)
-        self.memory = MemoryStore(self.layout, settings.memory)
+        self.memory = MemoryStore(self.layout, settings.memory, docs=self.cluster.memory_docs() if self.cluster else None,
+                                  threads=self.threads)
         register_memory_tools(self.tools, self.memory,
                               memory_gate(self.memory, lambda ws: self.workspaces.config(ws).memory))
         self.extractor = MemoryExtractor(self.memory, self.summary_model, settings.memory,
@@ -173,6 +211,10 @@ class Runtime:
         # each [sources.*] tried once in the background: one that is down shows with its reason
         self._spawn(asyncio.to_thread(self.sources.probe, self.workspaces.names()), "sources-probe")
 
+    def _open_thread(self, key: Any) -> Thread:
+        """The thread an artifact row names (cluster artifacts' `find` and `walk`)."""
+        return self.threads.get(key.thread, key.user, [key.workspace])
+
     async def stop(self) -> None:
         await self.turns.cancel_all()
         self.sources.close()
@@ -182,6 +224,8 @@ class Runtime:
         await self.mcp.stop()
         if self.kernels is not None:
             await self.kernels.stop()
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.close)
 
     async def _sweep_forever(self) -> None:
         """The cache sweeper: TTL and quotas, enforced while the app runs; at start (and every

@@ -71,12 +71,13 @@ def roomy_default_threads() -> None:
 
 
 def create_app(rt: Runtime) -> Litestar:
-    csrf_key = load_key(rt.layout.home)
+    csrf_key = load_key(rt.layout.home, getattr(rt.settings.server, "secret_key", None))
     auth = rt.settings.auth
+    counters = getattr(rt, "counters", None)  # the set's RateCounter; None: this process's memory
     login_failures = LoginFailures(auth.login_attempts_per_minute, auth.login_attempts_per_account,
-                                   rt.settings.server.trusted_proxies)
+                                   rt.settings.server.trusted_proxies, counters)
     # every user's share of this worker (api/guards/ratelimit.py): a request budget and in-flight caps
-    limits = Limits(rt.settings.server)
+    limits = Limits(rt.settings.server, counters)
     principals = Principals(user_lookup(rt.users), rt.settings.server.trusted_proxies)
     loop_lag = LoopLag()
     app = Litestar(

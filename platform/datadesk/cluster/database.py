@@ -19,6 +19,8 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from datadesk.state.errors import ClusterUnavailable
+
 log = logging.getLogger(__name__)
 
 # the client's side (libpq): notices a server that vanished
@@ -32,7 +34,7 @@ MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 MIGRATE_LOCK = "datadesk:migrate"
 
 
-class DatabaseError(RuntimeError):
+class DatabaseError(ClusterUnavailable):
     """The cluster database could not be reached or used; the message names it (without password)."""
 
 

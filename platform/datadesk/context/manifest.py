@@ -1,4 +1,5 @@
-"""`context.jsonl`: one line per model request, saying exactly what went in."""
+"""Context manifests: one line per model request, saying exactly what went in (the thread's
+`context` line set: `context.jsonl` in the embedded set, rows in the cluster set)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from datadesk.store.threads import Thread
+from datadesk.state.threads import MANIFESTS, Thread
 
 
 class ContextManifest(msgspec.Struct, omit_defaults=True):
@@ -66,13 +67,13 @@ def encode_manifest(manifest: ContextManifest) -> bytes:
 
 
 def append_manifest(thread: Thread, manifest: ContextManifest, epoch: int | None = None) -> bool:
-    """Append one manifest to the thread's `context.jsonl` (False when cleared since `epoch`)."""
-    return thread.append_manifest(encode_manifest(manifest), epoch)
+    """Append one manifest to the thread's manifests (False when cleared since `epoch`)."""
+    return thread.append_line(MANIFESTS, encode_manifest(manifest), epoch)
 
 
 def last_manifest(thread: Thread) -> ContextManifest | None:
-    """The newest readable manifest, read from the end of the file (not the whole file)."""
-    for raw in thread.manifest_lines():
+    """The newest readable manifest, read from the end (not the whole history)."""
+    for raw in thread.lines(MANIFESTS, newest_first=True):
         try:
             return msgspec.json.decode(raw, type=ContextManifest)
         except (msgspec.DecodeError, msgspec.ValidationError):

@@ -154,6 +154,7 @@ def _with_reading(pipeline: OffloadPipeline, thread: Thread, art: Artifact, fmt:
         job.publish(thread, art, lambda: pipeline.store.save(thread, art))
     if original is not None:
         os.replace(original, thread.artifacts_dir / art.original)
+        pipeline.store.kept_original(thread, art)  # the cluster set uploads it (embedded: it is the file)
     return art
 
 
@@ -177,7 +178,7 @@ def reimport_upload(pipeline: OffloadPipeline, thread: Thread, art: Artifact, ch
     if not art.original:
         raise UploadError(f"{name}: only a CSV or TSV upload can be re-imported with other options "
                           "(its original file is kept for that)")
-    src = thread.artifacts_dir / art.original
+    src = pipeline.store.original_path(thread, art)
     if not regular_file(src):
         raise UploadError(f"{name}: the original file is no longer kept; upload it again")
     fmt = "tsv" if choices.delimiter == "\t" else "csv"

@@ -1,4 +1,4 @@
-"""`GET /api/search?q=`: full-text search over the caller's own threads (store/search.py)."""
+"""`GET /api/search?q=`: full-text search over the caller's own threads (the set's `SearchIndex`: store/search.py, cluster/search.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from litestar.params import QueryParameter
 
 from datadesk.api.guards.access import member_workspace
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
-from datadesk.store.search import MAX_LIMIT, BadSearchQuery, ThreadSearch
-from datadesk.store.threads import Thread
+from datadesk.store.search import MAX_LIMIT, BadSearchQuery
 
 
 class SearchController(Controller):
@@ -30,7 +29,7 @@ class SearchController(Controller):
         """Matches, best first, each with its thread, the record's seq (0: the title) and a snippet
         whose matched words are the `highlights` ([start, end) offsets)."""
         workspaces = [member_workspace(user, workspace)] if workspace else list(user.workspaces)
-        finder = ThreadSearch(rt.layout, Thread.at)
+        finder = rt.search
         start = time.perf_counter()
         try:
             hits = await asyncio.to_thread(finder.search, user.id, workspaces, q, limit)

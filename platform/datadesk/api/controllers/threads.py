@@ -145,7 +145,7 @@ class ThreadController(Controller):
             raise NotFoundException(f"thread {tid} has no model request yet")
         out = msgspec.to_builtins(manifest)
         # for the inspector: the summary the request carried and the memory facts by text
-        summary = rt.summaries.store.load_current(handle.dir, handle.meta.epoch) if manifest.summary else None
+        summary = rt.summaries.store.load_current(handle, handle.meta.epoch) if manifest.summary else None
         out["summary_detail"] = ({**summary.fields(), "covers_through_seq": summary.covers_through_seq,
                                   "model": summary.model, "created": summary.created} if summary else None)
         facts = []

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from datadesk.sandbox.base import SandboxBackend
     from datadesk.sandbox.registry import KernelRegistry
     from datadesk.settings import SandboxSettings, Settings
+    from datadesk.state.kernels import KernelTable, WorkerRegistry
     from datadesk.store.layout import Layout
 
 
@@ -45,8 +46,11 @@ def sandbox_backend(settings: SandboxSettings, home: Path) -> SandboxBackend:
     raise ValueError(f"sandbox.backend must be local, docker, gateway or none, not {settings.backend!r}")
 
 
-def build_kernel_registry(settings: Settings, layout: Layout) -> KernelRegistry:
-    """The kernel registry for the configured backend (`local`, `docker` or `gateway`)."""
+def build_kernel_registry(settings: Settings, layout: Layout, table: KernelTable | None = None,
+                          workers: WorkerRegistry | None = None) -> KernelRegistry:
+    """The kernel registry for the configured backend (`local`, `docker` or `gateway`), over the
+    kernel table and heartbeats given (cluster/kernels.py `build_kernels`), else this home's files."""
     from datadesk.sandbox.registry import KernelRegistry
 
-    return KernelRegistry(settings.sandbox, layout.home, sandbox_backend(settings.sandbox, layout.home))
+    return KernelRegistry(settings.sandbox, layout.home, sandbox_backend(settings.sandbox, layout.home),
+                          table=table, workers=workers)
