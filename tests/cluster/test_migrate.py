@@ -25,6 +25,7 @@ import pytest
 from datadesk.cluster.artifacts import PgArtifactStore
 from datadesk.cluster.blobs import S3Blobs
 from datadesk.cluster.migrate import MIGRATED_FILE, HomeInUse, migrate_home
+from datadesk.cluster.search import PgSearch
 from datadesk.cluster.threads import PgThreadStore
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.records import Record
@@ -219,6 +220,11 @@ def _read_back(home: Home, db, s3, tmp_path: Path) -> None:
     assert [r.seq for r in threads.get(home.torn, *_owner_ws(home, home.torn))][-1] < 99  # the torn tail stays out
     cleared = threads.get(home.cleared, *_owner_ws(home, home.cleared))
     assert cleared.epoch == 1 and [r.seq for r in cleared] == [1]
+    with db.connection() as conn:  # the search index was built by the migration, not left to the first search
+        indexed = conn.execute("SELECT count(*) AS n FROM search_entries").fetchone()["n"]
+    assert indexed == sum(len(list(home.thread(t))) for _, _, t in home.threads)
+    hits = PgSearch(db, sync_budget_s=0).search("bob", ["demo"], "revenue building", limit=50)
+    assert {h.thread for h in hits} == {t for _, o, t in home.threads if o == "bob"}
     tid, aid = home.upload
     up_file, up = home.thread(tid), threads.get(tid, *_owner_ws(home, tid))
     art = arts.load(up, aid)

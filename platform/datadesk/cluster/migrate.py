@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import msgspec
+import psycopg
 from filelock import FileLock, Timeout
 
 from datadesk.cluster.artifacts import PgArtifactStore
-from datadesk.cluster.database import Database
+from datadesk.cluster.database import Database, DatabaseError
 from datadesk.cluster.filehome import (FileThread, artifact_problem, output_files, read_artifacts,
                                        read_sessions, read_thread, read_users, regular, sha256_bytes,
                                        thread_dirs, user_dirs)
@@ -203,7 +204,7 @@ def migrate_home(settings_or_layout: Any, db: Database, blobs: BlobStore, verify
     layout, stale_s = home_of(settings_or_layout)
     report = Report(str(layout.home), db.where, blobs.where, verify)
     started = time.monotonic()
-    with offline(layout, stale_s):
+    with offline(layout, stale_s), _named(db):
         if verify:
             from datadesk.cluster.migrateverify import verify_home
 
@@ -218,6 +219,16 @@ def migrate_home(settings_or_layout: Any, db: Database, blobs: BlobStore, verify
             write_marker(layout, db, blobs, report)
     report.seconds = time.monotonic() - started
     return report
+
+
+@contextlib.contextmanager
+def _named(db: Database) -> Iterator[None]:
+    """A database error as DatabaseError naming the database (no password): callers outside
+    this package never see psycopg."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise DatabaseError(f"the cluster database {db.where} failed during the migration: {exc}") from exc
 
 
 def write_marker(layout: Layout, db: Database, blobs: BlobStore, report: Report) -> None:
@@ -254,13 +265,12 @@ def _copy(layout: Layout, db: Database, blobs: BlobStore, report: Report, fill: 
 def same_user(have: User, want: User) -> bool:
     """Whether the cluster's user is the home's as `import_user` copies it (times to the
     database's microseconds; a revoked user's tokens revoked)."""
-    def tokens(u: User, revoked: bool) -> list[tuple]:
-        return [(t.id, t.hash, t.revoked or revoked, round(t.created, 3)) for t in u.tokens]
-
-    return ((have.id, have.name, list(have.workspaces), list(have.permissions), have.revoked)
-            == (want.id, want.name, list(want.workspaces), list(want.permissions), want.revoked)
-            and abs(have.created - want.created) < 1e-3
-            and tokens(have, False) == tokens(want, want.revoked))
+    if ((have.id, have.name, list(have.workspaces), list(have.permissions), have.revoked)
+            != (want.id, want.name, list(want.workspaces), list(want.permissions), want.revoked)
+            or abs(have.created - want.created) >= 1e-3 or len(have.tokens) != len(want.tokens)):
+        return False
+    return all((h.id, h.hash, h.revoked) == (w.id, w.hash, w.revoked or want.revoked)
+               and abs(h.created - w.created) < 1e-3 for h, w in zip(have.tokens, want.tokens))
 
 
 def copy_users(layout: Layout, db: Database, report: Report, fill: bool) -> None:
@@ -322,8 +332,9 @@ def _thread_rows(db: Database, ft: FileThread, report: Report, fill: bool) -> bo
                 return True
         report.wrote("threads", conn.execute(
             "INSERT INTO threads (id, workspace, owner, epoch, last_seq, meta, created, updated) "
-            "VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s) ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, "
-            "last_seq = excluded.last_seq, meta = excluded.meta, created = excluded.created, updated = excluded.updated "
+            "VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "epoch = excluded.epoch, last_seq = excluded.last_seq, meta = excluded.meta, created = excluded.created, "
+            "updated = excluded.updated "
             "WHERE (threads.epoch, threads.last_seq, threads.meta, threads.created, threads.updated) IS DISTINCT FROM "
             "(excluded.epoch, excluded.last_seq, excluded.meta, excluded.created, excluded.updated) RETURNING id",
             (ft.tid, ft.ws, ft.uid, ft.meta.epoch, ft.last_seq, jsonb_text(ft.meta), ft.meta.created,
@@ -364,8 +375,8 @@ def _sync_docs(conn: Any, ft: FileThread, report: Report) -> None:
         text = jsonb_text(value)
         if name in have and have[name] == msgspec.json.decode(text):
             continue
-        conn.execute("INSERT INTO thread_docs (thread_id, name, value, epoch, updated) VALUES (%s, %s, %s::jsonb, %s, %s) "
-                     "ON CONFLICT (thread_id, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch, "
+        conn.execute("INSERT INTO thread_docs (thread_id, name, value, epoch, updated) "
+                     "VALUES (%s, %s, %s::jsonb, %s, %s) ON CONFLICT (thread_id, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch, "
                      "updated = excluded.updated", (ft.tid, name, text, ft.meta.epoch, mtime))
         report.wrote("documents")
     for name in set(have) - set(ft.docs):
