@@ -260,12 +260,33 @@ def test_verify_names_each_corruption_and_a_fresh_run_repairs(home, cluster_db, 
     assert "memory of user ann in workspace demo: the document differs" in text
     # once migrated, a rerun fills in only what is missing (the cluster is the truth) ...
     rerun = migrate_home(home.layout, cluster_db, blobs)
-    assert rerun.written == {"artifacts": 1} and any("memory of user ann" in k for k in rerun.kept), rerun.summary()
+    assert rerun.written == {"artifact rows": 1} and any("memory of user ann" in k for k in rerun.kept), rerun.summary()
     assert len(migrate_home(home.layout, cluster_db, blobs, verify=True).differences) == 3
     # ... while before `migrated.json` names this database the home is the truth: all repaired
     (home.layout.home / MIGRATED_FILE).unlink()
     repair = migrate_home(home.layout, cluster_db, blobs)
     assert repair.written["records"] == 1 and repair.written["objects"] == 1, repair.summary()
+    assert migrate_home(home.layout, cluster_db, blobs, verify=True).ok
+
+
+def test_an_interrupted_migration_resumes(home, cluster_db, s3, tmp_path):
+    blobs = blobs_of(s3, tmp_path / "no-cache")
+    bad_thread = home.thread(home.threads[30][2])  # one artifact's data no longer matches its sha256
+    bad = next(a for a in ArtifactStore(home.layout).list(bad_thread) if a.available)
+    (bad_thread.artifacts_dir / bad.file).write_bytes(b"bit rot")
+
+    def crash(stage: str, done: int, total: int) -> None:
+        if done == 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        migrate_home(home.layout, cluster_db, blobs, progress=crash)
+    assert not (home.layout.home / MIGRATED_FILE).exists()
+    resumed = migrate_home(home.layout, cluster_db, blobs)
+    assert resumed.written["threads"] == THREADS - 20 and not resumed.kept, resumed.summary()
+    assert any(bad.id in n and "does not match the sha256" in n for n in resumed.notes), resumed.notes
+    with cluster_db.connection() as conn:
+        assert conn.execute("SELECT 1 FROM artifacts WHERE id = %s", (bad.id,)).fetchone() is None
     assert migrate_home(home.layout, cluster_db, blobs, verify=True).ok
 
 

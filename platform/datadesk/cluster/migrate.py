@@ -116,6 +116,9 @@ class Report:
                     lines.append(f"  ... and {len(items) - limit} more")
         if self.verify:
             lines.append("verify: clean" if self.ok else f"verify: {len(self.differences)} difference(s)")
+        else:
+            lines.append(f"{self.home}/{MIGRATED_FILE} written: a file-mode server now refuses this home; "
+                         "check the copy with `datadesk migrate --verify`")
         return "\n".join(lines)
 
 
@@ -451,7 +454,7 @@ def copy_artifacts(db: Database, blobs: BlobStore, ft: FileThread, report: Repor
         for key, path in files:
             ensure_object(blobs, key, path, key in there, report, fill)
         with db.connection() as conn:
-            report.wrote("artifacts", conn.execute(_INSERT if fill else _UPSERT,
+            report.wrote("artifact rows", conn.execute(_INSERT if fill else _UPSERT,
                                                    artifact_row(tk, art, data_key, orig_key)).rowcount)
 
 
