@@ -20,10 +20,13 @@ from datadesk.api.guards.security import APP_CSP, EXTRA_HEADERS
 from datadesk.threads.attachments import MessageTooLong
 from datadesk.chat.turns import TooManyTurns, TurnConflict
 from datadesk.domain.ids import InvalidId
+from datadesk.domain.credentials import without_known_secrets
 from datadesk.domain.tools import ToolError
 from datadesk.memory.store import DuplicateFact, FactNotFound, FactStateError, MemoryInputError
 from datadesk.offload.artifacts.store import ArtifactNotFound
 from datadesk.offload.uploads import UploadError, UploadTooLarge
+from datadesk.state.blobs import BlobUnavailable
+from datadesk.state.errors import ClusterUnavailable
 from datadesk.store.admission import Busy
 from datadesk.store.diskspace import DiskLow
 from datadesk.store.files import StoreWriteError
@@ -52,6 +55,10 @@ ERROR_STATUS: dict[type[Exception], int] = {
     TooManyTurns: 429,
     TooManyThreads: 429,
     Busy: 503,  # the app's query slots or memory ceiling: try again shortly
+    # the cluster set's shared services: the message names the object store or the database
+    # (never a credential); nothing was half-written, so the same request can be sent again
+    BlobUnavailable: 503,
+    ClusterUnavailable: 503,
     DiskLow: 507,  # store.min_free_mb: too little room in the data directory for new work
     StoreWriteError: 507,  # a write to the data directory failed (full disk): nothing half-kept
     WorkspaceConfigError: 500,
@@ -83,6 +90,9 @@ def domain_error(request: Request, exc: Exception) -> Response[dict[str, Any]]:
     """A domain exception from the table, answered with its status and its own message."""
     status = error_status(exc)
     extra = next((make(exc) for cls, make in ERROR_EXTRA.items() if isinstance(exc, cls)), None)
+    if isinstance(exc, (BlobUnavailable, ClusterUnavailable)):
+        log.warning("%s %s: %s", request.method, request.scope.get("path"), exc)
+        return _answer(status, str(exc), extra, {"retry-after": "5"})
     return _answer(status, str(exc), extra)
 
 
@@ -93,6 +103,9 @@ SECURITY_HEADERS = {"content-security-policy": APP_CSP,
 
 def _answer(status: int, message: str, extra: Any = None,
             headers: dict[str, str] | None = None) -> Response[dict[str, Any]]:
+    # the process's own credentials (the database password, the store's secret key) never
+    # leave in an answer, whatever an error message carried
+    message = without_known_secrets(message) if isinstance(message, str) else message
     return Response(error_body(status, message, extra), status_code=status,
                     headers={**SECURITY_HEADERS, **(headers or {})})
 

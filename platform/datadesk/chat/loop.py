@@ -31,6 +31,7 @@ from datadesk.offload.pipeline import OffloadCapability, OffloadOutcome, Offload
 from datadesk.settings import ChatSettings
 from datadesk.store.diskspace import DiskRoom
 from datadesk.store.files import StoreWriteError, not_saved
+from datadesk.state.threads import TurnFenced
 from datadesk.store.threadlog import LogClosed
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.summary.service import SummaryService
@@ -71,11 +72,15 @@ class TurnLoop:
         self.tool_output_seen = False  # whether a tool result came back earlier in this turn
         self.allowed: set[str] = set()  # tool names permitted in this turn
         self.last_built: BuiltContext | None = None  # the latest request (its manifest drives the summary)
+        self.fenced = False  # the turn lost the thread to another host: nothing of it is written any more
 
     def _append(self, **fields: Any) -> Record:
         fields.setdefault("turn_id", self.turn.turn_id)
-        # a clear during this turn makes every later append fail (LogClosed)
-        return self.thread.append(lambda seq: Record(seq=seq, ts=time.time(), **fields), epoch=self.epoch)
+        # a clear during this turn makes every later append fail (LogClosed); so does another host
+        # taking the thread over (the claim's fence is gone: TurnFenced), checked in the append's
+        # own transaction on the cluster set
+        return append_fenced(self.thread, self.turn, lambda seq: Record(seq=seq, ts=time.time(), **fields),
+                             self.epoch)
 
     async def run(self, text: str) -> None:
         status = "ok"
@@ -91,6 +96,11 @@ class TurnLoop:
         except asyncio.CancelledError:
             status = "cancelled"
             self.turn.emit(TurnError(kind="cancelled", message="the turn was cancelled; what completed is kept"))
+        except TurnFenced as exc:  # another server holds the thread now: this turn writes nothing more
+            status = "error"
+            self.fenced = True
+            log.warning("turn %s stopped: %s", self.turn.turn_id, exc)
+            self.turn.emit(TurnError(kind="taken_over", message=f"{exc}; what this turn recorded before is kept"))
         except LogClosed as exc:
             status = "error"
             self.turn.emit(TurnError(kind="thread_gone", message=str(exc)))
@@ -113,6 +123,8 @@ class TurnLoop:
             self.turn.emit(TurnDone(turn_id=self.turn.turn_id, status=status))
 
     def _end_records(self) -> None:
+        if self.fenced or (self.turn.claim is not None and self.turn.claim.lost):
+            return  # the thread's new holder owns its meta now
         try:
             self.services.threads.touch(self.thread)
             self.thread.end_turn()
@@ -267,6 +279,16 @@ def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:
         seen.add(cid)
         out.append(ToolCall(id=cid, name=c.name, arguments=c.arguments))
     return out
+
+
+def append_fenced(thread: Thread, turn: RunningTurn, make: Any, epoch: int | None) -> Record:
+    """`thread.append` for a write made by `turn` (a chat turn, an upload, a re-query): carries
+    the turn's fence when it has one, so the write is refused (TurnFenced) once another host took
+    the thread over."""
+    fence = turn.fence
+    if fence is None:
+        return thread.append(make, epoch=epoch)
+    return thread.append(make, epoch=epoch, fence=fence)
 
 
 async def start_turn(services: TurnServices, turns: TurnRegistry, thread: Thread, user: User, text: str,

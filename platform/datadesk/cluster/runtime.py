@@ -6,10 +6,15 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any, Callable, Iterable
+from urllib.parse import unquote
 
 from datadesk.cluster.database import Database
+from datadesk.domain.ids import ID_PATTERN, check_id
+from datadesk.domain.credentials import add_known_secrets, url_password
 from datadesk.settings import Settings, SettingsError
+from datadesk.state.blobs import BlobUnavailable
 from datadesk.store.layout import Layout
+from datadesk.store.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,11 @@ class ClusterSet:
         if problem:
             raise SettingsError(problem)
         assert settings.cluster.database_url and settings.storage.url
+        # its credentials, wherever they came from (a settings file too), are kept out of every
+        # log line and API answer of this process (domain/redaction.py `known_secrets`)
+        password = url_password(settings.cluster.database_url)
+        add_known_secrets(password, unquote(password or ""), settings.server.secret_key,
+                          os.environ.get("AWS_SECRET_ACCESS_KEY"), os.environ.get("AWS_SESSION_TOKEN"))
         self.settings = settings
         self.layout = layout
         self.host_id = settings.cluster.host_id or os.uname().nodename
@@ -56,7 +66,8 @@ class ClusterSet:
     def users(self, purge: Callable[[str], Iterable[str]] | None = None) -> Any:
         from datadesk.cluster.users import build_users
 
-        return self._once("users", lambda: build_users(self.db, purge))
+        # a deleted user's data goes from every store of the set (`purge_user`), on any host
+        return self._once("users", lambda: build_users(self.db, purge or self.purge_user))
 
     def counters(self) -> Any:
         from datadesk.cluster.counters import build_counters
@@ -104,11 +115,74 @@ class ClusterSet:
         return self._once("kernels", lambda: build_kernels(self.db, self.settings, self.layout, self.locks()))
 
     def close(self) -> None:
-        for name in ("blobs", "locks"):
-            closer = getattr(self._built.get(name), "close", None)
-            if closer is not None:
+        """Close every part built (the turn registry's lock connections and listener, the event
+        journal's writer, the lock connection, the caches), then the pool: no connection of this
+        process stays open on the database (after `Runtime.stop` cancelled the turns)."""
+        for name in CLOSE_ORDER:
+            built = self._built.get(name)
+            for part in built if isinstance(built, tuple) else (built,):
+                closer = getattr(part, "close", None)
+                if closer is None:
+                    continue
                 try:
                     closer()
                 except Exception:
                     log.exception("closing the cluster %s failed", name)
         self.db.close()
+
+    # -- deleting a user (`datadesk users delete`) ------------------------------------------
+    def purge_user(self, uid: str) -> list[str]:
+        """Remove what user `uid` (whose row is already gone) has in the other stores: every
+        thread (records, documents, lines, search entries, its turn row and events), artifacts
+        (rows, and every object under the user's prefix of each workspace), memory (documents
+        and audit), kernel rows. Returns the prefixes `ws/<ws>/u/<uid>/` purged."""
+        check_id(uid, "user")
+        threads, artifacts, journal = self.threads(), self.artifacts(), self.turns().journal
+        removed = []
+        for ws in self._workspaces_of(uid):
+            for thread in list(threads.folders(ws, uid)):
+                artifacts.forget_thread(thread)  # its rows and the objects under its prefix
+                journal.drop(thread.id, None)
+                threads.delete(thread)  # records, documents and lines (cascade), its search entries
+            prefix = f"ws/{ws}/u/{uid}/"
+            try:  # what no row names any more (outputs, an interrupted upload's objects)
+                self.blobs().delete_prefix(prefix)
+            except BlobUnavailable as exc:
+                log.warning("user %s: the objects under %s stay in the store for now: %s", uid, prefix, exc)
+            removed.append(prefix)
+        table, _ = self.kernels()
+        for rec in table.sessions():
+            if rec.key is not None and rec.key[1] == uid:
+                table.remove(rec.key)
+        with self.db.connection() as conn:  # the rows no store removes by user (and any a race left)
+            for sql in PURGE_BY_USER:
+                conn.execute(sql, {"u": uid})
+        log.info("purged user %s from the cluster set: %d workspace(s)", uid, len(removed))
+        return removed
+
+    def _workspaces_of(self, uid: str) -> list[str]:
+        """Every workspace where `uid` may have something: those named by its rows, and this home's."""
+        with self.db.connection() as conn:
+            rows = conn.execute(WORKSPACES_OF, {"u": uid}).fetchall()
+        found = {r["workspace"] for r in rows} | set(Workspaces(self.layout).names())
+        return sorted(ws for ws in found if ID_PATTERN.fullmatch(ws))
+
+
+# closed in this order: what holds connections of its own first, the lock connection last
+CLOSE_ORDER = ("turns", "kernels", "artifacts", "search", "threads", "memory", "users", "counters", "blobs",
+               "locks")
+WORKSPACES_OF = """SELECT workspace FROM threads WHERE owner = %(u)s UNION SELECT workspace FROM artifacts
+WHERE user_id = %(u)s UNION SELECT workspace FROM memory_docs WHERE user_id = %(u)s UNION SELECT workspace
+FROM memory_audit WHERE user_id = %(u)s UNION SELECT workspace FROM kernels WHERE user_id = %(u)s UNION
+SELECT workspace FROM search_marks WHERE owner = %(u)s"""
+PURGE_BY_USER = (
+    "DELETE FROM threads WHERE owner = %(u)s",
+    "DELETE FROM artifacts WHERE user_id = %(u)s",
+    "DELETE FROM search_entries WHERE owner = %(u)s",
+    "DELETE FROM search_marks WHERE owner = %(u)s",
+    "DELETE FROM memory_docs WHERE user_id = %(u)s",
+    "DELETE FROM memory_audit WHERE user_id = %(u)s",
+    "DELETE FROM kernels WHERE user_id = %(u)s",
+    "DELETE FROM turn_events WHERE thread_id IN (SELECT thread_id FROM turns WHERE user_id = %(u)s)",
+    "DELETE FROM turns WHERE user_id = %(u)s",
+)

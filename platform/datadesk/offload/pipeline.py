@@ -51,6 +51,7 @@ from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.worker import PROGRESS_INTERVAL_S, WriteCancelled, WriteJob, run_job
 from datadesk.offload.writers import Writer, WriterPool
 from datadesk.settings import OffloadSettings
+from datadesk.state.blobs import BlobUnavailable
 from datadesk.store.files import not_saved, write_atomic
 from datadesk.store.threads import Thread
 
@@ -63,6 +64,21 @@ class OffloadCapability:
 
     can_offload: bool
     reason: str = ""
+
+
+class StoreDown(BlobUnavailable):
+    """The object store could not take a result just written (the cluster set's store is down):
+    the local file is gone again and nothing was registered; `head` (the preview rows), `schema`
+    and `rows` let the model get the head and a notice instead."""
+
+    def __init__(self, cause: BlobUnavailable, head: pa.Table | None = None, schema: pa.Schema | None = None,
+                 rows: int = 0) -> None:
+        super().__init__(str(cause))
+        self.head, self.schema, self.rows = head, schema, rows
+
+
+def store_down_reason(exc: BlobUnavailable) -> str:
+    return f"saving the full result failed: {exc}"
 
 
 @dataclass
@@ -165,6 +181,13 @@ class OffloadPipeline:
         try:
             art, head, schema = self.write_table(thread, new_artifact_id(), table, origin, "result", epoch=epoch,
                                                  job=job)
+        except StoreDown as exc:  # the head and a notice naming the store, as without a sandbox
+            log.warning("offload of %s not kept: %s", spec.name, exc)
+            rows = exc.head.to_pylist() if exc.head is not None else []
+            content = preview.render_truncated_table(exc.schema or table.schema or pa.schema([]), rows, exc.rows,
+                                                     store_down_reason(exc), self.settings.threshold_chars)
+            return OffloadOutcome(ToolResult(content=content, meta=_with(result, rows=exc.rows, truncated=True,
+                                                                         offload_failed=True)))
         except OSError as exc:
             log.warning("offload of %s failed: %s", spec.name, exc)
             disk = not_saved(exc, f"the full result of {spec.name}")
@@ -232,7 +255,11 @@ class OffloadPipeline:
             requeried_at=now if existing else None,
         )
         art = source_cut.annotate(art, table)  # shape, source metadata, "partial (by the source)"
-        self._publish(thread, art, epoch, job, existing)
+        try:
+            self._publish(thread, art, epoch, job, existing)
+        except BlobUnavailable as exc:  # not in the store: this host's copy goes too (no half artifact)
+            final.unlink(missing_ok=True)
+            raise StoreDown(exc, head_table, res.schema, res.rows) from exc
         return art, head_table, res.schema
 
     def _publish(self, thread: Thread, art: Artifact, epoch: int | None, job: WriteJob | None,
@@ -277,6 +304,11 @@ class OffloadPipeline:
                 meta=_with(result, chars=len(text), truncated=True)))
         try:
             art = self.write_text(thread, new_artifact_id(), text, origin, "result", epoch=epoch, job=job)
+        except BlobUnavailable as exc:  # the head and a notice naming the store; nothing kept
+            log.warning("offload of %s not kept: %s", origin.tool, exc)
+            return OffloadOutcome(ToolResult(
+                content=preview.render_truncated_text(text, store_down_reason(exc), self.settings.threshold_chars),
+                meta=_with(result, chars=len(text), truncated=True, offload_failed=True)))
         except OSError as exc:
             reason = f"saving the full result failed: {exc.strerror or exc}"
             return OffloadOutcome(ToolResult(
@@ -307,7 +339,11 @@ class OffloadPipeline:
             partial_reason="the text passed the size ceiling; the rest was not saved" if partial else None,
             requeried_at=now if existing else None,
         )
-        self._publish(thread, art, epoch, job, existing)
+        try:
+            self._publish(thread, art, epoch, job, existing)
+        except BlobUnavailable:  # not in the store: this host's copy goes too (no half artifact)
+            path.unlink(missing_ok=True)
+            raise
         return art
 
     async def restore_async(self, thread: Thread, art: Artifact, result: ToolResult,

@@ -6,8 +6,10 @@
 - `schedule()`: runs `refresh()` in the background after the reply (the reply
   never waits); tasks are kept referenced until done; `drain()` awaits them.
 - `refresh()`: one job at a time per thread: an in-process `asyncio.Lock` per
-  thread directory, plus `summary.lock` (filelock, timeout 0) so a job of
-  another process makes this one skip. It reads the previous summary and only
+  thread directory, plus the lock `summary:<thread>` of the runtime's
+  `LockService` (state/locks.py; without one, the thread's `summary.lock`
+  filelock), taken without waiting, so a job of another process, or on the
+  cluster set of another host, makes this one skip. It reads the previous summary and only
   the records in (covers_through_seq, upto_seq] from the tail of the log,
   asks the summarizer, and writes through the guarded store (epoch and
   coverage checked under the thread lock). It never raises (CancelledError
@@ -17,6 +19,9 @@
   records would otherwise leave the window ("no gap"): it waits for another
   process's job instead of skipping, and returns the stored summary when that
   already covers `upto_seq`.
+
+A job whose lease was lost while it ran (the lock's database connection died, so another host
+may be summarizing the thread now) writes nothing.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ import asyncio
 import logging
 import time
 import weakref
-from typing import Literal
+from typing import Any, Literal
 
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from datadesk.settings import SummarySettings
+from datadesk.state.locks import LockService
 from datadesk.store.threads import Thread
 from datadesk.summary.model import ThreadSummary
 from datadesk.summary.status import SummaryStatusStore
@@ -38,16 +44,31 @@ from datadesk.summary.summarizer import SummaryError, Summarizer
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = "summary"  # the thread's `summary.lock`: one summarizer per thread across processes
-POLL_S = 0.05  # synchronous refresh: how often to retry another process's summary.lock
+LOCK_NAME = "summary"  # `summary:<thread>` in the LockService (or the thread's `summary.lock`)
+POLL_S = 0.05  # synchronous refresh: how often to retry another process's lock
+
+
+class _FileJobLock:
+    """The thread's own `summary.lock` (no LockService given) as a lease-like object."""
+
+    lost = False
+
+    def __init__(self, flock: Any) -> None:
+        self._flock = flock
+
+    def release(self) -> None:
+        self._flock.release()
 
 
 class SummaryService:
     """Refreshes thread summaries (see the module docstring)."""
 
     def __init__(self, store: SummaryStore, summarizer: Summarizer, settings: SummarySettings | None = None,
-                 status: SummaryStatusStore | None = None) -> None:
+                 status: SummaryStatusStore | None = None, locks: LockService | None = None) -> None:
         self.store = store
+        # one job per thread across processes (embedded: files under <home>/locks/) and hosts
+        # (cluster: advisory locks); None: the thread's own summary.lock (one host only)
+        self.locks = locks
         self.status = status or SummaryStatusStore()  # how the last refresh went (ok / failed, why)
         self.summarizer = summarizer
         self.settings = settings or SummarySettings()
@@ -103,14 +124,17 @@ class SummaryService:
             if lock is None:
                 lock = self._locks[key] = asyncio.Lock()
             async with lock:
-                flock = thread.job_lock(LOCK_NAME)
-                if not await self._acquire(flock, synchronous):
+                lease = await self._acquire(thread, synchronous)
+                if lease is None:
                     log.info("summary refresh of %s skipped: another process is summarizing it", thread.id)
                     return None
                 try:
-                    return await self._run(thread, upto_seq, epoch, focus, synchronous)
+                    return await self._run(thread, upto_seq, epoch, focus, synchronous, lease)
                 finally:
-                    flock.release()
+                    if self.locks is not None:
+                        await asyncio.to_thread(lease.release)  # a statement on the cluster set
+                    else:
+                        lease.release()  # a thread-local filelock: released where it was taken
         except asyncio.CancelledError:
             raise
         except SummaryError as exc:
@@ -129,19 +153,30 @@ class SummaryService:
         except Exception:  # noqa: BLE001 - the status is advice; the refresh's outcome stands
             log.exception("could not record the summary status of %s", thread.id)
 
-    async def _acquire(self, flock: FileLock, synchronous: bool) -> bool:
+    async def _acquire(self, thread: Thread, synchronous: bool) -> Any:
+        """The thread's summary lock, or None when another job holds it (synchronous: waited
+        for up to summary.timeout_s first)."""
         deadline = time.monotonic() + self.settings.timeout_s
         while True:
-            try:
-                flock.acquire(timeout=0)
-                return True
-            except Timeout:
-                if not synchronous or time.monotonic() >= deadline:
-                    return False
+            lease = await self._try_lock(thread)
+            if lease is not None:
+                return lease
+            if not synchronous or time.monotonic() >= deadline:
+                return None
             await asyncio.sleep(POLL_S)
 
+    async def _try_lock(self, thread: Thread) -> Any:
+        if self.locks is not None:  # a statement on the cluster set: off the event loop
+            return await asyncio.to_thread(self.locks.try_acquire, f"{LOCK_NAME}:{thread.id}")
+        flock = thread.job_lock(LOCK_NAME)
+        try:
+            flock.acquire(timeout=0)
+        except Timeout:
+            return None
+        return _FileJobLock(flock)
+
     async def _run(self, thread: Thread, upto_seq: int, epoch: int, focus: str | None,
-                   synchronous: bool) -> ThreadSummary | None:
+                   synchronous: bool, lease: Any = None) -> ThreadSummary | None:
         if thread.cleared_since(epoch):
             log.info("summary refresh of %s skipped: the thread was cleared", thread.id)
             return None
@@ -153,6 +188,10 @@ class SummaryService:
         if not records:
             return None
         summary = await self.summarizer.summarize(previous, records, epoch, focus)
+        if lease is not None and lease.lost:  # another host may hold the lock (and summarize) now
+            log.warning("summary of %s not written: its lock %s:%s was lost while it ran", thread.id, LOCK_NAME,
+                        thread.id)
+            return None
         if self.store.write(thread, summary, epoch):
             log.info("summary of %s now covers #%d", thread.id, summary.covers_through_seq)
             self._record(thread, epoch, "ok", upto_seq)

@@ -12,6 +12,7 @@ from litestar.di import NamedDependency
 from litestar.exceptions import ClientException, HTTPException, NotAuthorizedException
 
 from datadesk.composition import Runtime
+from datadesk.domain.credentials import known_secrets
 from datadesk.domain.redaction import redact
 from datadesk.domain.users import User
 
@@ -22,14 +23,43 @@ CurrentUser = NamedDependency[User]
 RuntimeDep = NamedDependency[Runtime]
 
 class RedactSecrets(logging.Filter):
-    """Logging filter for access logs: login codes and tokens never reach a log line."""
+    """Logging filter: login codes, tokens and credential shapes never reach a log line, nor
+    the process's own credentials (`known_secrets`: the cluster database's password, the object
+    store's secret key), in the message, its arguments or a traceback's text."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        known = known_secrets()
         if record.args:
-            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+            if isinstance(record.args, dict):
+                record.args = {k: _clean(v, known) for k, v in record.args.items()}
+            else:
+                record.args = tuple(_clean(a, known) for a in record.args)
         if isinstance(record.msg, str):
-            record.msg = redact(record.msg)
+            record.msg = redact(record.msg, known)
+        if record.exc_info and not record.exc_text:  # formatted once here, so it can be cleaned
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text, known)
         return True
+
+    @classmethod
+    def install(cls, logger: logging.Logger | None = None) -> None:
+        """On every handler of `logger` (default: the root's): a filter on a logger sees only
+        that logger's own records, one on a handler every record the handler writes."""
+        for handler in (logger or logging.getLogger()).handlers:
+            if not any(isinstance(f, cls) for f in handler.filters):
+                handler.addFilter(cls())
+
+
+def _clean(arg: Any, known: list[str]) -> Any:
+    """A log argument with secrets removed (an exception or a URL object: as its text)."""
+    if isinstance(arg, str):
+        return redact(arg, known)
+    if isinstance(arg, (int, float, bool)) or arg is None:
+        return arg
+    text = str(arg)
+    cleaned = redact(text, known)
+    return arg if cleaned == text else cleaned
 
 
 def authenticate(request: Request, rt: Runtime) -> User:
