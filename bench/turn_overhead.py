@@ -38,6 +38,7 @@ from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "platform"))
+sys.path.insert(0, str(ROOT))  # tests/clusterkit.py: the cluster set's real servers
 
 from datadesk.composition import Runtime  # noqa: E402
 from datadesk.domain.records import Record  # noqa: E402
@@ -69,7 +70,8 @@ class TimedModel:
             yield ev
 
 
-def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0, fsync: str = "turn") -> dict[str, Any]:
+def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0, fsync: str = "turn",
+                cluster: "ClusterRun | None" = None) -> dict[str, Any]:
     from litestar.testing import TestClient
 
     from datadesk.api.app import create_app
@@ -82,9 +84,11 @@ def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0, 
                                                         "GROUP BY 1 ORDER BY 2 DESC LIMIT 5"}))
         steps.append(answer)
     model = TimedModel(ScriptedModel(steps, chunk_size=16, max_recorded=2))
-    rt = Runtime(settings=Settings(home=home, sandbox=SandboxSettings(backend="none"),
-                                 summary=SummarySettings(enabled=False), store=StoreSettings(fsync=fsync)),
-                 model=model)
+    settings = Settings(home=home, sandbox=SandboxSettings(backend="none"),
+                        summary=SummarySettings(enabled=False), store=StoreSettings(fsync=fsync))
+    if cluster is not None:
+        cluster.apply(settings)
+    rt = Runtime(settings=settings, model=model)
     name = f"bench{int(with_tool)}m{memory_facts}{fsync}"
     _, token = rt.users.add(name, ["demo"], ["memory"] if memory_facts else [])
     for i in range(memory_facts):  # active facts, injected into every request
@@ -96,18 +100,25 @@ def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0, 
         tid = client.post("/api/threads", json={}, headers=headers).json()["id"]
         for i in range(turns):
             model.seconds = 0.0
+            mark = cluster.statements() if cluster is not None else None
             t0 = time.perf_counter()
             resp = client.post(f"/api/threads/{tid}/messages", json={"content": f"question {i}"}, headers=headers)
             total = time.perf_counter() - t0
+            if cluster is not None:
+                cluster.count_turn(mark)
             assert resp.status_code == 200 and '"status":"ok"' in resp.text, resp.text[-300:]
             tool_s = 0.0
-            for rec in ThreadLog(rt.threads.get(tid, name, ["demo"]).dir / "log.jsonl").tail(2):
+            for rec in rt.threads.get(tid, name, ["demo"]).tail(2):
                 if rec.role == "tool":
                     tool_s += (rec.meta or {}).get("duration_ms", 0.0) / 1000
             totals.append(total * 1000)
             tool_ms.append(tool_s * 1000)
             overheads.append((total - model.seconds - tool_s) * 1000)
+        counted = cluster.take_counts(turns) if cluster is not None else {}
+    rt_stop(rt)
     return {
+        "set": "cluster" if cluster is not None else "embedded",
+        **counted,
         "turns": turns,
         "with_tool": with_tool,
         "memory_facts": memory_facts,
@@ -119,6 +130,77 @@ def bench_turns(home: Path, turns: int, with_tool: bool, memory_facts: int = 0, 
         "total_ms_median": round(statistics.median(totals), 2),
         "tool_ms_median": round(statistics.median(tool_ms), 2),
     }
+
+
+def rt_stop(rt: Runtime) -> None:
+    """Close what the runtime holds (the cluster set's connections), as the app's shutdown does."""
+    if rt.cluster is not None:
+        rt.turns.close()
+        rt.cluster.close()
+
+
+class ClusterRun:
+    """A real PostgreSQL 15 (with pg_stat_statements) and a real SeaweedFS S3 server on loopback
+    (tests/clusterkit.py), a fresh database and bucket per configuration, and a count of the
+    statements the app sends per turn: all of them, and without transaction control
+    (BEGIN/COMMIT/ROLLBACK), from pg_stat_statements."""
+
+    def __init__(self, root: Path) -> None:
+        from tests.clusterkit import start_cluster_postgres, start_seaweedfs
+
+        import tempfile
+
+        self.pg_root = Path(tempfile.mkdtemp(prefix="datadesk-bench-pg-"))  # under /tmp: its user can reach it
+        self.pg = start_cluster_postgres(self.pg_root)
+        try:
+            self.s3 = start_seaweedfs(root / "s3")
+        except BaseException:
+            self.pg.stop()
+            raise
+        self.url = ""
+        self.counts: list[tuple[int, int]] = []
+
+    def apply(self, settings: Settings) -> None:
+        import os
+
+        import msgspec
+
+        self.url = self.pg.new_database()
+        self.pg.admin("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        bucket = self.s3.new_bucket()
+        os.environ.update({k: v for k, v in bucket.env().items() if k.startswith("AWS_")})
+        settings.cluster = msgspec.structs.replace(settings.cluster, database_url=self.url)
+        settings.storage = msgspec.structs.replace(settings.storage, url=bucket.url, endpoint=bucket.endpoint)
+        settings.server = msgspec.structs.replace(settings.server, secret_key="bench-secret-" + "k" * 32)
+        self.counts = []
+
+    def statements(self) -> tuple[int, int]:
+        """(all calls, calls other than transaction control) so far in this configuration's database."""
+        row = self.pg.admin(
+            "SELECT coalesce(sum(s.calls), 0)::bigint AS all_calls, coalesce(sum(s.calls) FILTER (WHERE NOT"
+            " s.query ~* '^\\s*(begin|commit|rollback|start transaction)'), 0)::bigint AS work"
+            " FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s",
+            (self.url.rsplit("/", 1)[1],))[0]
+        return int(row["all_calls"]), int(row["work"])
+
+    def count_turn(self, mark: tuple[int, int] | None) -> None:
+        now = self.statements()
+        assert mark is not None
+        self.counts.append((now[0] - mark[0], now[1] - mark[1]))
+
+    def take_counts(self, turns: int) -> dict[str, Any]:
+        alls = sorted(c[0] for c in self.counts)
+        work = sorted(c[1] for c in self.counts)
+        return {"sql_statements_per_turn_median": statistics.median(alls),
+                "sql_statements_per_turn_max": alls[-1],
+                "sql_statements_per_turn_without_begin_commit_median": statistics.median(work)}
+
+    def stop(self) -> None:
+        import shutil
+
+        self.s3.stop()
+        self.pg.stop()
+        shutil.rmtree(self.pg_root, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -289,6 +371,43 @@ def bench_tail(tmp: Path, sizes: list[int], reps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_cluster(tmp: Path, turns: int) -> list[dict[str, Any]] | str:
+    """The text turn and the sql_query turn again on the cluster set (PostgreSQL + S3), or why not."""
+    from tests.clusterkit import cluster_problem
+
+    problem = cluster_problem()
+    if problem:
+        return f"skipped: {problem}"
+    run = ClusterRun(tmp / "cluster")
+    try:
+        rows = []
+        for with_tool in (False, True):
+            home = tmp / f"cluster-home-{int(with_tool)}"
+            ensure_demo_workspace(Layout(home))
+            rows.append(bench_turns(home, turns, with_tool, cluster=run))
+        return rows
+    finally:
+        run.stop()
+
+
+def print_cluster(embedded: list[dict[str, Any]], cluster: list[dict[str, Any]] | str) -> None:
+    print("\nThe same turns on the cluster set (PostgreSQL + S3 on loopback) beside the embedded set")
+    if isinstance(cluster, str):
+        print(f"  {cluster}")
+        return
+    print(f"{'turn kind':<24}{'embedded ms':>12}{'cluster ms':>12}{'ratio':>7}{'SQL/turn':>10}{'max':>6}"
+          f"{'w/o BEGIN/COMMIT':>18}")
+    for row in cluster:
+        base = next(r for r in embedded if r["with_tool"] == row["with_tool"] and r["fsync"] == "turn"
+                    and not r["memory_facts"])
+        kind = "sql_query" if row["with_tool"] else "text answer"
+        ratio = row["overhead_ms_median"] / max(base["overhead_ms_median"], 1e-9)
+        row["ratio_to_embedded"] = round(ratio, 2)
+        print(f"{kind:<24}{base['overhead_ms_median']:>12}{row['overhead_ms_median']:>12}{ratio:>7.2f}"
+              f"{row['sql_statements_per_turn_median']:>10}{row['sql_statements_per_turn_max']:>6}"
+              f"{row['sql_statements_per_turn_without_begin_commit_median']:>18}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="small sizes (CI smoke run)")
@@ -308,6 +427,7 @@ def main() -> int:
         cfg = Layout(home).workspace_config("demo")
         cfg.write_text(cfg.read_text() + "memory = true\n")  # the same turn with memory injected
         turn_rows.append(bench_turns(home, turns, False, memory_facts=20))
+        cluster_rows = bench_cluster(Path(tmp), turns)
         tail_rows = bench_tail(Path(tmp), [100, records], reps)
         browser = bench_browser_reload(3 if args.tiny else 10) if args.browser else None
         reattach_rows = [bench_reattach(home, k, 5 if args.tiny else 20) for k in ((200,) if args.tiny else (200, 5_000))]
@@ -320,6 +440,7 @@ def main() -> int:
             kind = f"text + {r['memory_facts']} memory facts"
         print(f"{kind:<24}{r['turns']:>6}{r['overhead_ms_median']:>11}{r['overhead_ms_p90']:>9}"
               f"{r['overhead_ms_first']:>8}{r['overhead_ms_last']:>8}{r['tool_ms_median']:>9}")
+    print_cluster(turn_rows, cluster_rows)
     print("\nNewest 50 records of a thread log")
     print(f"{'records':>10}{'file MB':>9}{'tail(50) ms':>13}{'full read ms':>14}")
     for r in tail_rows:
@@ -339,7 +460,8 @@ def main() -> int:
         print(f"\nWeb UI: reload -> running card with its output replayed: median {browser['reload_to_card_ms_median']} ms,"
               f" max {browser['reload_to_card_ms_max']} ms ({browser['reloads']} reloads)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"tiny": args.tiny, "turns": turn_rows, "tail": tail_rows,
+    args.out.write_text(json.dumps({"tiny": args.tiny, "turns": turn_rows, "cluster_turns": cluster_rows,
+                                    "tail": tail_rows,
                                     "tail_ratio": round(ratio, 3), "reattach": reattach_rows, "browser_reload": browser,
                                     "python": sys.version.split()[0]},
                                    indent=2))

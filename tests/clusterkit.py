@@ -75,7 +75,7 @@ class ClusterPG:
 
 def start_cluster_postgres(root: Path) -> ClusterPG:
     """initdb + pg_ctl as the `postgres` system user; `pg_stat_statements` loaded (statement
-    counts per turn); durability kept on for the cluster's own tables (crash tests), but
+    counts per turn: the statements the app sends, not those run inside them); durability kept on for the cluster's own tables (crash tests), but
     `fsync = off` as tests never lose power."""
     pg = _system_user("postgres")
     root.mkdir(parents=True, exist_ok=True)
@@ -95,7 +95,7 @@ def start_cluster_postgres(root: Path) -> ClusterPG:
     with (data / "postgresql.conf").open("a") as f:
         f.write(f"listen_addresses = '127.0.0.1'\nport = {srv.port}\nunix_socket_directories = '{sock}'\n"
                 "fsync = off\nfull_page_writes = off\nmax_connections = 300\n"
-                "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = all\n")
+                "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = top\n")
     _run([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-t", "30", "start"],
          env=env, **_as(pg))
     srv.pid = int((data / "postmaster.pid").read_text().split()[0])

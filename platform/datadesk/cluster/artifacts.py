@@ -414,7 +414,7 @@ class PgArtifactStore:
 
     def list(self, thread: Any) -> list[Artifact]:
         tk = self.thread_key(thread)
-        with self.db.connection() as conn:
+        with self.db.autocommit() as conn:  # one read
             rows = conn.execute("SELECT meta::text AS meta FROM artifacts WHERE thread_id = %s AND user_id = %s "
                                 "ORDER BY created, id", (tk.thread, tk.user)).fetchall()
         return [_decode(r["meta"]) for r in rows]

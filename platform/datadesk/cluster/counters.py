@@ -44,14 +44,14 @@ class PgCounters:
 
     def hit(self, key: str, window_s: float, cost: int = 1) -> int:
         check_hit(key, window_s, cost)
-        with self.db.connection() as conn:
+        with self.db.autocommit() as conn:  # one statement each
             count = conn.execute(HIT, {"k": key, "w": float(window_s), "n": cost}).fetchone()["count"]
         self._maybe_sweep()
         return int(count)
 
     def _open(self, key: str, window_s: float) -> dict | None:
         check_hit(key, window_s)
-        with self.db.connection() as conn:
+        with self.db.autocommit() as conn:  # one statement each
             return conn.execute(OPEN, (key, float(window_s))).fetchone()
 
     def count(self, key: str, window_s: float) -> int:
@@ -64,12 +64,12 @@ class PgCounters:
 
     def reset(self, key: str) -> None:
         check_hit(key, 1.0)
-        with self.db.connection() as conn:
+        with self.db.autocommit() as conn:  # one statement each
             conn.execute("DELETE FROM rate_counters WHERE key = %s", (key,))
 
     def sweep(self) -> int:
         """Delete the rows of ended windows; returns how many."""
-        with self.db.connection() as conn:
+        with self.db.autocommit() as conn:  # one statement each
             return conn.execute("DELETE FROM rate_counters WHERE expires_at <= now()").rowcount
 
     def _maybe_sweep(self) -> None:

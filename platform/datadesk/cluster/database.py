@@ -72,6 +72,19 @@ class Database:
         with self.pool.connection() as conn:
             yield conn
 
+    @contextlib.contextmanager
+    def autocommit(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection in autocommit mode: each statement is its own transaction, with no
+        BEGIN/COMMIT round trips. For single statements and reads that need no common snapshot;
+        anything that locks a row for later statements uses `connection()`."""
+        with self.pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                yield conn
+            finally:
+                if not conn.closed:
+                    conn.autocommit = False  # the pool's other users expect a transaction
+
     def dedicated(self) -> psycopg.Connection:
         """A new autocommit connection outside the pool (a held session lock, LISTEN); the
         caller closes it. Its death releases whatever session locks it holds."""

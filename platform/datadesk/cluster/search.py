@@ -141,7 +141,7 @@ class PgSearch:
         args = {"tid": _thread_id(thread), "seq": record.seq, "role": record.role, "ts": float(record.ts),
                 "text": text}
         try:
-            with self.db.connection() as conn:
+            with self.db.autocommit() as conn:  # one statement
                 conn.execute(_APPEND_FIRST if record.seq == 1 else _APPEND_NEXT, args)
         except psycopg.Error as exc:
             log.warning("search index of %s not updated (%s): the next search catches up", args["tid"], exc)

@@ -59,9 +59,23 @@ def _joinable(held: Hold | None) -> Hold | None:
 _HOLDS: ContextVar[dict[tuple[int, str], Hold]] = ContextVar("datadesk_thread_holds", default={})
 
 _LOCK_ROW = "SELECT epoch, last_seq FROM threads WHERE id = %s FOR UPDATE"
-_LOCK_ROW_FENCED = ("SELECT epoch, last_seq, EXISTS (SELECT 1 FROM turns WHERE thread_id = %s AND fence = %s) "
+# the fence as cluster/turns.py `fence_holds` checks it: the turn's row still running under this
+# fence, share-locked until the write commits, so a claim that bumps the fence waits for the write
+_HOLDS_FENCE = "SELECT 1 FROM turns WHERE thread_id = %s AND fence = %s AND state = 'running' FOR SHARE"
+_LOCK_ROW_FENCED = (f"SELECT epoch, last_seq, EXISTS ({_HOLDS_FENCE}) "
                     "AS fenced FROM threads WHERE id = %s FOR UPDATE")
-_FENCE = "SELECT EXISTS (SELECT 1 FROM turns WHERE thread_id = %s AND fence = %s) AS fenced"
+_FENCE = f"SELECT EXISTS ({_HOLDS_FENCE}) AS fenced"
+
+
+# the turn's row is read FOR SHARE, as fence_holds does: a takeover's fence bump waits for this
+# append to commit instead of passing it
+_APPEND_KNOWN = (
+    "WITH f AS (SELECT 1 FROM turns WHERE %(fence)s::bigint IS NOT NULL AND thread_id = %(tid)s"
+    " AND fence = %(fence)s FOR SHARE),"
+    " t AS (UPDATE threads SET last_seq = %(seq)s WHERE id = %(tid)s AND last_seq = %(prev)s"
+    " AND (%(epoch)s::bigint IS NULL OR epoch = %(epoch)s)"
+    " AND (%(fence)s::bigint IS NULL OR EXISTS (SELECT 1 FROM f)) RETURNING id)"
+    " INSERT INTO records (thread_id, seq, body) SELECT id, %(seq)s, %(body)s FROM t RETURNING seq")
 
 
 def current_hold(thread: "PgThread") -> Hold | None:
@@ -118,7 +132,7 @@ def reading(thread: "PgThread") -> Iterator[psycopg.Connection]:
     if held is not None:
         yield held.conn
         return
-    with thread.db.connection() as conn:
+    with thread.db.autocommit() as conn:  # reads: no BEGIN/COMMIT round trips
         yield conn
 
 
@@ -133,8 +147,11 @@ def decode_record(thread_id: str, body: bytes) -> Record | None:
 class PgRecords:
     """The records of one cluster thread (see the module doc)."""
 
-    def __init__(self, thread: "PgThread") -> None:
+    def __init__(self, thread: "PgThread", last_seq: int | None = None) -> None:
         self.thread = thread
+        # the thread's last seq as this object last saw it: an append first tries one statement
+        # that writes seq = known + 1 only if nobody appended or cleared since (else the hold)
+        self.known_seq = last_seq
 
     @property
     def path(self) -> Path:
@@ -147,8 +164,13 @@ class PgRecords:
     # -- writing ---------------------------------------------------------------------
     def append(self, make: Callable[[int], Record], epoch: int | None = None,
                fence: int | None = None) -> Record:
-        """Append `make(last_seq + 1)` in one transaction that checks the epoch and the fence."""
+        """Append `make(last_seq + 1)` in one transaction that checks the epoch and the fence:
+        one statement when this object knows the last seq and nothing moved since, else the hold."""
         tid = self.thread.id
+        if self.known_seq is not None and current_hold(self.thread) is None:
+            record = self._append_known(make, epoch, fence)
+            if record is not None:
+                return record
         with hold(self.thread, epoch, fence) as held:
             record = make(held.last_seq + 1)
             if record.seq <= held.last_seq:
@@ -157,6 +179,27 @@ class PgRecords:
                               "UPDATE threads SET last_seq = %s WHERE id = %s",
                               (tid, record.seq, record_encoder.encode(record), record.seq, tid))
             held.last_seq = record.seq
+        self.known_seq = record.seq
+        return record
+
+    def _append_known(self, make: Callable[[int], Record], epoch: int | None, fence: int | None) -> Record | None:
+        """The one-statement append: the thread's row moves from the known seq to the next one
+        (so the row lock, the epoch and the fence are checked in the statement that inserts),
+        or nothing is written and None sends the caller to the hold, which says why."""
+        prev = self.known_seq  # read once: other OS threads may append through this object too
+        if prev is None:
+            return None
+        record = make(prev + 1)
+        if record.seq != prev + 1:
+            return None
+        with self.thread.db.autocommit() as conn:
+            row = conn.execute(_APPEND_KNOWN, {"tid": self.thread.id, "seq": record.seq, "prev": prev,
+                                               "epoch": epoch, "fence": fence,
+                                               "body": record_encoder.encode(record)}).fetchone()
+        if row is None:
+            self.known_seq = None
+            return None
+        self.known_seq = record.seq
         return record
 
     # -- reading ---------------------------------------------------------------------

@@ -29,7 +29,7 @@ import psycopg
 from filelock import FileLock
 
 from datadesk.cluster.database import Database, advisory_key
-from datadesk.cluster.threadrows import PgRecords, hold, reading
+from datadesk.cluster.threadrows import PgRecords, current_hold, hold, reading
 from datadesk.domain.ids import check_id, new_id
 from datadesk.domain.records import Record, ThreadMeta
 from datadesk.state.threads import (MANIFESTS, SUMMARY, SUMMARY_REVISIONS, TASK_STATE, LogClosed, RecordIndexer,
@@ -66,16 +66,22 @@ def meta_of(row: dict[str, Any]) -> ThreadMeta:
     return msgspec.structs.replace(msgspec.convert(row["meta"], ThreadMeta), epoch=row["epoch"])
 
 
+_APPEND_LINE = (
+    "INSERT INTO thread_lines (thread_id, name, n, line) SELECT t.id, %(name)s, coalesce((SELECT max(n) FROM"
+    " thread_lines WHERE thread_id = %(tid)s AND name = %(name)s), 0) + 1, %(line)s FROM threads t"
+    " WHERE t.id = %(tid)s AND (%(epoch)s::bigint IS NULL OR t.epoch = %(epoch)s) FOR SHARE OF t RETURNING n")
+
+
 class PgThread:
     """One thread as rows (see the module doc); the state/threads.py `Thread`."""
 
-    def __init__(self, store: "PgThreadStore", meta: ThreadMeta) -> None:
+    def __init__(self, store: "PgThreadStore", meta: ThreadMeta, last_seq: int | None = None) -> None:
         self.store = store
         self.db: Database = store.db
         self.meta: ThreadMeta | None = meta
         self._id = meta.id
         self._scratch = store.scratch_dir(meta.workspace, meta.owner, meta.id)
-        self.log = PgRecords(self)
+        self.log = PgRecords(self, last_seq)
 
     def __repr__(self) -> str:
         return f"PgThread({self._id!r})"
@@ -220,6 +226,14 @@ class PgThread:
         check_line_set(name)
         if keep is None:
             keep = self.store.manifests_kept if name == MANIFESTS else None
+        if (keep is None or keep > 0) and current_hold(self) is None:
+            added = self._append_line_at_once(name, line, epoch)
+            if added is not None:
+                if keep is not None and added > keep:  # retention: rarely, a second statement
+                    with self.db.autocommit() as conn:
+                        conn.execute("DELETE FROM thread_lines WHERE thread_id = %s AND name = %s AND n <= %s",
+                                     (self._id, name, added - keep))
+                return True
         try:
             with hold(self, epoch) as held:
                 if keep is not None and keep <= 0:
@@ -235,6 +249,18 @@ class PgThread:
         except LogClosed:
             return False
         return True
+
+    def _append_line_at_once(self, name: str, line: bytes, epoch: int | None) -> int | None:
+        """One statement: the line is inserted while the thread's row is held FOR SHARE in the
+        epoch (a clear waits for it, then deletes it too); returns its n, or None to take the
+        hold (a line written at the same moment took the number, or the epoch moved)."""
+        try:
+            with self.db.autocommit() as conn:
+                row = conn.execute(_APPEND_LINE, {"tid": self._id, "name": name, "line": line.rstrip(b"\n"),
+                                                  "epoch": epoch}).fetchone()
+        except psycopg.errors.UniqueViolation:
+            return None
+        return row["n"] if row is not None else None
 
     def lines(self, name: str, newest_first: bool = False) -> Iterator[bytes]:
         check_line_set(name)
@@ -308,7 +334,7 @@ class PgThreadStore:
                 / check_id(owner, "user") / check_id(tid, "thread"))
 
     def _thread(self, row: dict[str, Any]) -> PgThread:
-        return PgThread(self, meta_of(row))
+        return PgThread(self, meta_of(row), row.get("last_seq"))
 
     def create(self, workspace: str, owner: str, title: str = "New chat", project: str | None = None) -> PgThread:
         check_id(workspace, "workspace")
@@ -339,8 +365,9 @@ class PgThreadStore:
 
     def get(self, tid: str, owner: str, workspaces: list[str]) -> PgThread:
         check_id(tid, "thread")
-        with self.db.connection() as conn:
-            row = conn.execute("SELECT meta, epoch FROM threads WHERE id = %s AND owner = %s AND workspace = ANY(%s)",
+        with self.db.autocommit() as conn:  # one read
+            row = conn.execute("SELECT meta, epoch, last_seq FROM threads WHERE id = %s AND owner = %s"
+                               " AND workspace = ANY(%s)",
                                (tid, owner, list(workspaces))).fetchone()
         if row is None:
             raise ThreadNotFound(f"thread {tid} not found")
@@ -371,7 +398,7 @@ class PgThreadStore:
         """Set `updated` (and the title) in one statement: no read-modify-write to lose."""
         now = time.time()
         patch: dict[str, Any] = {"updated": now} if not title else {"updated": now, "title": title}
-        with self.db.connection() as conn:
+        with self.db.autocommit() as conn:  # one statement
             row = conn.execute("UPDATE threads SET meta = meta || %s::jsonb, updated = %s WHERE id = %s "
                                "RETURNING meta, epoch", (jsonb_text(patch), now, thread.id)).fetchone()
         if row is None:
@@ -393,26 +420,31 @@ class PgThreadStore:
                 removed["bytes"] += int(row["b"])
                 if table == "records":
                     removed["records"] = int(row["n"])
+            # the artifacts' rows and objects go right after (Artifacts.forget_thread, while the
+            # lifecycle still holds the thread): counted here, as the embedded clear counts its manifests
+            arts = conn.execute("SELECT id, bytes FROM artifacts WHERE thread_id = %s", (thread.id,)).fetchall()
+            removed["artifacts"], removed["bytes"] = len(arts), removed["bytes"] + sum(int(a["bytes"]) for a in arts)
             now = time.time()
             row = conn.execute("UPDATE threads SET epoch = epoch + 1, last_seq = 0, updated = %s, "
                                "meta = jsonb_set(meta, '{epoch}', to_jsonb(epoch + 1)) "
                                "|| jsonb_build_object('updated', %s::float8) WHERE id = %s RETURNING meta, epoch", (now, now, thread.id)).fetchone()
         thread.meta = meta_of(row)
-        self._clear_scratch(thread, removed)
+        self._clear_scratch(thread, removed, {a["id"] for a in arts})
         if self.search is not None:
             self.search.indexed_reset(thread, drop=False)
         return removed
 
     @staticmethod
-    def _clear_scratch(thread: PgThread, removed: dict[str, int]) -> None:
-        """This host's copies go too (artifacts and outputs proper are the blob store's)."""
+    def _clear_scratch(thread: PgThread, removed: dict[str, int], counted: set[str]) -> None:
+        """This host's copies go too (artifacts and outputs proper are the blob store's); a
+        manifest here of an artifact without a row (`counted`) counts as one removed."""
         scratch = thread._scratch
         if not scratch.is_dir():
             return
         for p in scratch.rglob("*"):
             if p.is_file() and not p.is_symlink() and p.suffix != ".lock":
                 removed["bytes"] += p.stat().st_size
-                if p.parent.name == "artifacts" and p.suffix == ".json":
+                if p.parent.name == "artifacts" and p.suffix == ".json" and p.stem not in counted:
                     removed["artifacts"] += 1
         for child in scratch.iterdir():
             if child.is_dir() and not child.is_symlink():

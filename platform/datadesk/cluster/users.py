@@ -48,7 +48,7 @@ class PgUserStore:
         self.purge = purge
 
     def _one(self, sql: str, params: tuple | dict = ()) -> dict[str, Any] | None:
-        with self.db.connection() as conn:
+        with self.db.autocommit() as conn:  # one statement: its own transaction
             return conn.execute(sql, params).fetchone()
 
     # -- users ---------------------------------------------------------------------
