@@ -235,6 +235,7 @@ def worker_app():
     from datadesk.llm.tokens import count_tokens
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    RedactSecrets.install()  # every line of the root's handlers: no credential in the app's own logs
     for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
         logging.getLogger(name).addFilter(RedactSecrets())
     settings = worker_settings()
@@ -409,6 +410,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from datadesk.api.guards.auth import RedactSecrets
+
+    RedactSecrets.install()  # every line of the root's handlers: no credential in the app's own logs
     try:
         settings = load_settings()
     except SettingsError as exc:

@@ -31,6 +31,8 @@ from datadesk.sandbox.registry import KernelRegistry
 from datadesk.settings import Settings, SettingsError
 from datadesk.store.admission import MemoryGuard, QuerySlots
 from datadesk.store.layout import Layout
+from datadesk.store.locks import FileLocks
+from datadesk.state.blobs import BlobError
 from datadesk.store.search import ThreadSearch
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.store.users import UserStore
@@ -180,7 +182,9 @@ class Runtime:
         self.summaries = SummaryService(SummaryStore(settings.summary.revisions_kept),
                                         Summarizer(self.summary_model, settings.summary, count_tokens,
                                                    summary_output(self.summary_model, settings)),
-                                        settings.summary)
+                                        settings.summary,  # one job per thread, in every process and host
+                                        locks=(self.cluster.locks() if self.cluster else
+                                               FileLocks(self.layout.home / "locks")))
         register_compact_tool(self.tools, self.summaries)
         self.memory = MemoryStore(self.layout, settings.memory, docs=self.cluster.memory_docs() if self.cluster else None,
                                   threads=self.threads)
@@ -286,7 +290,7 @@ class Runtime:
             if not art.available or art.format not in ("png", "jpeg", "gif", "webp"):
                 return None
             return read_regular(self.artifacts.data_path(thread, art), 20 << 20)
-        except (ArtifactNotFound, ValueError, OSError):
+        except (ArtifactNotFound, ValueError, OSError, BlobError):  # the store down: the image is left out
             return None
 
     def sources_for(self, ctx: ToolContext) -> SourceSet:

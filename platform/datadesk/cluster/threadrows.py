@@ -71,7 +71,7 @@ _FENCE = f"SELECT EXISTS ({_HOLDS_FENCE}) AS fenced"
 # append to commit instead of passing it
 _APPEND_KNOWN = (
     "WITH f AS (SELECT 1 FROM turns WHERE %(fence)s::bigint IS NOT NULL AND thread_id = %(tid)s"
-    " AND fence = %(fence)s FOR SHARE),"
+    " AND fence = %(fence)s AND state = 'running' FOR SHARE),"
     " t AS (UPDATE threads SET last_seq = %(seq)s WHERE id = %(tid)s AND last_seq = %(prev)s"
     " AND (%(epoch)s::bigint IS NULL OR epoch = %(epoch)s)"
     " AND (%(fence)s::bigint IS NULL OR EXISTS (SELECT 1 FROM f)) RETURNING id)"

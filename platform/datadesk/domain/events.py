@@ -79,8 +79,9 @@ class MessageCompleted(EventPayload):
 
 class TurnError(EventPayload):
     """Why the turn (or a step of it) failed: `kind` is context, model, step_limit, cancelled,
-    thread_gone, disk (a write to the data directory failed: the message names what was not
-    saved), or internal."""
+    thread_gone, taken_over (another server took the thread over: the turn's fence is gone),
+    disk (a write to the data directory failed: the message names what was not saved), or
+    internal."""
 
     type: ClassVar[str] = "error"
     kind: str

@@ -119,6 +119,12 @@ class Attachments:
         return await self._as_turn(thread, user, lambda turn_id: self._reimport(thread, user, aid, choices, turn_id),
                                    "the re-import")
 
+    def _fence(self, thread: Thread) -> int | None:
+        """The fence of the upload's turn in this process (its record is refused once another
+        host took the thread over)."""
+        turn = self.turns.get(thread.id)
+        return turn.fence if turn is not None else None
+
     async def _as_turn(self, thread: Thread, user: User, work: Callable[[str], Awaitable[Upload]],
                        what: str) -> Upload:
         if self.memory is not None:
@@ -158,7 +164,7 @@ class Attachments:
                                                 image=arts[0].format in IMAGES,
                                                 artifacts=[a.id for a in arts] if len(arts) > 1 else None,
                                                 skipped_sheets=[f"{n} ({w})" for n, w in upload.skipped] or None)),
-            ), thread.epoch)
+            ), thread.epoch, fence=self._fence(thread))
             return upload
         finally:
             if tmp_path and os.path.exists(tmp_path):
@@ -196,7 +202,7 @@ class Attachments:
         thread.append(lambda seq: Record(
             seq=seq, role="user", ts=time.time(), turn_id=turn_id, content=text,
             meta=record_meta(UserRecordMeta(kind="upload", artifact=aid, filename=filename, reimport=True)),
-        ), thread.epoch)
+        ), thread.epoch, fence=self._fence(thread))
         return upload
 
     async def message_text(self, thread: Thread, user: User, text: str) -> str:

@@ -46,12 +46,13 @@ class UserRequery:
             args = msgspec.json.encode({"artifact_id": aid}).decode()
             thread.append(lambda seq: Record(seq=seq, role="assistant", ts=time.time(), turn_id=turn.turn_id,
                                              tool_calls=[ToolCall(call_id, TOOL_NAME, args)],
-                                             meta=record_meta(AssistantRecordMeta(via="api"))), thread.epoch)
+                                             meta=record_meta(AssistantRecordMeta(via="api"))), thread.epoch,
+                          fence=turn.fence)
             thread.append(lambda seq: Record(seq=seq, role="tool", ts=time.time(), turn_id=turn.turn_id,
                                              tool_call_id=call_id, name=TOOL_NAME,
                                              content=msgspec.json.encode(report).decode(),
                                              meta=record_meta(ToolRecordMeta(requery=report, via="api"))),
-                          thread.epoch)
+                          thread.epoch, fence=turn.fence)
             thread.end_turn()  # store.fsync = "turn": the recorded pair reaches the disk, as a turn's records do
             return msgspec.to_builtins(report)
         finally:
