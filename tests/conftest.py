@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import msgspec
@@ -26,7 +26,6 @@ from datadesk.composition import Runtime
 from datadesk.llm.base import ChatModel
 from datadesk.settings import Settings
 from datadesk.store.layout import Layout
-from datadesk.store.users import UserStore
 from datadesk.store.workspaces import ensure_demo_workspace
 
 
@@ -40,7 +39,26 @@ def demo_warehouse_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def home(tmp_path: Path, demo_warehouse_dir: Path) -> Path:
+def state_set() -> dict[str, Any]:
+    """The settings that choose the state set of the harness (`make_harness`): none, the embedded
+    set (the files of the home). tests/cluster/conftest.py overrides this fixture with the cluster
+    set (a fresh database and bucket), so the suites it imports run again on PostgreSQL + S3."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def module_state_set() -> dict[str, Any]:
+    """`state_set` for a harness a module-scoped fixture builds (one set for the whole module)."""
+    return {}
+
+
+# the state set each `home` fixture was made for: `make_harness(home, ...)` called without
+# `state=` (tests that build their own harness on the `home` fixture) builds on the same set
+_STATE_OF_HOME: dict[Path, dict[str, Any]] = {}
+
+
+@pytest.fixture
+def home(tmp_path: Path, demo_warehouse_dir: Path, state_set: dict[str, Any]) -> Iterator[Path]:
     """A data dir with the demo workspace (its real warehouse) and a second, empty workspace."""
     home = tmp_path / "var"
     layout = Layout(home)
@@ -50,7 +68,9 @@ def home(tmp_path: Path, demo_warehouse_dir: Path) -> Path:
     ensure_demo_workspace(layout)
     layout.workspace_dir("sales").mkdir(parents=True)
     (layout.workspace_dir("sales") / "workspace.toml").write_text('name = "Sales"\nprompt = "Sales team."\n')
-    return home
+    _STATE_OF_HOME[home] = state_set
+    yield home
+    _STATE_OF_HOME.pop(home, None)
 
 
 @dataclass
@@ -127,13 +147,50 @@ class AppClient:
         return parse_sse(r.text)
 
 
-def make_harness(home: Path, model: ChatModel, **overrides: Any) -> Harness:
+def with_state_set(overrides: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` on top of the state set's settings, section by section (a test's
+    `server={...}` keeps the set's `server.secret_key`)."""
+    merged = dict(overrides)
+    for section, values in state.items():
+        mine = merged.get(section)
+        merged[section] = {**values, **mine} if isinstance(mine, dict) else mine if section in merged else values
+    return merged
+
+
+# the cluster sets harnesses opened, by database URL, until their test's set is done
+_OPEN_CLUSTERS: dict[str, list[Callable[[], None]]] = {}
+
+
+def _keep_cluster_open(rt: Runtime) -> None:
+    """An app's shutdown closes the cluster set (Runtime.stop): right for a server, which exits
+    then, but a harness serves one app after another (each client, each served app) and tests
+    read its stores after; the set is closed with the test's `state_set` (close_clusters)."""
+    if rt.cluster is None:
+        return
+    _OPEN_CLUSTERS.setdefault(rt.settings.cluster.database_url, []).append(rt.cluster.close)
+    rt.cluster.close = lambda: None
+
+
+def close_clusters(database_url: str) -> None:
+    """Close the cluster set of every harness made on `database_url` (its pool, its lock
+    connection, its object store client)."""
+    for close in _OPEN_CLUSTERS.pop(database_url, []):
+        close()
+
+
+def make_harness(home: Path, model: ChatModel, *, state: dict[str, Any] | None = None,
+                 **overrides: Any) -> Harness:
+    """The real app (`Runtime`) on `home` with the three users; on the state set `state` (the
+    settings of `state_set`), by default the one the `home` fixture was made for, else embedded."""
     overrides.setdefault("sandbox", {"backend": "none"})  # kernels only in the tests about them
     overrides.setdefault("summary", {"enabled": False})  # summaries only where a test gives a summarizer
     summary_model = overrides.pop("summary_model", None)
-    settings = msgspec.convert({"home": str(home), **overrides}, Settings, dec_hook=lambda t, o: Path(o))
+    state = _STATE_OF_HOME.get(Path(home), {}) if state is None else state
+    settings = msgspec.convert({"home": str(home), **with_state_set(overrides, state)}, Settings,
+                               dec_hook=lambda t, o: Path(o))
     rt = Runtime(settings=settings, model=model, summary_model=summary_model)
-    users = UserStore(rt.layout)
+    _keep_cluster_open(rt)
+    users = rt.users  # the set's user store: users.json in the home, or the cluster's table
     h = Harness(rt=rt)
     for name, wss, perms in [
         ("alice", ["demo", "sales"], ["code_execution"]),
@@ -146,13 +203,14 @@ def make_harness(home: Path, model: ChatModel, **overrides: Any) -> Harness:
 
 
 @pytest.fixture
-def harness_factory(home: Path):
-    """`harness_factory(model, **settings)`: the real app on the `home` data dir (see make_harness)."""
-    return lambda model, **kw: make_harness(home, model, **kw)
+def harness_factory(home: Path, state_set: dict[str, Any]):
+    """`harness_factory(model, **settings)`: the real app on the `home` data dir and the
+    `state_set` (see make_harness)."""
+    return lambda model, **kw: make_harness(home, model, state=state_set, **kw)
 
 
 @pytest.fixture
-def api(request, home: Path) -> Iterator[AppClient]:
+def api(request, home: Path, state_set: dict[str, Any]) -> Iterator[AppClient]:
     """alice's in-process client of the real app with a new thread of hers (`api.tid`), on a
     ScriptedModel answering "ok" (`api.model`: append steps to it). Settings overrides, a
     `model`, and the options of `Harness.client`, come from an indirect parameter:
@@ -162,7 +220,7 @@ def api(request, home: Path) -> Iterator[AppClient]:
     kw = dict(getattr(request, "param", None) or {})
     opts = {k: kw.pop(k) for k in ("user", "signed_in", "served", "thread", "timeout", "raise_server_exceptions")
             if k in kw}
-    h = make_harness(home, kw.pop("model", None) or ScriptedModel(then="ok"), **kw)
+    h = make_harness(home, kw.pop("model", None) or ScriptedModel(then="ok"), state=state_set, **kw)
     with h.client(**opts) as client:
         yield client
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.clusterkit import cluster_problem, start_cluster_postgres, start_seaweedfs
+from tests.conftest import close_clusters
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +56,39 @@ def cluster_db(cluster_db_url):
 def s3(seaweed):
     """A fresh empty bucket on the test SeaweedFS server (`S3Target`)."""
     return seaweed.new_bucket()
+
+
+SECRET_KEY = "cluster-test-secret-" + "k" * 32  # one secret for CSRF and sessions, as every host has
+
+
+def cluster_settings(database_url: str, bucket) -> dict:
+    """The settings sections that put a harness on the cluster set: `database_url` and the
+    bucket `bucket` (an `S3Target`; its credentials go in the environment, never in settings)."""
+    return {"cluster": {"database_url": database_url, "pool_size": 4},
+            "storage": {"url": bucket.url, "endpoint": bucket.endpoint},
+            "server": {"secret_key": SECRET_KEY}}
+
+
+def _store_credentials(mp: pytest.MonkeyPatch, bucket) -> None:
+    for name, value in bucket.env().items():
+        if name.startswith("AWS_"):
+            mp.setenv(name, value)
+
+
+@pytest.fixture
+def state_set(cluster_db_url, s3, monkeypatch):
+    """The cluster set for the harness (tests/conftest.py `make_harness`): a fresh database, a
+    fresh bucket, and the store's credentials in this process's environment for the test."""
+    _store_credentials(monkeypatch, s3)
+    yield cluster_settings(cluster_db_url, s3)
+    close_clusters(cluster_db_url)
+
+
+@pytest.fixture(scope="module")
+def module_state_set(cluster_pg, seaweed):
+    """`state_set` for a module-scoped harness: one fresh database and bucket for the module."""
+    bucket, url = seaweed.new_bucket(), cluster_pg.new_database()
+    with pytest.MonkeyPatch.context() as mp:
+        _store_credentials(mp, bucket)
+        yield cluster_settings(url, bucket)
+        close_clusters(url)

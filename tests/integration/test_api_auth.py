@@ -74,7 +74,7 @@ def test_traversal_shaped_ids_are_refused(env, method, path, bad) -> None:
     assert r.status_code in (400, 404, 405), r.text
     if r.status_code == 400:
         assert "invalid thread id" in r.json()["error"]
-    assert (h.rt.layout.home / "users.json").exists()
+    assert h.rt.users.by_token(h.tokens["alice"]) is not None  # the user store (users.json) untouched
 
 
 def test_thread_listing_is_per_user(env) -> None:

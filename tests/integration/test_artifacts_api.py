@@ -94,7 +94,9 @@ def test_requery_restores_and_reports_changes(api, home: Path) -> None:
     events = turn(h, client, model, "alice", tid, tool_step("requery_artifact", {"artifact_id": aid}), "x")
     report = json.loads(next(d for e, d in events if e == "tool.finished")["preview"])
     assert report["restored"] and not report["changed"] and report["rows_after"] == before.rows
-    assert (thread.artifacts_dir / f"{aid}.parquet").exists()
+    restored = h.rt.artifacts.load(thread, aid)
+    assert restored.available and restored.file == f"{aid}.parquet"
+    assert h.rt.artifacts.data_path(thread, restored).exists()  # its data is kept again
     # the warehouse changes underneath: the endpoint re-runs the query and reports it (in this
     # process, a read-write open needs the warehouse's warm read-only connections closed first)
     h.rt.sources.get("demo").warehouse.close()

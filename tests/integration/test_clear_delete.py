@@ -17,6 +17,17 @@ from tests.conftest import parse_sse, serve_app, wait_until
 from tests.fakes.sandbox import FakeSandbox
 
 
+def kept_of(h, handle) -> list[str]:
+    """What of a thread is kept besides its records: the files of its folder (the embedded set),
+    or its row ("meta.json") and its objects in the object store (the cluster set)."""
+    if h.rt.cluster is None:
+        return sorted(p.name for p in handle.dir.iterdir())
+    from datadesk.state.blobs import thread_prefix
+
+    prefix = thread_prefix(handle.workspace, handle.meta.owner, handle.id)
+    return ["meta.json", *sorted(h.rt.cluster.blobs().list(prefix))]
+
+
 def test_clear_during_a_running_turn_resurrects_nothing(harness_factory) -> None:
     release = threading.Event()
 
@@ -32,8 +43,8 @@ def test_clear_during_a_running_turn_resurrects_nothing(harness_factory) -> None
     with h.client(served=True, timeout=60) as api:
         c, tid, base = api.client, api.tid, api.base
         parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "first"}).text)
-        tdir = h.rt.threads.get(tid, "alice", ["demo"]).dir
-        assert list((tdir / "artifacts").glob("*.parquet"))
+        handle = h.rt.threads.get(tid, "alice", ["demo"])
+        assert any(a.format == "parquet" for a in h.rt.artifacts.list(handle))
         result: dict = {}
         worker = threading.Thread(target=lambda: result.update(
             events=parse_sse(httpx.post(f"{base}/api/threads/{tid}/messages", json={"content": "second"},
@@ -49,7 +60,7 @@ def test_clear_during_a_running_turn_resurrects_nothing(harness_factory) -> None
         assert body["removed"]["records"] >= 4 and body["removed"]["artifacts"] == 1
         assert c.get(f"/api/threads/{tid}").json()["records"] == []
         assert c.get(f"/api/threads/{tid}/artifacts").json() == []
-        leftovers = sorted(p.name for p in tdir.iterdir())
+        leftovers = kept_of(h, handle)
         assert leftovers in (["meta.json"], ["meta.json", "thread.lock"]), leftovers
         # the thread works again from a clean slate
         events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "again"}).text)

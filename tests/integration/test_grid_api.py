@@ -22,7 +22,7 @@ N_READINGS = 190_560
 
 
 @pytest.fixture(scope="module")
-def grid_env(tmp_path_factory, demo_warehouse_dir):
+def grid_env(tmp_path_factory, demo_warehouse_dir, module_state_set):
     from datadesk.store.layout import Layout
     from datadesk.store.workspaces import ensure_demo_workspace
     from tests.conftest import make_harness
@@ -33,7 +33,7 @@ def grid_env(tmp_path_factory, demo_warehouse_dir):
     shutil.copy(demo_warehouse_dir / "warehouse.duckdb", data / "warehouse.duckdb")
     ensure_demo_workspace(Layout(home))
     model = ScriptedModel(then="ok")
-    h = make_harness(home, model)
+    h = make_harness(home, model, state=module_state_set)
     FakeSandbox(h.rt)
     with TestClient(h.app()) as client:
         tid = client.post("/api/threads", json={"title": "Readings 2024"}, headers=h.auth("alice")).json()["id"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from litestar.testing import TestClient
 
@@ -11,8 +12,8 @@ from datadesk.api.controllers.memory import MemoryController
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.memory.model import Provenance
 from datadesk.memory.store import MemoryStore
+from datadesk.state.threads import SUMMARY, SUMMARY_REVISIONS
 from datadesk.store.layout import Layout
-from datadesk.store.users import UserStore
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def env(home, harness_factory):
     cfg = Layout(home).workspace_config("demo")
     cfg.write_text(cfg.read_text() + "memory = true\n")  # sales keeps memory off
     h = harness_factory(ScriptedModel(then="fine"))
-    users = UserStore(h.rt.layout)
+    users = h.rt.users
     _, h.tokens["dana"] = users.add("dana", ["demo"], ["memory"])
     _, h.tokens["erin"] = users.add("erin", ["demo", "sales"], ["memory"])
     if getattr(h.rt, "memory", None) is None:  # until the runtime builds it
@@ -142,28 +143,35 @@ def test_user_switch(env) -> None:
 
 def _thread_with_summary(h, client, text: str):
     tid = client.post("/api/threads", json={"workspace": "demo"}, headers=h.auth("dana")).json()["id"]
-    tdir = h.rt.layout.thread_dir("demo", "dana", tid)
-    (tdir / "summary.json").write_text(json.dumps(
-        {"goal": "monthly report", "active_constraints": [text, "kWh only"], "covers_through_seq": 8, "epoch": 0}))
-    (tdir / "summary.revisions.jsonl").write_text(json.dumps({"constraints": [f"Note: {text}."]}) + "\n")
-    return tdir
+    thread = h.rt.threads.get(tid, "dana", ["demo"])
+    assert thread.write_doc(SUMMARY, {"goal": "monthly report", "active_constraints": [text, "kWh only"],
+                                      "covers_through_seq": 8, "epoch": 0}, thread.meta.epoch)
+    assert thread.append_line(SUMMARY_REVISIONS, json.dumps({"constraints": [f"Note: {text}."]}).encode(),
+                              thread.meta.epoch)
+    return thread
+
+
+def _stored(h, thread) -> dict[str, bytes]:
+    """What the stores keep of dana's memory and of `thread`'s summary, by the embedded file name."""
+    return {"memory.json": msgspec.json.encode(h.rt.memory.docs.read("demo", "dana")),
+            "memory.audit.jsonl": msgspec.json.encode(h.rt.memory.audit("demo", "dana")),
+            "summary.json": thread.read_doc(SUMMARY) or b"",
+            "summary.revisions.jsonl": b"\n".join(thread.lines(SUMMARY_REVISIONS))}
 
 
 def test_delete_is_hard_and_redacts_summaries(env) -> None:
     h, client = env
     f = add(client, h, "dana", "Client Zephyr reports go to Ines")
     keep = add(client, h, "dana", "Energy is in kWh")
-    tdir = _thread_with_summary(h, client, "Client Zephyr reports go to Ines")
+    thread = _thread_with_summary(h, client, "Client Zephyr reports go to Ines")
     r = client.delete(f"/api/memory/{f['id']}?workspace=demo", headers=h.auth("dana"))
     assert r.status_code == 200 and r.json()["deleted"] == [f["id"]]
     facts = client.get("/api/memory?workspace=demo", headers=h.auth("dana")).json()["facts"]
     assert [x["id"] for g in facts.values() for x in g] == [keep["id"]]
-    udir = h.rt.layout.user_dir("demo", "dana")
-    for path in [udir / "memory.json", udir / "memory.audit.jsonl", tdir / "summary.json",
-                 tdir / "summary.revisions.jsonl"]:
-        assert "Zephyr" not in path.read_text(), path
-    assert json.loads((tdir / "summary.json").read_text())["active_constraints"] == ["[deleted memory]", "kWh only"]
-    audit = [json.loads(x) for x in (udir / "memory.audit.jsonl").read_text().splitlines()]
+    for name, data in _stored(h, thread).items():
+        assert b"Zephyr" not in data, name
+    assert json.loads(thread.read_doc(SUMMARY))["active_constraints"] == ["[deleted memory]", "kWh only"]
+    audit = msgspec.to_builtins(h.rt.memory.audit("demo", "dana"))
     assert {"event": "deleted", "fact": f["id"]}.items() <= audit[-1].items()
     # a later model call cannot bring it back; the panel can
     with pytest.raises(ValueError, match="deleted"):
@@ -176,11 +184,11 @@ def test_delete_all(env) -> None:
     for t in ("Reports in English", "Energy is in kWh", "Head office is B07"):
         add(client, h, "dana", t)
     add(client, h, "erin", "Reports in English")
-    tdir = _thread_with_summary(h, client, "Head office is B07")
+    thread = _thread_with_summary(h, client, "Head office is B07")
     r = client.delete("/api/memory?workspace=demo", headers=h.auth("dana"))
     assert r.status_code == 200 and len(r.json()["deleted"]) == 3
     body = client.get("/api/memory?workspace=demo", headers=h.auth("dana")).json()
     assert all(g == [] for g in body["facts"].values())
-    assert "B07" not in (tdir / "summary.json").read_text()
+    assert b"B07" not in thread.read_doc(SUMMARY)
     # another user's memory in the same workspace is untouched
     assert len(client.get("/api/memory?workspace=demo", headers=h.auth("erin")).json()["facts"]["active"]) == 1

@@ -9,7 +9,6 @@ import pytest
 
 from datadesk.llm.scripted import ScriptedModel, tool_step
 from datadesk.store.layout import Layout
-from datadesk.store.users import UserStore
 from datadesk.tools.registry import ToolResult, ToolSpec
 from tests.conftest import parse_sse, serve_app
 
@@ -24,7 +23,7 @@ def mem(home, harness_factory):
     def make(steps):
         model = ScriptedModel(steps, then="ok")
         h = harness_factory(model)
-        _, h.tokens["dana"] = UserStore(h.rt.layout).add("dana", ["demo"], ["memory"])
+        _, h.tokens["dana"] = h.rt.users.add("dana", ["demo"], ["memory"])
         return h, model
     return make
 
@@ -96,7 +95,7 @@ def test_projects_never_leak_into_each_other(mem) -> None:
 def test_memory_off_hides_the_tools_and_injects_nothing(harness_factory) -> None:
     model = ScriptedModel(then="ok")
     h = harness_factory(model)
-    _, h.tokens["dana"] = UserStore(h.rt.layout).add("dana", ["demo"], ["memory"])
+    _, h.tokens["dana"] = h.rt.users.add("dana", ["demo"], ["memory"])
     h.rt.memory.remember("demo", "dana", "Reports are in English", source="panel", user_asked=True)
     with h.client("dana", served=True, timeout=60) as api:
         c, tid = api.client, api.tid

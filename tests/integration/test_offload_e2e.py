@@ -7,6 +7,7 @@ from pathlib import Path
 
 import duckdb
 import httpx
+import msgspec
 import pyarrow.parquet as pq
 import pytest
 
@@ -45,6 +46,14 @@ def thread_dir(h, user: str, tid: str) -> Path:
     return h.rt.threads.get(tid, user, ["demo", "sales"]).dir
 
 
+def stored(h, user: str, tid: str, aid: str) -> tuple[dict, Path]:
+    """An artifact as the runtime's store keeps it: its metadata (as its `<aid>.json` holds it)
+    and a local file of its data (the thread's folder, or the host's cache of the object store)."""
+    thread = h.rt.threads.get(tid, user, ["demo", "sales"])
+    art = h.rt.artifacts.load(thread, aid)
+    return msgspec.to_builtins(art), h.rt.artifacts.data_path(thread, art)
+
+
 def test_full_table_becomes_parquet_with_duckdbs_own_numbers(harness_factory, home: Path) -> None:
     events, content, h, tid = one_call_turn(
         harness_factory, {"name": "sql_query", "arguments": {"sql": "SELECT * FROM readings"}})
@@ -53,7 +62,8 @@ def test_full_table_becomes_parquet_with_duckdbs_own_numbers(harness_factory, ho
     aid = created[0]["artifact"]["id"]
     finished = next(d for e, d in events if e == "tool.finished")
     assert finished["meta"]["artifact"]["id"] == aid
-    path = thread_dir(h, "alice", tid) / "artifacts" / f"{aid}.parquet"
+    meta, path = stored(h, "alice", tid, aid)
+    assert path.name == f"{aid}.parquet"
     table = pq.read_table(path)
     con = duckdb.connect(str(home / "workspaces/demo/data/warehouse.duckdb"), read_only=True)
     n, kwh, occ = con.execute("SELECT count(*), sum(kwh), sum(occupancy) FROM readings").fetchone()
@@ -68,7 +78,6 @@ def test_full_table_becomes_parquet_with_duckdbs_own_numbers(harness_factory, ho
     assert "190,560" in content and "building_id" in content and "timestamp" in content
     assert "NOT the full data" in content and "read_parquet" in content
     assert content.count("\n| ") >= 10  # header + 10 preview rows
-    meta = json.loads((path.parent / f"{aid}.json").read_text())
     assert meta["origin"] == {"source": "tool", "user": "alice", "thread": tid, "workspace": "demo",
                               "tool": "sql_query", "arguments": '{"sql": "SELECT * FROM readings"}',
                               "call_id": "call_1"}
@@ -101,7 +110,7 @@ def test_deeply_nested_json_from_a_tool_stays_under_budget(harness_factory) -> N
     assert count_tokens(content) < 2_000
     assert "rows: 400" in content and "struct" in content and "NOT the full data" in content
     aid = next(d for e, d in events if e == "artifact.created")["artifact"]["id"]
-    table = pq.read_table(thread_dir(h, "alice", tid) / "artifacts" / f"{aid}.parquet")
+    table = pq.read_table(stored(h, "alice", tid, aid)[1])
     assert table.num_rows == 400
 
 
@@ -116,6 +125,7 @@ def test_no_code_execution_or_sandbox_down_gets_truncated_form(harness_factory, 
     assert not [e for e, _ in events if e == "artifact.created"]
     assert "of 190,560 rows" in content and reason in content
     assert "narrow the query" in content and len(content) <= 8_000
+    assert not h.rt.artifacts.list(h.rt.threads.get(tid, user, ["demo"]))
     adir = thread_dir(h, user, tid) / "artifacts"
     assert not adir.exists() or not any(p.suffix in (".parquet", ".txt") for p in adir.iterdir())
 

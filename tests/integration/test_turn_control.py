@@ -197,4 +197,4 @@ def test_delete_cancels_a_running_turn(harness_factory) -> None:
         assert events[-1][0] == "done"
         assert c.get(f"/api/threads/{tid}").status_code == 404
         assert h.rt.turns.get(tid) is None
-        assert not any(p.name == tid for p in h.rt.layout.threads_dir("demo", "bob").iterdir())
+        assert not any(t.id == tid for t in h.rt.threads.folders("demo", "bob"))  # nothing of it is kept
