@@ -329,8 +329,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     try:
         from datadesk.cluster.blobs import S3Blobs
         from datadesk.cluster.database import Database, DatabaseError
-        from datadesk.cluster.migrate import HomeInUse, migrate_home
-        from datadesk.state.blobs import BlobError
+        from datadesk.cluster.migration.copy import HomeInUse, migrate_home
+        from datadesk.store.interfaces.blobs import BlobError
     except ImportError as exc:
         print(f"error: the cluster packages are not installed ({exc.name}): pip install -e '.[cluster]'",
               file=sys.stderr)
@@ -418,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    from datadesk.state.errors import ClusterUnavailable
+    from datadesk.store.interfaces.errors import ClusterUnavailable
 
     try:
         if args.cmd == "serve":

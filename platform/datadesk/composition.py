@@ -32,7 +32,7 @@ from datadesk.settings import Settings, SettingsError
 from datadesk.store.admission import MemoryGuard, QuerySlots
 from datadesk.store.layout import Layout
 from datadesk.store.locks import FileLocks
-from datadesk.state.blobs import BlobError
+from datadesk.store.interfaces.blobs import BlobError
 from datadesk.store.search import ThreadSearch
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.store.users import UserStore

@@ -22,9 +22,9 @@ from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.offload.artifacts.quota import ArtifactQuota
 from datadesk.offload.artifacts.store import ArtifactStore, new_artifact_id, regular_file
 from datadesk.settings import OffloadSettings
-from datadesk.state.artifacts import ArtifactNotFound, Artifacts
-from datadesk.state.blobs import BlobUnavailable, thread_prefix
-from datadesk.state.threads import LogClosed
+from datadesk.store.interfaces.artifacts import ArtifactNotFound, Artifacts
+from datadesk.store.interfaces.blobs import BlobUnavailable, thread_prefix
+from datadesk.store.interfaces.threads import LogClosed
 from datadesk.store.layout import Layout
 from datadesk.store.threads import Thread, ThreadStore
 

@@ -13,7 +13,7 @@ import pytest
 
 from datadesk.cluster.blobs import S3Blobs
 from datadesk.offload.artifacts.localblobs import LocalBlobs
-from datadesk.state.blobs import (BlobExists, BlobNotFound, BlobStore, BlobUnavailable, PresignUnsupported,
+from datadesk.store.interfaces.blobs import (BlobExists, BlobNotFound, BlobStore, BlobUnavailable, PresignUnsupported,
                                   artifact_key, blob_key, copy_to, parse_key, thread_prefix)
 from datadesk.store.layout import Layout
 

@@ -23,7 +23,7 @@ from datadesk.domain.records import Record
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.sandbox.kerneltable import KernelRecord
 from datadesk.settings import Settings
-from datadesk.state.threads import MANIFESTS, SUMMARY
+from datadesk.store.interfaces.threads import MANIFESTS, SUMMARY
 from tests.conftest import make_harness
 
 pytestmark = pytest.mark.cluster

@@ -14,7 +14,7 @@ import pytest
 from datadesk.api.guards.ratelimit import Limits, SharedBudget
 from datadesk.api.guards.security import LoginFailures
 from datadesk.settings import ServerSettings
-from datadesk.state.counters import MemoryCounter, RateCounter
+from datadesk.store.interfaces.counters import MemoryCounter, RateCounter
 
 pytestmark = pytest.mark.cluster
 

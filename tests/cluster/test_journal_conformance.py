@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from datadesk.chat.journal import TurnJournal
-from datadesk.state.journal import EventJournal
+from datadesk.store.interfaces.journal import EventJournal
 
 pytestmark = pytest.mark.cluster
 

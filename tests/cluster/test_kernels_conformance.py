@@ -1,4 +1,4 @@
-"""The kernel table and worker heartbeats (state/kernels.py) on both sets: the embedded files
+"""The kernel table and worker heartbeats (store/interfaces/kernels.py) on both sets: the embedded files
 (sandbox/kerneltable.py, sandbox/ownership.py) and PostgreSQL (cluster/kernels.py).
 
 "Two instances" are two workers of one host on the embedded set (one home) and two hosts on
@@ -31,9 +31,9 @@ from datadesk.sandbox.ownership import Heartbeat, Worker, hostname, proc_start, 
 from datadesk.sandbox.registry import KernelRegistry
 from datadesk.sandbox.sessions import ORPHAN_NOTICE
 from datadesk.settings import SandboxSettings
-from datadesk.state.kernels import KernelCapReached, KernelCaps
-from datadesk.state.kernels import KernelTable as KernelTableProtocol
-from datadesk.state.kernels import WorkerRegistry
+from datadesk.store.interfaces.kernels import KernelCapReached, KernelCaps
+from datadesk.store.interfaces.kernels import KernelTable as KernelTableProtocol
+from datadesk.store.interfaces.kernels import WorkerRegistry
 
 pytestmark = pytest.mark.cluster
 

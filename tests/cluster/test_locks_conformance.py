@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from datadesk.state.locks import BadLockName, LockService, LockTimeout
+from datadesk.store.interfaces.locks import BadLockName, LockService, LockTimeout
 
 pytestmark = pytest.mark.cluster
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from datadesk.memory.model import Provenance, text_hash
+from datadesk.domain.memory import Provenance, text_hash
 from datadesk.memory.store import (
     DuplicateFact,
     FactNotFound,
@@ -20,7 +20,7 @@ from datadesk.memory.store import (
     MemoryStore,
 )
 from datadesk.settings import MemorySettings
-from datadesk.state.memory import AuditEvent, MemoryDocs, MemoryStoreError
+from datadesk.store.interfaces.memory import AuditEvent, MemoryDocs, MemoryStoreError
 from datadesk.store.layout import Layout
 
 pytestmark = pytest.mark.cluster

@@ -24,7 +24,7 @@ import pytest
 
 from datadesk.cluster.artifacts import PgArtifactStore
 from datadesk.cluster.blobs import S3Blobs
-from datadesk.cluster.migrate import MIGRATED_FILE, HomeInUse, migrate_home
+from datadesk.cluster.migration.copy import MIGRATED_FILE, HomeInUse, migrate_home
 from datadesk.cluster.search import PgSearch
 from datadesk.cluster.threads import PgThreadStore
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
@@ -33,8 +33,8 @@ from datadesk.memory.store import MemoryStore
 from datadesk.offload.artifacts.store import ArtifactStore, new_artifact_id
 from datadesk.sandbox.ownership import Heartbeat
 from datadesk.settings import SettingsError, load_settings
-from datadesk.state.blobs import artifact_key
-from datadesk.state.threads import MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE
+from datadesk.store.interfaces.blobs import artifact_key
+from datadesk.store.interfaces.threads import MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE
 from datadesk.store.files import write_atomic
 from datadesk.store.layout import Layout
 from datadesk.store.threads import Thread, ThreadStore

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from datadesk.domain.records import Record, ToolCall
-from datadesk.state.search import BadSearchQuery, SearchHit, SearchIndex, SearchTooCostly
+from datadesk.store.interfaces.search import BadSearchQuery, SearchHit, SearchIndex, SearchTooCostly
 from datadesk.store.layout import Layout
 
 pytestmark = pytest.mark.cluster

@@ -16,7 +16,7 @@ import pytest
 
 from datadesk.api.guards.auth import RedactSecrets
 from datadesk.domain.credentials import add_known_secrets, known_secrets, without_known_secrets
-from datadesk.state.blobs import BlobUnavailable
+from datadesk.store.interfaces.blobs import BlobUnavailable
 from tests.serving import serving
 
 pytestmark = pytest.mark.cluster

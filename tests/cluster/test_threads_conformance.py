@@ -1,4 +1,4 @@
-"""The `ThreadStore` / `Thread` protocols (state/threads.py) on both sets: the embedded folders
+"""The `ThreadStore` / `Thread` protocols (store/interfaces/threads.py) on both sets: the embedded folders
 (store/threads.py) and the PostgreSQL rows (cluster/threads.py).
 
 "Two hosts" are two stores: on the embedded set two `ThreadStore`s on one home (two processes
@@ -19,7 +19,7 @@ import pytest
 from datadesk.context.manifest import last_manifest
 from datadesk.context.taskstate import TaskStateError, TaskStateStore
 from datadesk.domain.records import Record
-from datadesk.state.threads import (MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE, LogClosed,
+from datadesk.store.interfaces.threads import (MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE, LogClosed,
                                     RecordLog, Thread, ThreadNotFound, ThreadStore, TooManyThreads, TurnFenced,
                                     UnknownDocument)
 from datadesk.store.layout import Layout

@@ -17,7 +17,7 @@ from datadesk.chat.loop import start_turn
 from datadesk.domain.events import TurnDone, TurnError
 from datadesk.domain.records import Record
 from datadesk.llm.scripted import ScriptedModel, ScriptStep
-from datadesk.state.threads import TurnFenced
+from datadesk.store.interfaces.threads import TurnFenced
 from tests.conftest import make_harness, until
 
 pytestmark = pytest.mark.cluster

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from datadesk.chat.turns import TurnRegistry
-from datadesk.state.turns import TooManyTurns, TurnConflict, TurnDirectory
+from datadesk.store.interfaces.turns import TooManyTurns, TurnConflict, TurnDirectory
 
 pytestmark = pytest.mark.cluster
 

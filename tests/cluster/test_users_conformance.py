@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from datadesk.domain.users import User
-from datadesk.state.users import UserError, Users, credential_account, secret_hash
+from datadesk.store.interfaces.users import UserError, Users, credential_account, secret_hash
 from datadesk.store.layout import Layout
 from datadesk.store.users import UserStore
 

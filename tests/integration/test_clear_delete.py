@@ -22,7 +22,7 @@ def kept_of(h, handle) -> list[str]:
     or its row ("meta.json") and its objects in the object store (the cluster set)."""
     if h.rt.cluster is None:
         return sorted(p.name for p in handle.dir.iterdir())
-    from datadesk.state.blobs import thread_prefix
+    from datadesk.store.interfaces.blobs import thread_prefix
 
     prefix = thread_prefix(handle.workspace, handle.meta.owner, handle.id)
     return ["meta.json", *sorted(h.rt.cluster.blobs().list(prefix))]

@@ -10,9 +10,9 @@ from litestar.testing import TestClient
 
 from datadesk.api.controllers.memory import MemoryController
 from datadesk.llm.scripted import ScriptedModel
-from datadesk.memory.model import Provenance
+from datadesk.domain.memory import Provenance
 from datadesk.memory.store import MemoryStore
-from datadesk.state.threads import SUMMARY, SUMMARY_REVISIONS
+from datadesk.store.interfaces.threads import SUMMARY, SUMMARY_REVISIONS
 from datadesk.store.layout import Layout
 
 

@@ -14,7 +14,7 @@ import pytest
 from datadesk.domain.records import Record
 from datadesk.llm.scripted import ScriptedModel, ScriptStep
 from datadesk.memory.extraction import ExtractionResult, MemoryExtractor
-from datadesk.memory.model import Fact, Provenance, contradicts, normalise, render_memory_block, text_hash
+from datadesk.domain.memory import Fact, Provenance, contradicts, normalise, render_memory_block, text_hash
 from datadesk.memory.secrets import contains_secret, find_secrets
 from datadesk.memory.store import (
     DuplicateFact,

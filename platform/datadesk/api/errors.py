@@ -25,8 +25,8 @@ from datadesk.domain.tools import ToolError
 from datadesk.memory.store import DuplicateFact, FactNotFound, FactStateError, MemoryInputError
 from datadesk.offload.artifacts.store import ArtifactNotFound
 from datadesk.offload.uploads import UploadError, UploadTooLarge
-from datadesk.state.blobs import BlobUnavailable
-from datadesk.state.errors import ClusterUnavailable
+from datadesk.store.interfaces.blobs import BlobUnavailable
+from datadesk.store.interfaces.errors import ClusterUnavailable
 from datadesk.store.admission import Busy
 from datadesk.store.diskspace import DiskLow
 from datadesk.store.files import StoreWriteError

@@ -13,7 +13,7 @@ remove it. The header also names the writer (pid, its start time, host). A turn 
 process died leaves a file without `done`: chat/interrupted.py finishes the turn and ends
 the file (`append_to_file`), so re-attached clients get its end.
 
-Where the kept events go for the others is the turn's `EventSink` (state/journal.py): by default
+Where the kept events go for the others is the turn's `EventSink` (store/interfaces/journal.py): by default
 `FileSink`, the event file above; `FileEventJournal` is the embedded `EventJournal` around these
 functions, and the cluster set's (cluster/journal.py) writes rows instead, with the same ids.
 
@@ -37,7 +37,7 @@ from typing import Any, AsyncIterator, Callable
 
 import msgspec
 
-from datadesk.state.journal import EventSink, JournalEvent, KeptTurn
+from datadesk.store.interfaces.journal import EventSink, JournalEvent, KeptTurn
 from datadesk.store.jsonl import last_newline_end
 from datadesk.store.files import write_all
 from datadesk.store.tempnames import host_hash, proc_start, temp_prefix
@@ -93,7 +93,7 @@ def fan_out(subscribers: set[asyncio.Queue[Any]], item: Any) -> None:
 
 class TurnJournal:
     """The kept events of one running turn, in the worker that runs it (see the module doc).
-    `sink`: where kept events go for the other workers or hosts (state/journal.py); by default
+    `sink`: where kept events go for the other workers or hosts (store/interfaces/journal.py); by default
     the event file `path` (None for both: only this worker's subscribers, no re-attach)."""
 
     def __init__(self, turn_id: str, path: Path | None, sink: EventSink | None | object = FILE_SINK) -> None:
@@ -358,7 +358,7 @@ def _decode(line: bytes) -> list[JournalEvent]:
         return []
 
 
-EventFile = KeptTurn  # what a turn's event file holds (state/journal.py)
+EventFile = KeptTurn  # what a turn's event file holds (store/interfaces/journal.py)
 
 
 def read_event_file(path: Path) -> KeptTurn | None:
@@ -451,7 +451,7 @@ async def follow_file(path: Path, turn_id: str,
 
 
 class FileEventJournal:
-    """The embedded `EventJournal` (state/journal.py): each thread's `events.jsonl` (`at`)."""
+    """The embedded `EventJournal` (store/interfaces/journal.py): each thread's `events.jsonl` (`at`)."""
 
     def sink(self, thread_id: str, turn_id: str, at: Path | None) -> EventSink | None:
         return FileSink.create(turn_id, at) if at is not None else None

@@ -31,7 +31,7 @@ from datadesk.offload.pipeline import OffloadCapability, OffloadOutcome, Offload
 from datadesk.settings import ChatSettings
 from datadesk.store.diskspace import DiskRoom
 from datadesk.store.files import StoreWriteError, not_saved
-from datadesk.state.threads import TurnFenced
+from datadesk.store.interfaces.threads import TurnFenced
 from datadesk.store.threadlog import LogClosed
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.summary.service import SummaryService

@@ -25,8 +25,8 @@ Across processes (`datadesk serve --workers N`), with `lock_dir` set:
 - `exclusive(thread)`: clear and delete cancel the running turn wherever it
   runs, then hold the thread lock while they work, so no turn starts meanwhile.
 
-The cross-process part is a `TurnDirectory` (state/turns.py), the events go to an
-`EventJournal` (state/journal.py), both chosen at construction: by default the files above
+The cross-process part is a `TurnDirectory` (store/interfaces/turns.py), the events go to an
+`EventJournal` (store/interfaces/journal.py), both chosen at construction: by default the files above
 (`FileTurnDirectory`, `chat.journal.FileEventJournal`); the cluster set passes PostgreSQL
 ones (cluster/turns.py, cluster/journal.py), with which all of this holds across hosts.
 
@@ -56,8 +56,8 @@ from datadesk.chat.journal import Cursor, FileEventJournal, JournalEvent, TurnJo
 from datadesk.domain.events import EventPayload, MessageDelta
 from datadesk.domain.ids import check_id, new_id
 from datadesk.sandbox.ownership import acquire_async, file_lock, pid_alive, proc_start, try_lock
-from datadesk.state.journal import EventJournal
-from datadesk.state.turns import Claim, TooManyTurns, TurnConflict, TurnDirectory, TurnInfo, conflict, too_many
+from datadesk.store.interfaces.journal import EventJournal
+from datadesk.store.interfaces.turns import Claim, TooManyTurns, TurnConflict, TurnDirectory, TurnInfo, conflict, too_many
 from datadesk.store.files import read_json_object, write_json
 from datadesk.store.tempnames import host_hash
 
@@ -111,7 +111,7 @@ class RunningTurn:
 
     @property
     def fence(self) -> int | None:
-        """The thread's claim number of this turn (state/turns.py), None without a directory."""
+        """The thread's claim number of this turn (store/interfaces/turns.py), None without a directory."""
         return self.claim.fence if self.claim is not None else None
 
 

@@ -34,9 +34,9 @@ from datadesk.cluster.database import Database, DatabaseError, advisory_key
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.ids import check_id, new_id
 from datadesk.offload.artifacts.store import ArtifactStore, regular_file
-from datadesk.state.artifacts import (ArtifactNotFound, Drift, Row, SweepBusy, ThreadKey, Totals, Victim)
-from datadesk.state.blobs import BlobExists, BlobNotFound, BlobStore, BlobUnavailable, artifact_key, thread_prefix
-from datadesk.state.threads import LogClosed
+from datadesk.store.interfaces.artifacts import (ArtifactNotFound, Drift, Row, SweepBusy, ThreadKey, Totals, Victim)
+from datadesk.store.interfaces.blobs import BlobExists, BlobNotFound, BlobStore, BlobUnavailable, artifact_key, thread_prefix
+from datadesk.store.interfaces.threads import LogClosed
 from datadesk.store.files import write_atomic
 from datadesk.store.layout import Layout
 

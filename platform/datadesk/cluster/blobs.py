@@ -38,7 +38,7 @@ from obstore.exceptions import (AlreadyExistsError, PermissionDeniedError, Preco
                                 UnauthenticatedError)
 from obstore.store import S3Store
 
-from datadesk.state.blobs import BlobError, BlobExists, BlobNotFound, BlobUnavailable, Method, check_prefix, parse_key
+from datadesk.store.interfaces.blobs import BlobError, BlobExists, BlobNotFound, BlobUnavailable, Method, check_prefix, parse_key
 from datadesk.store.tempnames import temp_prefix
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""`PgCounters`: the cluster `state.counters.RateCounter`, one row per (key, window length) in
+"""`PgCounters`: the cluster `store.interfaces.counters.RateCounter`, one row per (key, window length) in
 `rate_counters` (migration 0003_counters.sql), shared by every host.
 
 A hit is one statement, `INSERT ... ON CONFLICT DO UPDATE ... RETURNING`: the row lock makes
@@ -15,7 +15,7 @@ import threading
 import time
 
 from datadesk.cluster.database import Database
-from datadesk.state.counters import check_hit
+from datadesk.store.interfaces.counters import check_hit
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from datadesk.state.errors import ClusterUnavailable
+from datadesk.store.interfaces.errors import ClusterUnavailable
 
 log = logging.getLogger(__name__)
 

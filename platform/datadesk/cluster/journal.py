@@ -1,4 +1,4 @@
-"""The cluster `EventJournal` (state/journal.py): the `turn_events` table (migration 0006).
+"""The cluster `EventJournal` (store/interfaces/journal.py): the `turn_events` table (migration 0006).
 
 Each thread keeps the rows of its latest turn: `sink` deletes the previous turn's and writes
 the new turn's header (n = 0) before the turn is announced. The events of a running turn are
@@ -33,7 +33,7 @@ import psycopg
 
 from datadesk.chat.journal import IDLE_S
 from datadesk.cluster.database import Database
-from datadesk.state.journal import JournalEvent, KeptTurn
+from datadesk.store.interfaces.journal import JournalEvent, KeptTurn
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The cluster kernel table and worker heartbeats (state/kernels.py) in PostgreSQL, shared by
+"""The cluster kernel table and worker heartbeats (store/interfaces/kernels.py) in PostgreSQL, shared by
 every host: tables `kernels`, `kernel_pool` and `workers` (migrations/0008_kernels.sql).
 
 - `PgKernelTable`: a row per session and per pool kernel, the whole `KernelRecord` in `record`
@@ -30,8 +30,8 @@ from datadesk.cluster.database import Database, advisory_key
 from datadesk.cluster.locks import PgLocks
 from datadesk.sandbox.kerneltable import KernelRecord, key_hash
 from datadesk.sandbox.ownership import WORKER_ID, Heartbeat, Worker, pid_alive, remove_dead_heartbeats
-from datadesk.state.kernels import KernelCapReached, KernelCaps, SessionKey
-from datadesk.state.locks import Lease, LockService
+from datadesk.store.interfaces.kernels import KernelCapReached, KernelCaps, SessionKey
+from datadesk.store.interfaces.locks import Lease, LockService
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ SELECT (SELECT count(*) FROM kernels WHERE kernel_id IS NOT NULL AND key_hash IS
 
 
 class LeaseLock:
-    """A `state.kernels.KernelLock` over one name of a `LockService`."""
+    """A `store.interfaces.kernels.KernelLock` over one name of a `LockService`."""
 
     def __init__(self, locks: LockService, name: str) -> None:
         self.locks, self.name = locks, name
@@ -87,7 +87,7 @@ def _decode(raw: str) -> KernelRecord | None:
 
 
 class PgKernelTable:
-    """The cluster `state.kernels.KernelTable` (see the module doc)."""
+    """The cluster `store.interfaces.kernels.KernelTable` (see the module doc)."""
 
     def __init__(self, db: Database, locks: LockService | None = None) -> None:
         self.db = db
@@ -180,7 +180,7 @@ class PgKernelTable:
 
 
 class PgWorkers(Heartbeat):
-    """The cluster `state.kernels.WorkerRegistry` (see the module doc)."""
+    """The cluster `store.interfaces.kernels.WorkerRegistry` (see the module doc)."""
 
     def __init__(self, db: Database, home: Path, interval_s: float, worker: Worker | None = None) -> None:
         super().__init__(home, interval_s, worker)

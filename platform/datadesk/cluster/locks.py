@@ -1,4 +1,4 @@
-"""The cluster `LockService` (state/locks.py): PostgreSQL session advisory locks.
+"""The cluster `LockService` (store/interfaces/locks.py): PostgreSQL session advisory locks.
 
 Every lease of a process is held on one dedicated connection (`Database.dedicated`), used
 under a `threading.Lock`: taking or releasing a lock is one short statement, so one
@@ -20,7 +20,7 @@ import time
 import psycopg
 
 from datadesk.cluster.database import Database, advisory_key
-from datadesk.state.locks import LeaseBase, LockTimeout, check_lock_name
+from datadesk.store.interfaces.locks import LeaseBase, LockTimeout, check_lock_name
 
 log = logging.getLogger(__name__)
 

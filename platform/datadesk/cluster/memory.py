@@ -1,4 +1,4 @@
-"""`PgMemoryDocs`: memory documents and their audit in PostgreSQL (`state.memory.MemoryDocs`).
+"""`PgMemoryDocs`: memory documents and their audit in PostgreSQL (`store.interfaces.memory.MemoryDocs`).
 
 Tables (migration 0005_memory_search.sql):
 
@@ -23,8 +23,8 @@ import msgspec
 import psycopg
 
 from datadesk.cluster.database import Database, DatabaseError
-from datadesk.memory.model import MemoryDoc
-from datadesk.state.memory import AuditEvent, MemoryStoreError
+from datadesk.domain.memory import MemoryDoc
+from datadesk.store.interfaces.memory import AuditEvent, MemoryStoreError
 
 _AUDIT_COLUMNS = ("ts", "event", "fact", "status", "kind", "source", "reason")
 

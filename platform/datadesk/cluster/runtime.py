@@ -1,5 +1,5 @@
 """The cluster set, opened once per process by the composition root: the database (migrated),
-the object store, and every cluster implementation of the `state/` protocols built on them."""
+the object store, and every cluster implementation of the `store/interfaces/` protocols built on them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from datadesk.cluster.database import Database
 from datadesk.domain.ids import ID_PATTERN, check_id
 from datadesk.domain.credentials import add_known_secrets, url_password
 from datadesk.settings import Settings, SettingsError
-from datadesk.state.blobs import BlobUnavailable
+from datadesk.store.interfaces.blobs import BlobUnavailable
 from datadesk.store.layout import Layout
 from datadesk.store.workspaces import Workspaces
 

@@ -40,7 +40,7 @@ import psycopg
 
 from datadesk.cluster.database import Database, DatabaseError
 from datadesk.domain.records import Record
-from datadesk.state.search import BadSearchQuery, SearchHit, SearchTooCostly
+from datadesk.store.interfaces.search import BadSearchQuery, SearchHit, SearchTooCostly
 from datadesk.store.search import MAX_LIMIT, PER_THREAD_HITS, QUERY_DEADLINE_S, query_terms, record_text
 
 log = logging.getLogger(__name__)

@@ -19,16 +19,27 @@ import threading
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import msgspec
 import psycopg
 
+from datadesk.cluster.database import Database
 from datadesk.domain.records import Record, record_decoder, record_encoder
-from datadesk.state.threads import LogClosed, TurnFenced
+from datadesk.store.interfaces.threads import LogClosed, TurnFenced
 
-if TYPE_CHECKING:
-    from datadesk.cluster.threads import PgThread
+
+
+class PgThread(Protocol):
+    """What the rows need of a cluster thread (cluster/threads.py `PgThread`)."""
+
+    db: Database
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def dir(self) -> Path: ...
 
 log = logging.getLogger(__name__)
 

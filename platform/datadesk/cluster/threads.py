@@ -1,4 +1,4 @@
-"""The cluster `ThreadStore` (state/threads.py): threads, records and per-thread documents as
+"""The cluster `ThreadStore` (store/interfaces/threads.py): threads, records and per-thread documents as
 PostgreSQL rows (migration 0004_threads.sql).
 
 - `threads`: one row per thread (workspace, owner, epoch, last_seq, meta jsonb). Its row lock
@@ -32,7 +32,7 @@ from datadesk.cluster.database import Database, advisory_key
 from datadesk.cluster.threadrows import PgRecords, current_hold, hold, reading
 from datadesk.domain.ids import check_id, new_id
 from datadesk.domain.records import Record, ThreadMeta
-from datadesk.state.threads import (MANIFESTS, SUMMARY, SUMMARY_REVISIONS, TASK_STATE, LogClosed, RecordIndexer,
+from datadesk.store.interfaces.threads import (MANIFESTS, SUMMARY, SUMMARY_REVISIONS, TASK_STATE, LogClosed, RecordIndexer,
                                     ThreadNotFound, TooManyThreads, check_document, check_line_set)
 from datadesk.store.layout import Layout
 
@@ -73,7 +73,7 @@ _APPEND_LINE = (
 
 
 class PgThread:
-    """One thread as rows (see the module doc); the state/threads.py `Thread`."""
+    """One thread as rows (see the module doc); the store/interfaces/threads.py `Thread`."""
 
     def __init__(self, store: "PgThreadStore", meta: ThreadMeta, last_seq: int | None = None) -> None:
         self.store = store
@@ -284,7 +284,7 @@ class PgThread:
             below, page = rows[-1]["n"], min(1024, page * 4)
 
     def rewrite_summaries(self, transform: Callable[[Any], Any]) -> int:
-        """Rewrite the summary, its revisions and the task state in one hold (state/threads.py);
+        """Rewrite the summary, its revisions and the task state in one hold (store/interfaces/threads.py);
         returns how many of the three changed."""
         changed = 0
         with hold(self, None) as held:
@@ -318,7 +318,7 @@ def _rewrite_line(line: bytes, transform: Callable[[Any], Any]) -> bytes:
 
 
 class PgThreadStore:
-    """Create, find, list, clear and delete threads as rows (the state/threads.py `ThreadStore`)."""
+    """Create, find, list, clear and delete threads as rows (the store/interfaces/threads.py `ThreadStore`)."""
 
     def __init__(self, db: Database, layout: Layout, max_threads_per_user: int = 0,
                  search: RecordIndexer | None = None, *, manifests_kept: int = MANIFESTS_KEPT) -> None:

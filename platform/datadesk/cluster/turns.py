@@ -1,4 +1,4 @@
-"""The cluster `TurnDirectory` (state/turns.py): the `turns` table plus a session advisory lock
+"""The cluster `TurnDirectory` (store/interfaces/turns.py): the `turns` table plus a session advisory lock
 per running turn (migration 0006).
 
 - `claim`: `pg_try_advisory_lock('turn:' || thread)` on a dedicated connection the turn keeps
@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 import psycopg
 
 from datadesk.cluster.database import Database, advisory_key
-from datadesk.state.turns import Claim, TurnConflict, TurnInfo, conflict, too_many
+from datadesk.store.interfaces.turns import Claim, TurnConflict, TurnInfo, conflict, too_many
 
 log = logging.getLogger(__name__)
 

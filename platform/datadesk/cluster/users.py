@@ -1,4 +1,4 @@
-"""`PgUserStore`: the cluster `state.users.Users`, on tables `users`, `user_tokens`,
+"""`PgUserStore`: the cluster `store.interfaces.users.Users`, on tables `users`, `user_tokens`,
 `login_codes`, `sessions` and `user_logins` (migration 0002_users.sql).
 
 No cache: every read is a query, so a user revoked or a session ended via one host is refused
@@ -20,7 +20,7 @@ import msgspec
 from datadesk.cluster.database import Database
 from datadesk.domain.ids import new_id
 from datadesk.domain.users import User
-from datadesk.state.users import (UserError, checked_new_user, new_api_token, new_login_code_value,
+from datadesk.store.interfaces.users import (UserError, checked_new_user, new_api_token, new_login_code_value,
                                   new_session_id, no_user, secret_hash)
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from datadesk.state.threads import MANIFESTS, Thread
+from datadesk.store.interfaces.threads import MANIFESTS, Thread
 
 
 class ContextManifest(msgspec.Struct, omit_defaults=True):

@@ -35,7 +35,7 @@ from datadesk.context.taskstate import TaskStateStore, render_task_state
 from datadesk.domain.records import Usage
 from datadesk.memory.store import MemoryStore
 from datadesk.settings import SummarySettings
-from datadesk.state.threads import Thread
+from datadesk.store.interfaces.threads import Thread
 from datadesk.summary.model import ThreadSummary, render_summary
 from datadesk.summary.service import SummaryService
 

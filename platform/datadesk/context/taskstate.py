@@ -30,7 +30,7 @@ from typing import Iterator, Literal
 import msgspec
 
 from datadesk.domain.ids import new_id
-from datadesk.state.threads import TASK_STATE, LogClosed, Thread
+from datadesk.store.interfaces.threads import TASK_STATE, LogClosed, Thread
 from datadesk.summary.model import ThreadSummary, normalize_item
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ import msgspec
 from datadesk.domain.records import Record
 from datadesk.llm.base import ChatModel, ModelReply
 from datadesk.llm.reply_json import extract_json
-from datadesk.memory.model import KINDS, Fact, Provenance
+from datadesk.domain.memory import KINDS, Fact, Provenance
 from datadesk.memory.secrets import PLACEHOLDER, contains_secret, redact_secrets
 from datadesk.memory.store import FactNotFound, MemoryInputError, MemoryStore
 from datadesk.settings import MemorySettings

@@ -1,6 +1,6 @@
 """`MemoryStore`: one memory document per workspace + user, and every rule of memory.
 
-Storage (`state.memory.MemoryDocs`, passed in; never shared across users or workspaces):
+Storage (`store.interfaces.memory.MemoryDocs`, passed in; never shared across users or workspaces):
 
 - the embedded default, `FileMemoryDocs`, in `Layout.user_dir(ws, uid)`: `memory.json`
   (the user's switch, the facts, and the sha256 of hard-deleted texts: `MemoryDoc`),
@@ -53,7 +53,7 @@ import msgspec
 from filelock import FileLock
 
 from datadesk.domain.ids import new_id
-from datadesk.memory.model import (
+from datadesk.domain.memory import (
     KINDS,
     LIVE,
     PENDING,
@@ -71,7 +71,7 @@ from datadesk.memory.model import (
 )
 from datadesk.memory.secrets import find_secrets
 from datadesk.settings import MemorySettings
-from datadesk.state.memory import AuditEvent, MemoryDocs, MemoryStoreError
+from datadesk.store.interfaces.memory import AuditEvent, MemoryDocs, MemoryStoreError
 from datadesk.store.files import read_json, write_json
 from datadesk.store.layout import Layout
 
@@ -161,7 +161,7 @@ class FileMemoryDocs:
 class MemoryStore:
     """Facts of one user in one workspace, with the rules of the module docstring.
 
-    `docs` is where the documents live (`state.memory.MemoryDocs`): by default the files of
+    `docs` is where the documents live (`store.interfaces.memory.MemoryDocs`): by default the files of
     `FileMemoryDocs`, in the cluster set `cluster.memory.PgMemoryDocs`. `threads` is the
     thread store whose summaries a hard delete redacts (by default the files' `ThreadStore`)."""
 

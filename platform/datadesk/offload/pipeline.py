@@ -51,7 +51,7 @@ from datadesk.offload.readers.errors import TabularParseError
 from datadesk.offload.worker import PROGRESS_INTERVAL_S, WriteCancelled, WriteJob, run_job
 from datadesk.offload.writers import Writer, WriterPool
 from datadesk.settings import OffloadSettings
-from datadesk.state.blobs import BlobUnavailable
+from datadesk.store.interfaces.blobs import BlobUnavailable
 from datadesk.store.files import not_saved, write_atomic
 from datadesk.store.threads import Thread
 

@@ -12,12 +12,12 @@ rename) and changed only under its own lock file:
 - `p-<kernel id>.json`: a pre-started pool kernel of one worker.
 - `.create.lock`: held while counting kernels against the caps and making room
   for a new one, so two workers never both pass a cap; `.reserve.lock`: held for
-  the count and the write of one `reserve` (state/kernels.py).
+  the count and the write of one `reserve` (store/interfaces/kernels.py).
 - `.reaper.lock`: one reaper round over the records at a time.
 
 Every worker reads the same table, so per-user and global caps, the reaper and
 the orphan sweep see all kernels of the host, not one worker's. This is the
-embedded `state.kernels.KernelTable`; cluster/kernels.py keeps the same records
+embedded `store.interfaces.kernels.KernelTable`; cluster/kernels.py keeps the same records
 in PostgreSQL for several hosts.
 """
 
@@ -34,7 +34,7 @@ from filelock import Timeout
 
 from datadesk.sandbox.base import KernelLocator, KernelPlacement
 from datadesk.sandbox.ownership import file_lock
-from datadesk.state.kernels import KernelCapReached, KernelCaps, SessionKey
+from datadesk.store.interfaces.kernels import KernelCapReached, KernelCaps, SessionKey
 from datadesk.store.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def key_hash(key: SessionKey) -> str:
 
 
 class FileKernelLock:
-    """A `state.kernels.KernelLock` on a lock file: never waits, not reentrant."""
+    """A `store.interfaces.kernels.KernelLock` on a lock file: never waits, not reentrant."""
 
     def __init__(self, path: Path) -> None:
         self.lock = file_lock(path)
@@ -111,7 +111,7 @@ class FileKernelLock:
 
 
 class KernelTable:
-    """Reads and writes the records of one data directory (the embedded `state.kernels.KernelTable`)."""
+    """Reads and writes the records of one data directory (the embedded `store.interfaces.kernels.KernelTable`)."""
 
     def __init__(self, home: Path) -> None:
         self.dir = Path(home) / "sandbox" / "kernels"

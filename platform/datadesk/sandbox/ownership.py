@@ -11,10 +11,10 @@ liveness of processes, and non-blocking host-wide locks.
   owner are never touched; an owner that is gone leaves orphans to be removed.
 - `pid_alive`: a process is alive when /proc says so and it is not a zombie; with a
   start time, the pid must still name that very process.
-- `try_lock` / `acquire_async`: `filelock` locks (or any `state.kernels.KernelLock`)
+- `try_lock` / `acquire_async`: `filelock` locks (or any `store.interfaces.kernels.KernelLock`)
   taken without blocking the event loop (timeout 0, or polled with a deadline).
 
-`Heartbeat` is the embedded `state.kernels.WorkerRegistry`; cluster/kernels.py `PgWorkers`
+`Heartbeat` is the embedded `store.interfaces.kernels.WorkerRegistry`; cluster/kernels.py `PgWorkers`
 keeps the same heartbeats as database rows for several hosts (and this file too, for the
 backends' orphan sweeps on this host).
 """
@@ -35,7 +35,7 @@ from typing import Iterator, Union
 
 from filelock import FileLock, Timeout
 
-from datadesk.state.kernels import KernelLock
+from datadesk.store.interfaces.kernels import KernelLock
 
 from datadesk.store.files import write_json
 from datadesk.store.tempnames import pid_alive, proc_start  # noqa: F401 (re-exported)

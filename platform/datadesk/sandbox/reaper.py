@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from datadesk.sandbox.kerneltable import KernelRecord, SessionKey
 from datadesk.sandbox.ownership import pid_alive, try_lock
 from datadesk.sandbox.sessions import ORPHAN_NOTICE, KernelSession
-from datadesk.state.kernels import KernelTable, WorkerRegistry
+from datadesk.store.interfaces.kernels import KernelTable, WorkerRegistry
 
 if TYPE_CHECKING:
     from datadesk.sandbox.base import SandboxBackend

@@ -63,8 +63,8 @@ from datadesk.sandbox.sessions import (
     ORPHAN_NOTICE, SEEN_FILE, ExecutionReport, KernelSession, SeenOutputs, fresh_kernel_notice,
 )
 from datadesk.settings import SandboxSettings
-from datadesk.state.kernels import KernelCapReached, KernelCaps, WorkerRegistry
-from datadesk.state.kernels import KernelTable as KernelTableProtocol
+from datadesk.store.interfaces.kernels import KernelCapReached, KernelCaps, WorkerRegistry
+from datadesk.store.interfaces.kernels import KernelTable as KernelTableProtocol
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The embedded `LockService` (state/locks.py): one `filelock` file per name under a folder
+"""The embedded `LockService` (store/interfaces/locks.py): one `filelock` file per name under a folder
 (`<home>/locks/` by default). The OS drops a process's locks when it dies, so a lease can
 never be lost while its process lives."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from datadesk.state.locks import LeaseBase, LockTimeout, check_lock_name
+from datadesk.store.interfaces.locks import LeaseBase, LockTimeout, check_lock_name
 
 POLL_S = 0.01  # how often `acquire` tries again (filelock's own poll, bounded below)
 

@@ -12,7 +12,7 @@ logs, never the truth:
   tail of the log);
 - clear drops the thread's records (the title stays), delete drops the thread.
 
-The hit, the errors and the protocols are in `state/search.py` (re-exported here); the
+The hit, the errors and the protocols are in `store/interfaces/search.py` (re-exported here); the
 cluster set's PostgreSQL index is `cluster/search.py`.
 
 Per-user isolation is structural: a user's index holds only that user's threads, and a
@@ -39,7 +39,7 @@ import msgspec
 
 from datadesk.domain.ids import check_id
 from datadesk.domain.records import Record
-from datadesk.state.search import BadSearchQuery, SearchHit, SearchTooCostly
+from datadesk.store.interfaces.search import BadSearchQuery, SearchHit, SearchTooCostly
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +330,7 @@ def indexed_reset(thread: IndexedThread, drop: bool) -> None:
 
 
 class FileSearchIndexer:
-    """The embedded set's `state.search.SearchIndexer`: the two functions above, as an object a
+    """The embedded set's `store.interfaces.search.SearchIndexer`: the two functions above, as an object a
     thread store can hold (the cluster set's is `cluster.search.PgSearch`)."""
 
     def indexed_append(self, thread: IndexedThread, record: Record) -> None:
@@ -376,7 +376,7 @@ def _unchanged(tdir: Path, known: tuple | None) -> bool:
 
 class ThreadSearch:
     """Search one user's threads across the workspaces they are a member of (the embedded
-    set's `state.search.SearchIndex`)."""
+    set's `store.interfaces.search.SearchIndex`)."""
 
     def __init__(self, layout: Any, open_thread: Callable[[Path], IndexedThread]) -> None:
         self.layout = layout  # store.layout.Layout

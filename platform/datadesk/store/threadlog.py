@@ -27,7 +27,7 @@ import msgspec
 from filelock import FileLock
 
 from datadesk.domain.records import Record, record_decoder, record_encoder
-from datadesk.state.threads import LogClosed
+from datadesk.store.interfaces.threads import LogClosed
 from datadesk.store.files import StoreWriteError, disk_reason, write_all
 from datadesk.store.jsonl import last_newline_end, lines_from_end
 

@@ -16,7 +16,7 @@ from filelock import FileLock
 
 from datadesk.domain.ids import check_id, new_id
 from datadesk.domain.records import ThreadMeta
-from datadesk.state.threads import (MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE,
+from datadesk.store.interfaces.threads import (MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE,
                                     ThreadNotFound, TooManyThreads, check_document, check_line_set)
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
 LOCK_FILE = "thread.lock"
-# the file of each per-thread document and line set (state/threads.py names them)
+# the file of each per-thread document and line set (store/interfaces/threads.py names them)
 DOC_FILES = {SUMMARY: "summary.json", SUMMARY_STATUS: "summary.status.json", TASK_STATE: "task_state.json",
              SUMMARY_REVISIONS: "summary.revisions.jsonl", MANIFESTS: "context.jsonl"}
 
@@ -181,7 +181,7 @@ class Thread:
     def __iter__(self) -> Iterator[Record]:
         return iter(self.log)
 
-    # -- documents and line sets (state/threads.py) -------------------------------
+    # -- documents and line sets (store/interfaces/threads.py) -------------------------------
     def read_doc(self, name: str) -> bytes | None:
         """The bytes of `<name>.json`, or None when there is none."""
         try:
@@ -200,7 +200,7 @@ class Thread:
         return True
 
     def update_doc(self, name: str, change: Callable[[bytes | None], Any], epoch: int | None) -> Any:
-        """Read, change and replace `<name>.json` under the guard (see state/threads.py)."""
+        """Read, change and replace `<name>.json` under the guard (see store/interfaces/threads.py)."""
         path = self.dir / DOC_FILES[check_document(name)]
         with self.guarded(epoch):
             value = change(self.read_doc(name))

@@ -1,5 +1,5 @@
 """`users.json` (users, hashed tokens, permissions) and `sessions.json` (login sessions): the
-embedded `state.users.Users`.
+embedded `store.interfaces.users.Users`.
 
 Secrets are never stored in clear: API tokens, one-time login codes and session ids are random
 256-bit values kept only as SHA-256 hashes (a slow password hash buys nothing for values with
@@ -19,7 +19,7 @@ from filelock import FileLock
 
 from datadesk.domain.ids import new_id
 from datadesk.domain.users import TokenEntry, User
-from datadesk.state.users import (UserError, checked_new_user, credential_account, new_api_token,
+from datadesk.store.interfaces.users import (UserError, checked_new_user, credential_account, new_api_token,
                                   new_login_code_value, new_session_id, no_user, secret_hash)
 from datadesk.store.files import read_json, write_json
 from datadesk.store.layout import Layout

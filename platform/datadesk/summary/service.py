@@ -7,7 +7,7 @@
   never waits); tasks are kept referenced until done; `drain()` awaits them.
 - `refresh()`: one job at a time per thread: an in-process `asyncio.Lock` per
   thread directory, plus the lock `summary:<thread>` of the runtime's
-  `LockService` (state/locks.py; without one, the thread's `summary.lock`
+  `LockService` (store/interfaces/locks.py; without one, the thread's `summary.lock`
   filelock), taken without waiting, so a job of another process, or on the
   cluster set of another host, makes this one skip. It reads the previous summary and only
   the records in (covers_through_seq, upto_seq] from the tail of the log,
@@ -35,7 +35,7 @@ from typing import Any, Literal
 from filelock import Timeout
 
 from datadesk.settings import SummarySettings
-from datadesk.state.locks import LockService
+from datadesk.store.interfaces.locks import LockService
 from datadesk.store.threads import Thread
 from datadesk.summary.model import ThreadSummary
 from datadesk.summary.status import SummaryStatusStore

@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from datadesk.state.threads import SUMMARY_STATUS, Thread
+from datadesk.store.interfaces.threads import SUMMARY_STATUS, Thread
 
 log = logging.getLogger(__name__)
 

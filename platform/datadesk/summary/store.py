@@ -10,7 +10,7 @@ The check and the write happen while holding the thread (`Thread.guarded`: the
 lock or row that appends and clear take), so a clear cannot interleave. The
 replaced version is appended to the thread's summary revisions, which keep only
 the newest `revisions_kept` lines. Both are the `Thread`'s documents
-(state/threads.py): `summary.json` and `summary.revisions.jsonl` in the embedded
+(store/interfaces/threads.py): `summary.json` and `summary.revisions.jsonl` in the embedded
 set, each replaced atomically; rows in the cluster set.
 """
 
@@ -20,7 +20,7 @@ import logging
 
 import msgspec
 
-from datadesk.state.threads import SUMMARY, SUMMARY_REVISIONS, LogClosed, Thread
+from datadesk.store.interfaces.threads import SUMMARY, SUMMARY_REVISIONS, LogClosed, Thread
 from datadesk.summary.model import ThreadSummary
 
 log = logging.getLogger(__name__)

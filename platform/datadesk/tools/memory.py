@@ -28,7 +28,7 @@ from typing import Annotated, Callable
 import msgspec
 
 from datadesk.domain.records import ToolRecordMeta
-from datadesk.memory.model import KINDS, Fact, Kind, Provenance, content_words
+from datadesk.domain.memory import KINDS, Fact, Kind, Provenance, content_words
 from datadesk.memory.store import FactNotFound, FactStateError, MemoryInputError, MemoryStore
 from datadesk.tools.arguments import ToolArguments
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec

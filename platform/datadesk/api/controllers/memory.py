@@ -24,7 +24,7 @@ from datadesk.api.guards.access import member_workspace
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.domain.ids import check_id
 from datadesk.domain.users import User
-from datadesk.memory.model import STATUSES, Fact
+from datadesk.domain.memory import STATUSES, Fact
 from datadesk.memory.store import MemoryStore, memory_access
 
 

@@ -15,7 +15,7 @@ address, behind `server.trusted_proxies` the forwarded one, as for the login lim
 
 `/api/health` is never limited. Every refusal names the setting that refused it (in the message
 and in `extra.setting`). Each worker of `serve --workers N` keeps its own tables, but for the
-request budget given a shared `RateCounter` (state/counters.py; the cluster set's rows): then
+request budget given a shared `RateCounter` (store/interfaces/counters.py; the cluster set's rows): then
 every host counts a user's requests into one window (`SharedBudget`), so N hosts allow what one
 would. In-flight and stream counts stay per worker: they protect that process.
 
@@ -38,7 +38,7 @@ from typing import Any, Callable
 from datadesk.api.guards.auth import SESSION_COOKIE
 from datadesk.api.guards.security import ASGIApp, Scope, _answer, _cookie, _header, _networks, client_address
 from datadesk.settings import ServerSettings
-from datadesk.state.counters import RateCounter
+from datadesk.store.interfaces.counters import RateCounter
 
 log = logging.getLogger(__name__)
 EXEMPT_PATHS = frozenset({"/api/health"})  # liveness probes must see the truth, even under a flood

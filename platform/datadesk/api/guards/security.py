@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable
 import msgspec
 
 from datadesk.api.guards.auth import SESSION_COOKIE
-from datadesk.state.counters import MemoryCounter, RateCounter
+from datadesk.store.interfaces.counters import MemoryCounter, RateCounter
 
 CSRF_HEADER = b"x-csrf-token"
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -194,7 +194,7 @@ class LoginFailures:
       slowed down while the account's owner, from a clean address, still gets in.
 
     Only failures count (401/403): a user's own valid logins never lock anyone out. The counts
-    live in `counter` (state/counters.py): by default this process's memory (bounded: ended
+    live in `counter` (store/interfaces/counters.py): by default this process's memory (bounded: ended
     windows are dropped); with the cluster set, rows every host counts into, so N hosts do not
     allow N times the attempts. A minute opens at an address's (account's) first failure."""
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from datadesk.domain.artifacts import Artifact
-from datadesk.state.artifacts import Drift, Row, ThreadKey, Totals, Victim, scope_of  # noqa: F401 (re-exported)
+from datadesk.store.interfaces.artifacts import Drift, Row, ThreadKey, Totals, Victim, scope_of  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from datadesk.state.blobs import (AREAS, BlobExists, BlobNotFound, Method, PresignUnsupported, check_prefix,
+from datadesk.store.interfaces.blobs import (AREAS, BlobExists, BlobNotFound, Method, PresignUnsupported, check_prefix,
                                   parse_key)
 from datadesk.store.layout import Layout
 from datadesk.store.tempnames import temp_prefix

@@ -28,7 +28,7 @@ from datadesk.domain.artifacts import Artifact
 from datadesk.offload.artifacts.ledger import BATCH
 from datadesk.offload.artifacts.tempfiles import sweep_temp_files
 from datadesk.settings import OffloadSettings
-from datadesk.state.artifacts import (Artifacts, Drift, QuotaView as LedgerView, SweepBusy, ThreadKey, Victim,
+from datadesk.store.interfaces.artifacts import (Artifacts, Drift, QuotaView as LedgerView, SweepBusy, ThreadKey, Victim,
                                       scope_of)
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from filelock import FileLock
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.ids import check_id, new_id
 from datadesk.offload.artifacts.ledger import LEDGER_FILE, ArtifactLedger, Row, ThreadKey
-from datadesk.state.artifacts import ArtifactNotFound  # noqa: F401 (its home was here)
+from datadesk.store.interfaces.artifacts import ArtifactNotFound  # noqa: F401 (its home was here)
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
 from datadesk.store.threadlog import LogClosed
@@ -68,7 +68,7 @@ class SweepLock(FileLock):
 
 class ArtifactStore:
     """Reads and writes artifact metadata; finds a user's artifact by id (the embedded
-    `state.artifacts.Artifacts`)."""
+    `store.interfaces.artifacts.Artifacts`)."""
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from datadesk.sandbox.base import SandboxBackend
     from datadesk.sandbox.registry import KernelRegistry
     from datadesk.settings import SandboxSettings, Settings
-    from datadesk.state.kernels import KernelTable, WorkerRegistry
+    from datadesk.store.interfaces.kernels import KernelTable, WorkerRegistry
     from datadesk.store.layout import Layout
 
 

@@ -1,7 +1,7 @@
 """`datadesk migrate --verify`: compare a file home with the cluster it was copied to, writing
-nothing (cluster/migrate.py copies).
+nothing (migration/copy.py copies).
 
-The home is read exactly as the copy reads it (cluster/filehome.py: a torn last line skipped,
+The home is read exactly as the copy reads it (migration/filehome.py: a torn last line skipped,
 an artifact whose data is missing or fails its sha256 left out), so a clean copy verifies with
 no difference. Per thread: its row (owner, epoch, last seq, meta), the records (count, the set
 of seqs, the sha256 of each body), the documents (decoded JSON), the line sets (sha256 per
@@ -18,18 +18,18 @@ from typing import Any
 import msgspec
 
 from datadesk.cluster.database import Database
-from datadesk.cluster.filehome import (FileThread, artifact_problem, output_files, read_artifacts, read_sessions,
+from datadesk.cluster.migration.filehome import (FileThread, artifact_problem, output_files, read_artifacts, read_sessions,
                                        read_thread, read_users, sha256_bytes, sha256_file, thread_dirs, user_dirs)
 from datadesk.cluster.memory import PgMemoryDocs
-from datadesk.cluster.migrate import Progress, Report, artifact_keys, artifact_row, same_user
+from datadesk.cluster.migration.report import Progress, Report, artifact_keys, artifact_row, same_user
 from datadesk.cluster.threads import MANIFESTS_KEPT, jsonb_text
 from datadesk.cluster.users import PgUserStore
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.records import ThreadMeta
 from datadesk.memory.store import FileMemoryDocs
-from datadesk.state.artifacts import ThreadKey
-from datadesk.state.blobs import BlobNotFound, BlobStore, blob_key, copy_to
-from datadesk.state.memory import MemoryStoreError
+from datadesk.store.interfaces.artifacts import ThreadKey
+from datadesk.store.interfaces.blobs import BlobNotFound, BlobStore, blob_key, copy_to
+from datadesk.store.interfaces.memory import MemoryStoreError
 from datadesk.store.layout import Layout
 
 SHOWN = 10  # seqs named per kind of difference in one line

@@ -24,7 +24,7 @@ from typing import ContextManager, Protocol
 
 import msgspec
 
-from datadesk.memory.model import MemoryDoc
+from datadesk.domain.memory import MemoryDoc
 
 
 class MemoryStoreError(RuntimeError):

@@ -24,8 +24,8 @@ from datadesk.domain.artifacts import Artifact
 from datadesk.domain.ids import InvalidId, check_id
 from datadesk.domain.records import ThreadMeta, record_decoder
 from datadesk.domain.users import User
-from datadesk.state.blobs import check_name
-from datadesk.state.threads import MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE
+from datadesk.store.interfaces.blobs import check_name
+from datadesk.store.interfaces.threads import MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE
 from datadesk.store.files import read_json
 from datadesk.store.layout import Layout
 from datadesk.store.users import Session, UsersDoc
@@ -238,7 +238,7 @@ def artifact_problem(artifacts_dir: Path, art: Artifact) -> str | None:
 
 def output_files(outputs_dir: Path, notes: list[str]) -> list[tuple[str, Path]]:
     """(name inside the area, path) of every regular file under a thread's `outputs/`; a name the
-    object store's keys cannot hold (state/blobs.py check_name) is named in `notes`."""
+    object store's keys cannot hold (store/interfaces/blobs.py check_name) is named in `notes`."""
     out: list[tuple[str, Path]] = []
     if not outputs_dir.is_dir() or outputs_dir.is_symlink():
         return out

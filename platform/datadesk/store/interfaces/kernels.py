@@ -27,11 +27,12 @@ Exceptions: `KernelCapReached` (`reserve` refused: which cap, how many, the limi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Literal, Protocol, runtime_checkable
+from typing import Any, Iterable, Literal, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from datadesk.sandbox.kerneltable import KernelRecord
-    from datadesk.sandbox.ownership import Worker
+# a kernel's record (sandbox/kerneltable.py `KernelRecord`) and a worker's identity
+# (sandbox/ownership.py `Worker`): named here only, as this package depends on nothing above it
+KernelRecord = Any
+Worker = Any
 
 SessionKey = tuple[str, str, str]  # (workspace, user, thread)
 

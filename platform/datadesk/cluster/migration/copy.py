@@ -4,7 +4,7 @@ offline (SCALE.md section 5.6).
 It refuses while anything holds the home: every turn lock in `<home>/locks/turns/` is taken
 with timeout 0 (and held until the end, so no turn starts meanwhile), and every worker
 heartbeat in `<home>/sandbox/workers/` must be stale; the refusal names the holder. Then it
-copies, reading the home through `cluster/filehome.py` (nothing in the home is changed but
+copies, reading the home through `migration/filehome.py` (nothing in the home is changed but
 `migrated.json`):
 
 - users with their token hashes and last login, unexpired sessions (`PgUserStore.import_*`);
@@ -24,7 +24,7 @@ truth: a rerun only fills in what is missing and lists what differs as `kept`. E
 thread cleared or written in the cluster (another epoch, or records past the home's) is kept.
 
 **Verify** (`verify=True`) writes nothing: it compares counts, seqs and hashes per thread, the
-objects' bytes, users, sessions and memory (cluster/migrateverify.py), one line per difference.
+objects' bytes, users, sessions and memory (migration/verify.py), one line per difference.
 """
 
 from __future__ import annotations
@@ -35,95 +35,41 @@ import logging
 import resource
 import socket
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import msgspec
 import psycopg
 from filelock import FileLock, Timeout
 
-from datadesk.cluster.artifacts import PgArtifactStore
 from datadesk.cluster.database import Database, DatabaseError
-from datadesk.cluster.filehome import (FileThread, artifact_problem, output_files, read_artifacts,
-                                       read_sessions, read_thread, read_users, regular, sha256_bytes,
-                                       thread_dirs, user_dirs)
 from datadesk.cluster.memory import PgMemoryDocs
+from datadesk.cluster.migration.filehome import (FileThread, artifact_problem, output_files, read_artifacts,
+                                                 read_sessions, read_thread, read_users, sha256_bytes,
+                                                 thread_dirs, user_dirs)
+from datadesk.cluster.migration.report import (MIGRATED_FILE, HomeInUse, Progress, Report, artifact_keys,
+                                               artifact_row, same_user)
 from datadesk.cluster.threads import MANIFESTS_KEPT, jsonb_text
 from datadesk.cluster.users import PgUserStore
-from datadesk.domain.artifacts import Artifact
-from datadesk.domain.users import User
 from datadesk.memory.store import FileMemoryDocs
 from datadesk.sandbox.ownership import owner_alive, workers_dir
-from datadesk.state.artifacts import ThreadKey
-from datadesk.state.blobs import BlobExists, BlobNotFound, BlobStore, blob_key, thread_prefix
-from datadesk.state.memory import MemoryStoreError
+from datadesk.store.interfaces.artifacts import ThreadKey
+from datadesk.store.interfaces.blobs import BlobExists, BlobNotFound, BlobStore, blob_key, thread_prefix
+from datadesk.store.interfaces.memory import MemoryStoreError
 from datadesk.store.files import read_json_object, write_json
 from datadesk.store.layout import Layout
 
 log = logging.getLogger(__name__)
 
-MIGRATED_FILE = "migrated.json"  # composition.py refuses a file-mode server on a home holding it
 DEFAULT_STALE_S = 60.0  # sandbox.owner_stale_s when only a Layout is given
 MAX_HELD = 512  # turn locks held through the run; past that they are checked and let go (file handles)
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
-class HomeInUse(RuntimeError):
-    """A worker or a turn holds the home (the message names which), or another migrate runs."""
 
 
-@dataclass
-class Report:
-    """What a run found and did. `counts`: what the home holds (as copied or compared);
-    `written`: rows and objects this run wrote; `kept`: left as the cluster has them;
-    `notes`: what the home holds that is not copied (a torn tail, an unreadable file);
-    `differences`: what verify found different."""
-
-    home: str
-    database: str
-    storage: str
-    verify: bool = False
-    counts: Counter = field(default_factory=Counter)
-    written: Counter = field(default_factory=Counter)
-    kept: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    differences: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.differences
-
-    def wrote(self, what: str, n: int = 1) -> None:
-        if n:
-            self.written[what] += n
-
-    def summary(self, limit: int = 50) -> str:
-        what = "verified" if self.verify else "migrated"
-        lines = [f"{what} {self.home} -> {self.database}, {self.storage} in {self.seconds:.1f} s",
-                 "home: " + _counts(self.counts)]
-        if not self.verify:
-            lines.append("written now: " + (_counts(self.written) or "nothing (already there)"))
-        for title, items in (("not copied", self.notes), ("kept as the cluster has it", self.kept),
-                             ("DIFFERENT", self.differences)):
-            if items:
-                lines.append(f"{title} ({len(items)}):")
-                lines += [f"  {item}" for item in items[:limit]]
-                if len(items) > limit:
-                    lines.append(f"  ... and {len(items) - limit} more")
-        if self.verify:
-            lines.append("verify: clean" if self.ok else f"verify: {len(self.differences)} difference(s)")
-        else:
-            lines.append(f"{self.home}/{MIGRATED_FILE} written: a file-mode server now refuses this home; "
-                         "check the copy with `datadesk migrate --verify`")
-        return "\n".join(lines)
 
 
-def _counts(counter: Counter) -> str:
-    return ", ".join(f"{k} {v:,}" for k, v in sorted(counter.items()) if v)
 
 
 # -- the home is offline -------------------------------------------------------------------------
@@ -209,7 +155,7 @@ def migrate_home(settings_or_layout: Any, db: Database, blobs: BlobStore, verify
     started = time.monotonic()
     with offline(layout, stale_s), _named(db):
         if verify:
-            from datadesk.cluster.migrateverify import verify_home
+            from datadesk.cluster.migration.verify import verify_home
 
             verify_home(layout, db, blobs, report, progress)
         else:
@@ -265,15 +211,6 @@ def _copy(layout: Layout, db: Database, blobs: BlobStore, report: Report, fill: 
 
 
 # -- users ---------------------------------------------------------------------------------------
-def same_user(have: User, want: User) -> bool:
-    """Whether the cluster's user is the home's as `import_user` copies it (times to the
-    database's microseconds; a revoked user's tokens revoked)."""
-    if ((have.id, have.name, list(have.workspaces), list(have.permissions), have.revoked)
-            != (want.id, want.name, list(want.workspaces), list(want.permissions), want.revoked)
-            or abs(have.created - want.created) >= 1e-3 or len(have.tokens) != len(want.tokens)):
-        return False
-    return all((h.id, h.hash, h.revoked) == (w.id, w.hash, w.revoked or want.revoked)
-               and abs(h.created - w.created) < 1e-3 for h, w in zip(have.tokens, want.tokens))
 
 
 def copy_users(layout: Layout, db: Database, report: Report, fill: bool) -> None:
@@ -403,12 +340,6 @@ def _sync_lines(conn: Any, ft: FileThread, report: Report) -> None:
 
 
 # -- artifacts and outputs -------------------------------------------------------------------------
-def artifact_row(tk: ThreadKey, art: Artifact, data_key: str | None, orig_key: str | None) -> dict[str, Any]:
-    """The `artifacts` row of `art` as `PgArtifactStore.save` writes it."""
-    return {"ws": tk.workspace, "uid": tk.user, "tid": tk.thread, "aid": art.id, "meta": jsonb_text(art),
-            "kind": art.kind, "status": art.status, "live": art.available and art.is_cache,
-            "bytes": art.stored_bytes, "deliv": art.bytes if art.kind == "deliverable" and art.available else 0,
-            "data_key": data_key, "orig_key": orig_key, "created": art.created, "last_used": art.last_used}
 
 
 _COLS = ("workspace, user_id, thread_id, id, meta, kind, status, live, bytes, deliverable, data_key, original_key, "
@@ -422,21 +353,6 @@ _UPSERT = (f"INSERT INTO artifacts ({_COLS}) VALUES ({_VALUES}) ON CONFLICT (thr
 _INSERT = f"INSERT INTO artifacts ({_COLS}) VALUES ({_VALUES}) ON CONFLICT (thread_id, id) DO NOTHING RETURNING id"
 
 
-def artifact_keys(ft: FileThread, art: Artifact) -> tuple[str | None, str | None, list[tuple[str, Path]]]:
-    """(data key, original key, [(key, local file)]) of an artifact: an available one's data
-    and an upload's kept original (when its file is there); a tombstone has none."""
-    if not art.available:
-        return None, None, []
-    tk = ThreadKey(ft.ws, ft.uid, ft.tid)
-    folder = ft.dir / "artifacts"
-    data_key = PgArtifactStore.object_key(tk, art)
-    files = [(data_key, folder / art.file)]
-    orig_key = PgArtifactStore.original_key(tk, art)
-    if orig_key is not None and art.original and "/" not in art.original and regular(folder / art.original):
-        files.append((orig_key, folder / art.original))
-    else:
-        orig_key = None  # no kept original (or it is gone): the row names none, as `save` does
-    return data_key, orig_key, files
 
 
 def copy_artifacts(db: Database, blobs: BlobStore, ft: FileThread, report: Report, fill: bool) -> None:

@@ -218,7 +218,7 @@ class Thread(RecordLog, Protocol):
 
 @runtime_checkable
 class RecordIndexer(Protocol):
-    """What a thread store tells the search index (state/search.py defines the full one): a
+    """What a thread store tells the search index (store/interfaces/search.py defines the full one): a
     record committed, a thread cleared (`drop=False`) or deleted (`drop=True`)."""
 
     def indexed_append(self, thread: Any, record: Record) -> None: ...
