@@ -20,6 +20,8 @@ import pytest
 
 from tests.conftest import parse_sse, wait_until
 from tests.fakes.openai_server import FakeOpenAIServer, FakeReply
+from tests.fakes.tool_loop import SUMMARY_MARK
+from tests.unit.test_summary import faithful
 from tests.serving import serving
 
 pytestmark = pytest.mark.cluster
@@ -32,6 +34,8 @@ def respond(req: dict[str, Any]) -> FakeReply:
     """SQL for 'query ...', a slow 60-chunk answer for SLOW, else a short text; after a tool
     result, a short answer."""
     messages = req.get("messages") or []
+    if messages and SUMMARY_MARK in str(messages[0].get("content", "")):
+        return FakeReply(text=faithful(messages, []), chunks=1)  # the summarizer's deterministic summary
     last = messages[-1] if messages else {}
     if last.get("role") == "tool":
         return FakeReply(text="The result is offloaded.", chunks=2)
@@ -74,7 +78,9 @@ def two_hosts(tmp_path, cluster_db_url, s3):
                 home = tmp_path / f"home-{name}"
                 home.mkdir()
                 (home / "datadesk.toml").write_text("[chat]\nmax_turns_per_user = 2\n[auth]\n"
-                                                    "login_attempts_per_account = 6\n[sandbox]\npool_size = 0\n")
+                                                    "login_attempts_per_account = 6\n[sandbox]\npool_size = 0\n"
+                                                    "[context]\nhistory_budget_tokens = 400\n"
+                                                    "[summary]\nrefresh_after_records = 2\n")
                 host_env = {**env, "DATADESK_HOME": str(home), "DATADESK_CONFIG": str(home / "datadesk.toml")}
                 base, _ = stack.enter_context(serving(home, host_env, tmp_path / f"serve-{name}.log",
                                                       args=["--allow-unsafe-local-sandbox"]))
@@ -130,6 +136,15 @@ def test_a_thread_written_via_a_is_read_via_b_after_a_home_is_deleted(two_hosts)
         arts = ca.get(f"/api/threads/{tid}/artifacts").json()
         assert arts, [r.get("meta") for r in ca.get(f"/api/threads/{tid}").json()["records"]]
         ca.post("/api/memory", params={"workspace": "demo"}, json={"text": "prefers kWh per m2"})
+        summary_a = None
+        for i in range(30):  # A's summarizer writes a summary; A's next requests carry it
+            done = parse_sse(ca.post(f"/api/threads/{tid}/messages", json={"content": f"and then {i}"}).text)
+            assert done[-1][1]["status"] == "ok", done
+            summary_a = ca.get(f"/api/threads/{tid}/context").json().get("summary_detail")
+            if summary_a:
+                break
+            time.sleep(0.5)
+        assert summary_a and summary_a["covers_through_seq"] >= 2, summary_a
         records_a = ca.get(f"/api/threads/{tid}").json()["records"]
     aid = arts[0]["id"] if isinstance(arts, list) else arts["artifacts"][0]["id"]
     shutil.rmtree(home_a / "workspaces", ignore_errors=True)  # A's files are gone; A still runs
@@ -144,6 +159,8 @@ def test_a_thread_written_via_a_is_read_via_b_after_a_home_is_deleted(two_hosts)
         assert "prefers kWh per m2" in str(memory)
         hits = cb.get("/api/search", params={"q": "readings"}).json()
         assert tid in str(hits)
+        # the summary A wrote, carried by A's last request, reads the same via B
+        assert cb.get(f"/api/threads/{tid}/context").json()["summary_detail"] == summary_a
 
 
 class Reader(threading.Thread):
