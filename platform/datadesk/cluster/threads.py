@@ -26,15 +26,15 @@ from typing import Any, Callable, Iterator
 
 import msgspec
 import psycopg
-from filelock import FileLock
 
 from datadesk.cluster.database import Database, advisory_key
 from datadesk.cluster.threadrows import PgRecords, current_hold, hold, reading
 from datadesk.domain.ids import check_id, new_id
 from datadesk.domain.records import Record, ThreadMeta
 from datadesk.store.interfaces.threads import (MANIFESTS, SUMMARY, SUMMARY_REVISIONS, TASK_STATE, LogClosed, RecordIndexer,
-                                    ThreadNotFound, TooManyThreads, check_document, check_line_set)
+                                    ThreadNotFound, check_document, check_line_set)
 from datadesk.store.layout import Layout
+from datadesk.store.threads import ThreadReads, new_thread_meta, thread_limit_reached
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,9 @@ _APPEND_LINE = (
     " WHERE t.id = %(tid)s AND (%(epoch)s::bigint IS NULL OR t.epoch = %(epoch)s) FOR SHARE OF t RETURNING n")
 
 
-class PgThread:
-    """One thread as rows (see the module doc); the store/interfaces/threads.py `Thread`."""
+class PgThread(ThreadReads):
+    """One thread as rows (see the module doc); the store/interfaces/threads.py `Thread` (the
+    reads it shares with the embedded one: store/threads.py `ThreadReads`)."""
 
     def __init__(self, store: "PgThreadStore", meta: ThreadMeta, last_seq: int | None = None) -> None:
         self.store = store
@@ -90,38 +91,12 @@ class PgThread:
     def id(self) -> str:
         return self._id
 
-    @property
-    def workspace(self) -> str:
-        assert self.meta is not None
-        return self.meta.workspace
-
-    @property
-    def epoch(self) -> int | None:
-        return self.meta.epoch if self.meta is not None else None
-
     # -- this host's folder -------------------------------------------------------
     @property
     def dir(self) -> Path:
         """This host's scratch folder of the thread, made on first use."""
         self._scratch.mkdir(parents=True, exist_ok=True)
         return self._scratch
-
-    @property
-    def artifacts_dir(self) -> Path:
-        return self.dir / "artifacts"
-
-    @property
-    def outputs_dir(self) -> Path:
-        return self.dir / "outputs"
-
-    @property
-    def events_path(self) -> Path:
-        return self.dir / "events.jsonl"
-
-    def job_lock(self, name: str) -> FileLock:
-        """A file lock in this host's folder: one job of that kind per thread on this host only
-        (another host may run one too; the guarded writes keep the outcome right)."""
-        return FileLock(str(self.dir / f"{check_id(name, 'lock')}.lock"))
 
     def exists(self) -> bool:
         return self.current_epoch() is not None
@@ -135,21 +110,6 @@ class PgThread:
             self.store.search.indexed_append(self, record)
         return record
 
-    def tail(self, n: int) -> list[Record]:
-        return self.log.tail(n)
-
-    def since(self, first_seq: int, last_seq: int | None = None) -> list[Record]:
-        return self.log.since(first_seq, last_seq)
-
-    def newest_first(self) -> Iterator[Record]:
-        return self.log.newest_first()
-
-    def find(self, predicate: Callable[[Record], bool], limit: int = 1) -> list[Record]:
-        return self.log.find(predicate, limit)
-
-    def __iter__(self) -> Iterator[Record]:
-        return iter(self.log)
-
     def end_turn(self) -> None:
         """Nothing to flush: every append was committed."""
 
@@ -158,9 +118,6 @@ class PgThread:
         with reading(self) as conn:
             row = conn.execute("SELECT epoch FROM threads WHERE id = %s", (self._id,)).fetchone()
         return row["epoch"] if row is not None else None
-
-    def cleared_since(self, epoch: int | None) -> bool:
-        return epoch is not None and self.current_epoch() != epoch
 
     @contextlib.contextmanager
     def guarded(self, epoch: int | None) -> Iterator[None]:
@@ -345,8 +302,7 @@ class PgThreadStore:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key(f"threads:{workspace}:{owner}"),))
                 self._check_count(conn, workspace, owner)
             for _ in range(5):  # 64 random bits: a collision is astronomically unlikely, and checked anyway
-                meta = ThreadMeta(id=new_id("t"), workspace=workspace, owner=owner, title=title[:200] or "New chat",
-                                  created=now, updated=now, project=project)
+                meta = new_thread_meta(new_id("t"), workspace, owner, title, project, now)
                 row = conn.execute("INSERT INTO threads (id, workspace, owner, meta, created, updated) "
                                    "VALUES (%s, %s, %s, %s::jsonb, %s, %s) ON CONFLICT (id) DO NOTHING "
                                    "RETURNING meta, epoch",
@@ -360,8 +316,7 @@ class PgThreadStore:
         count = conn.execute("SELECT count(*) AS n FROM threads WHERE owner = %s AND workspace = %s",
                              (owner, workspace)).fetchone()["n"]
         if count >= limit:
-            raise TooManyThreads(f"thread limit reached: {count} threads in workspace {workspace}, at most {limit} "
-                                 "per user (limits.max_threads_per_user); delete threads you no longer need")
+            raise thread_limit_reached(count, workspace, limit)
 
     def get(self, tid: str, owner: str, workspaces: list[str]) -> PgThread:
         check_id(tid, "thread")

@@ -17,7 +17,7 @@ from filelock import FileLock
 from datadesk.domain.ids import check_id, new_id
 from datadesk.domain.records import ThreadMeta
 from datadesk.store.interfaces.threads import (MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE,
-                                    ThreadNotFound, TooManyThreads, check_document, check_line_set)
+                                    RecordLog, ThreadNotFound, TooManyThreads, check_document, check_line_set)
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
 from datadesk.store.search import indexed_append, indexed_reset
@@ -36,7 +36,82 @@ DOC_FILES = {SUMMARY: "summary.json", SUMMARY_STATUS: "summary.status.json", TAS
              SUMMARY_REVISIONS: "summary.revisions.jsonl", MANIFESTS: "context.jsonl"}
 
 
-class Thread:
+class ThreadReads:
+    """What a thread (store/interfaces/threads.py `Thread`) derives from its own `meta`, `log`,
+    `dir` and `current_epoch`, the same in both sets: the record reads, the folders of what this
+    host keeps, the job locks and `cleared_since`. The embedded `Thread` below and the cluster
+    `PgThread` (cluster/threads.py) are both one."""
+
+    meta: ThreadMeta | None
+    log: RecordLog
+    dir: Path
+
+    def current_epoch(self) -> int | None:
+        raise NotImplementedError
+
+    @property
+    def workspace(self) -> str:
+        assert self.meta is not None, "a bare thread folder has no workspace"
+        return self.meta.workspace
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch this object was opened in (None for a bare folder: writes are unguarded)."""
+        return self.meta.epoch if self.meta is not None else None
+
+    # -- what this host keeps of the thread ------------------------------------------
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.dir / "artifacts"
+
+    @property
+    def outputs_dir(self) -> Path:
+        return self.dir / "outputs"
+
+    @property
+    def events_path(self) -> Path:
+        """The events of the thread's current turn (chat/journal.py), for re-attaching."""
+        return self.dir / "events.jsonl"
+
+    def job_lock(self, name: str) -> FileLock:
+        """`<name>.lock` in `dir`: one background job of that kind per thread across this host's
+        processes (cluster: another host may run one too; the guarded writes keep the outcome right)."""
+        return FileLock(str(self.dir / f"{check_id(name, 'lock')}.lock"))
+
+    def cleared_since(self, epoch: int | None) -> bool:
+        """Whether the thread was cleared (or deleted) since work that started in `epoch`."""
+        return epoch is not None and self.current_epoch() != epoch
+
+    # -- the records, read (the log's own reads) ------------------------------------
+    def tail(self, n: int) -> list[Record]:
+        return self.log.tail(n)
+
+    def since(self, first_seq: int, last_seq: int | None = None) -> list[Record]:
+        return self.log.since(first_seq, last_seq)
+
+    def newest_first(self) -> Iterator[Record]:
+        return self.log.newest_first()
+
+    def find(self, predicate: Callable[[Record], bool], limit: int = 1) -> list[Record]:
+        return self.log.find(predicate, limit)
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.log)
+
+
+def new_thread_meta(tid: str, workspace: str, owner: str, title: str, project: str | None, now: float) -> ThreadMeta:
+    """The meta of a thread being created (the title cut to 200 characters; an empty one: "New chat")."""
+    return ThreadMeta(id=tid, workspace=workspace, owner=owner, title=title[:200] or "New chat",
+                      created=now, updated=now, project=project)
+
+
+def thread_limit_reached(count: int, workspace: str, limit: int) -> TooManyThreads:
+    """The error of a create past `limits.max_threads_per_user` (`count` threads there already)."""
+    return TooManyThreads(f"thread limit reached: {count} threads in workspace {workspace}, at most {limit} "
+                          "per user (limits.max_threads_per_user); delete threads you no longer need")
+
+
+class Thread(ThreadReads):
     """One thread and its folder: the only owner of its paths, its lock and its epoch.
 
     Everything stored per thread (DESIGN section 3) is reached through here: the log, the
@@ -73,16 +148,6 @@ class Thread:
     def id(self) -> str:
         return self.meta.id if self.meta is not None else self.dir.name
 
-    @property
-    def workspace(self) -> str:
-        assert self.meta is not None, "a bare thread folder has no workspace"
-        return self.meta.workspace
-
-    @property
-    def epoch(self) -> int | None:
-        """The epoch this object was opened in (None for a bare folder: writes are unguarded)."""
-        return self.meta.epoch if self.meta is not None else None
-
     # -- where things live ---------------------------------------------------
     # the files behind the documents and line sets (read_doc, lines, ...): for this set's own
     # code and its tests; everything else goes through the methods
@@ -108,23 +173,6 @@ class Thread:
     def manifests_path(self) -> Path:
         return self.dir / DOC_FILES[MANIFESTS]
 
-    @property
-    def artifacts_dir(self) -> Path:
-        return self.dir / "artifacts"
-
-    @property
-    def outputs_dir(self) -> Path:
-        return self.dir / "outputs"
-
-    @property
-    def events_path(self) -> Path:
-        """The events of the thread's current turn (chat/journal.py), for re-attaching."""
-        return self.dir / "events.jsonl"
-
-    def job_lock(self, name: str) -> FileLock:
-        """`<name>.lock` in the folder: one background job of that kind per thread, across processes."""
-        return FileLock(str(self.dir / f"{check_id(name, 'lock')}.lock"))
-
     def exists(self) -> bool:
         return self.dir.is_dir()
 
@@ -139,10 +187,6 @@ class Thread:
             return int(msgspec.json.decode((self.dir / META_FILE).read_bytes()).get("epoch", 0))
         except (FileNotFoundError, msgspec.DecodeError, AttributeError, ValueError, TypeError):
             return None
-
-    def cleared_since(self, epoch: int | None) -> bool:
-        """Whether the thread was cleared (or deleted) since work that started in `epoch`."""
-        return epoch is not None and self.current_epoch() != epoch
 
     @contextlib.contextmanager
     def guarded(self, epoch: int | None) -> Iterator[None]:
@@ -164,22 +208,6 @@ class Thread:
         record = self.log.append(make, epoch=epoch)
         indexed_append(self, record)
         return record
-
-    # -- the records, read (the log's own reads) ------------------------------------
-    def tail(self, n: int) -> list[Record]:
-        return self.log.tail(n)
-
-    def since(self, first_seq: int, last_seq: int | None = None) -> list[Record]:
-        return self.log.since(first_seq, last_seq)
-
-    def newest_first(self) -> Iterator[Record]:
-        return self.log.newest_first()
-
-    def find(self, predicate: Callable[[Record], bool], limit: int = 1) -> list[Record]:
-        return self.log.find(predicate, limit)
-
-    def __iter__(self) -> Iterator[Record]:
-        return iter(self.log)
 
     # -- documents and line sets (store/interfaces/threads.py) -------------------------------
     def read_doc(self, name: str) -> bytes | None:
@@ -338,8 +366,7 @@ class ThreadStore:
         with os.scandir(root) as entries:
             count = sum(1 for e in entries if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
         if count >= limit:
-            raise TooManyThreads(f"thread limit reached: {count} threads in workspace {workspace}, at most {limit} "
-                                 "per user (limits.max_threads_per_user); delete threads you no longer need")
+            raise thread_limit_reached(count, workspace, limit)
 
     def _create(self, workspace: str, owner: str, title: str, project: str | None) -> Thread:
         # 64 random bits: collisions are astronomically unlikely, and checked anyway
@@ -351,8 +378,7 @@ class ThreadStore:
         else:  # pragma: no cover
             raise RuntimeError("could not allocate a thread id")
         now = time.time()
-        meta = ThreadMeta(id=tid, workspace=workspace, owner=owner, title=title[:200] or "New chat",
-                          created=now, updated=now, project=project)
+        meta = new_thread_meta(tid, workspace, owner, title, project, now)
         tdir.mkdir(parents=True)
         thread = Thread(tdir, fsync=self.fsync)
         thread.write_meta(meta)
