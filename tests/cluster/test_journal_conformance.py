@@ -7,8 +7,6 @@ writer that died (the follower ends with `error` + `done`), finishing a cut-off 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -17,51 +15,33 @@ import pytest
 
 from datadesk.chat.journal import TurnJournal
 from datadesk.store.interfaces.journal import EventJournal
+from tests.cluster import sets
 
 pytestmark = pytest.mark.cluster
 
-REPORT = os.environ.get("DATADESK_TURNS_REPORT")
 
-
-class Hosts:
+class Hosts(sets.Hosts):
     """Journals of one set; every `journal()` is another worker (embedded) or host (cluster)."""
 
     def __init__(self, kind: str, request, tmp_path: Path) -> None:
-        self.kind = kind
+        super().__init__(kind, request, tmp_path)
         self.at = tmp_path / "t1" / "events.jsonl"
         self.at.parent.mkdir()
-        self._made: list = []
-        if kind == "cluster":
-            self.url = request.getfixturevalue("cluster_db_url")
-            request.getfixturevalue("cluster_db")  # migrated
 
     def journal(self) -> EventJournal:
         if self.kind == "embedded":
             from datadesk.chat.journal import FileEventJournal
 
             return FileEventJournal()
-        from datadesk.cluster.database import Database
         from datadesk.cluster.journal import PgEventJournal
 
-        db = Database(self.url, max_size=4, name="journal-host")
-        j = PgEventJournal(db)
-        self._made.append((j, db))
-        return j
+        return self.closing(PgEventJournal(self.database("journal-host", max_size=4)))
 
     def writer(self, journal: EventJournal, turn_id: str) -> TurnJournal:
         return TurnJournal(turn_id, self.at, journal.sink("t1", turn_id, self.at))
 
-    def close(self) -> None:
-        for j, db in self._made:
-            j.close()
-            db.close()
 
-
-@pytest.fixture(params=["embedded", "cluster"])
-def hosts(request, tmp_path):
-    h = Hosts(request.param, request, tmp_path)
-    yield h
-    h.close()
+hosts = sets.hosts_fixture(Hosts)
 
 
 async def collect(events, limit: int = 10_000) -> list:
@@ -110,17 +90,8 @@ def test_a_turn_written_via_a_is_followed_via_b_to_its_end(hosts) -> None:
     got, kept = asyncio.run(main())
     assert [(e.n, e.type, e.data) for e in got] == [(e.n, e.type, e.data) for e in kept]
     assert got[0].n == 1 and got[-1].type == "done"
-    record("emit on A -> deliver on B", delays, hosts.kind)
+    sets.report_delays("emit on A -> deliver on B", delays, hosts.kind)
     assert statistics.median(delays) < 0.5
-
-
-def record(name: str, values: list[float], kind: str) -> None:
-    if REPORT and values:
-        with open(REPORT, "a") as fh:
-            fh.write(json.dumps({"name": name, "kind": kind, "n": len(values),
-                                 "p50_ms": round(statistics.median(values) * 1000, 1),
-                                 "p95_ms": round(sorted(values)[max(0, int(len(values) * 0.95) - 1)] * 1000, 1),
-                                 "max_ms": round(max(values) * 1000, 1)}) + "\n")
 
 
 def test_follow_resumes_after_a_cursor(hosts) -> None:

@@ -5,10 +5,6 @@ a holder whose connection was killed (`pg_terminate_backend`) finds its leases l
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,51 +12,29 @@ from pathlib import Path
 import pytest
 
 from datadesk.store.interfaces.locks import BadLockName, LockService, LockTimeout
+from tests.cluster import sets
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-class Hosts:
+class Hosts(sets.Hosts):
     """Makes `LockService`s of one set; each `service()` is another process or host."""
 
     def __init__(self, kind: str, request, tmp_path: Path) -> None:
-        self.kind = kind
+        super().__init__(kind, request, tmp_path)
         self.lock_dir = tmp_path / "locks"
-        self._made: list = []
-        self._dbs: list = []
-        if kind == "cluster":
-            self.url = request.getfixturevalue("cluster_db_url")
-            self.db = request.getfixturevalue("cluster_db")
 
     def service(self) -> LockService:
         if self.kind == "embedded":
             from datadesk.store.locks import FileLocks
 
-            svc = FileLocks(self.lock_dir)
-        else:
-            from datadesk.cluster.database import Database
-            from datadesk.cluster.locks import build_locks
+            return self.closing(FileLocks(self.lock_dir))
+        from datadesk.cluster.locks import build_locks
 
-            db = Database(self.url, max_size=2, name="locks-host")
-            self._dbs.append(db)
-            svc = build_locks(db)
-        self._made.append(svc)
-        return svc
-
-    def close(self) -> None:
-        for svc in self._made:
-            svc.close()
-        for db in self._dbs:
-            db.close()
+        return self.closing(build_locks(self.database("locks-host", max_size=2)))
 
 
-@pytest.fixture(params=["embedded", "cluster"])
-def hosts(request, tmp_path):
-    h = Hosts(request.param, request, tmp_path)
-    yield h
-    h.close()
+hosts = sets.hosts_fixture(Hosts)
 
 
 def test_one_holder_at_a_time_across_instances_and_no_reentry(hosts) -> None:
@@ -142,17 +116,10 @@ def test_a_dead_holder_frees_its_lock(hosts) -> None:
     (`pg_terminate_backend`), as when its host goes; its leases report themselves lost."""
     b = hosts.service()
     if hosts.kind == "embedded":
-        proc = subprocess.Popen([sys.executable, "-c", HOLD, str(hosts.lock_dir), str(ROOT / "platform"), str(ROOT)],
-                                stdout=subprocess.PIPE, text=True)
-        try:
+        with sets.process(HOLD, str(hosts.lock_dir)) as proc:
             assert proc.stdout.readline().strip() == "held"
             assert b.try_acquire("held") is None
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+            sets.kill(proc)
         assert b.try_acquire("held") is not None
         return
     a = hosts.service()

@@ -9,12 +9,7 @@ server killed stops itself (its claim is lost) while the thread is claimed elsew
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,25 +19,18 @@ import pytest
 
 from datadesk.chat.turns import TurnRegistry
 from datadesk.store.interfaces.turns import TooManyTurns, TurnConflict, TurnDirectory
+from tests.cluster import sets
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Path(__file__).resolve().parents[2]
-REPORT = os.environ.get("DATADESK_TURNS_REPORT")  # a file to append the measured delays to (JSON lines)
 
-
-class Hosts:
+class Hosts(sets.Hosts):
     """Registries of one set; every `registry()` is another worker (embedded) or host (cluster)."""
 
     def __init__(self, kind: str, request, tmp_path: Path) -> None:
-        self.kind = kind
+        super().__init__(kind, request, tmp_path)
         self.home = tmp_path
         self.lock_dir = tmp_path / "locks" / "turns"
-        self._made: list[TurnRegistry] = []
-        self._dbs: list = []
-        if kind == "cluster":
-            self.url = request.getfixturevalue("cluster_db_url")
-            self.db = request.getfixturevalue("cluster_db")
 
     def events_at(self, thread_id: str) -> Path:
         d = self.home / "threads" / thread_id
@@ -51,35 +39,19 @@ class Hosts:
 
     def registry(self, max_per_user: int = 2) -> TurnRegistry:
         if self.kind == "embedded":
-            reg = TurnRegistry(max_per_user, lock_dir=self.lock_dir)
-        else:
-            from datadesk.cluster.database import Database
-            from datadesk.cluster.turns import build_turns
+            return self.closing(TurnRegistry(max_per_user, lock_dir=self.lock_dir))
+        from datadesk.cluster.turns import build_turns
 
-            db = Database(self.url, max_size=4, name="turns-host")
-            self._dbs.append(db)
-            settings = SimpleNamespace(chat=SimpleNamespace(max_turns_per_user=max_per_user))
-            reg = build_turns(db, settings, None)
-        self._made.append(reg)
-        return reg
+        settings = SimpleNamespace(chat=SimpleNamespace(max_turns_per_user=max_per_user))
+        return self.closing(build_turns(self.database("turns-host", max_size=4), settings, None))
 
     def directory(self) -> TurnDirectory:
         reg = self.registry()
         assert reg.directory is not None
         return reg.directory
 
-    def close(self) -> None:
-        for reg in self._made:
-            reg.close()
-        for db in self._dbs:
-            db.close()
 
-
-@pytest.fixture(params=["embedded", "cluster"])
-def hosts(request, tmp_path):
-    h = Hosts(request.param, request, tmp_path)
-    yield h
-    h.close()
+hosts = sets.hosts_fixture(Hosts)
 
 
 def start(reg: TurnRegistry, thread_id: str, user_id: str, events_at: Path | None = None,
@@ -110,15 +82,6 @@ async def stop(*turns) -> None:
     for t in turns:
         t.task.cancel()
     await asyncio.gather(*(t.task for t in turns), return_exceptions=True)
-
-
-def record(name: str, values: list[float], kind: str) -> None:
-    if REPORT:
-        with open(REPORT, "a") as fh:
-            fh.write(json.dumps({"name": name, "kind": kind, "n": len(values),
-                                 "p50_ms": round(statistics.median(values) * 1000, 1),
-                                 "p95_ms": round(sorted(values)[max(0, int(len(values) * 0.95) - 1)] * 1000, 1),
-                                 "max_ms": round(max(values) * 1000, 1)}) + "\n")
 
 
 def test_one_turn_per_thread_across_both_and_fences_grow(hosts) -> None:
@@ -204,7 +167,7 @@ def test_cancel_via_b_stops_the_turn_running_on_a(hosts) -> None:
         assert await b.cancel("cx") is False  # nothing runs
 
     asyncio.run(main())
-    record("cancel via another host", delays, hosts.kind)
+    sets.report_delays("cancel via another host", delays, hosts.kind)
     assert statistics.median(delays) < 1.0 and max(delays) < 3.0
 
 
@@ -315,9 +278,7 @@ def test_a_killed_host_frees_its_thread_and_its_slot(hosts) -> None:
     host may claim the thread and the user's slot at once; the row or marker it left is expired."""
     where = str(hosts.lock_dir) if hosts.kind == "embedded" else hosts.url
     b = hosts.registry(max_per_user=1)
-    proc = subprocess.Popen([sys.executable, "-c", HOST, hosts.kind, where, str(ROOT / "platform"), str(ROOT)],
-                            stdout=subprocess.PIPE, text=True)
-    try:
+    with sets.process(HOST, hosts.kind, where) as proc:
         dead_turn = proc.stdout.readline().strip()
         assert dead_turn.startswith("turn")
 
@@ -327,12 +288,7 @@ def test_a_killed_host_frees_its_thread_and_its_slot(hosts) -> None:
             with pytest.raises(TooManyTurns):
                 b.reserve("other", "u1")
         asyncio.run(busy())
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        sets.kill(proc)
 
     async def after() -> None:
         deadline = time.monotonic() + 5
