@@ -33,11 +33,10 @@ import psycopg
 from datadesk.cluster.database import Database, DatabaseError, advisory_key
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.ids import check_id, new_id
-from datadesk.offload.artifacts.store import ArtifactStore, regular_file
+from datadesk.offload.artifacts.store import ArtifactStore, regular_file, write_artifact_file
 from datadesk.store.interfaces.artifacts import (ArtifactNotFound, Drift, Row, SweepBusy, ThreadKey, Totals, Victim)
 from datadesk.store.interfaces.blobs import BlobExists, BlobNotFound, BlobStore, BlobUnavailable, artifact_key, thread_prefix
 from datadesk.store.interfaces.threads import LogClosed
-from datadesk.store.files import write_atomic
 from datadesk.store.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -331,15 +330,7 @@ class PgArtifactStore:
     def save_bytes(self, thread: Any, data: bytes, ext: str, kind: str, media_type: str,
                    origin: ArtifactOrigin, epoch: int | None = None) -> Artifact:
         """A new artifact holding `data` as `<aid>.<ext>` (charts, files, tool images)."""
-        import hashlib
-
-        aid = new_id("a")
-        path = Path(thread.artifacts_dir) / f"{aid}.{ext}"
-        write_atomic(path, data)
-        now = time.time()
-        art = Artifact(id=aid, kind=kind, format="jpeg" if ext == "jpg" else ext, file=path.name,
-                       origin=origin, created=now, last_used=now, bytes=len(data),
-                       sha256=hashlib.sha256(data).hexdigest(), media_type=media_type)
+        art = write_artifact_file(Path(thread.artifacts_dir), data, ext, kind, media_type, origin)
         self.save(thread, art, epoch)
         return art
 

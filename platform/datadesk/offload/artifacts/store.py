@@ -40,6 +40,19 @@ def new_artifact_id() -> str:
     return new_id("a")
 
 
+def write_artifact_file(folder: Path, data: bytes, ext: str, kind: str, media_type: str,
+                        origin: ArtifactOrigin) -> Artifact:
+    """`data` written atomically as `<new id>.<ext>` in `folder` (a thread's artifacts folder),
+    and the Artifact that describes it, for the caller's store to save."""
+    aid = new_artifact_id()
+    path = folder / f"{aid}.{ext}"
+    write_atomic(path, data)
+    now = time.time()
+    return Artifact(id=aid, kind=kind, format="jpeg" if ext == "jpg" else ext, file=path.name,
+                    origin=origin, created=now, last_used=now, bytes=len(data),
+                    sha256=hashlib.sha256(data).hexdigest(), media_type=media_type)
+
+
 def regular_file(path: Path) -> bool:
     """True only for a regular file that is not a symlink (never follow links)."""
     try:
@@ -160,13 +173,7 @@ class ArtifactStore:
     def save_bytes(self, thread: Thread, data: bytes, ext: str, kind: str, media_type: str,
                    origin: ArtifactOrigin, epoch: int | None = None) -> Artifact:
         """A new artifact holding `data` as `<aid>.<ext>` (charts, files, tool images)."""
-        aid = new_artifact_id()
-        path = thread.artifacts_dir / f"{aid}.{ext}"
-        write_atomic(path, data)
-        now = time.time()
-        art = Artifact(id=aid, kind=kind, format="jpeg" if ext == "jpg" else ext, file=path.name,
-                       origin=origin, created=now, last_used=now, bytes=len(data),
-                       sha256=hashlib.sha256(data).hexdigest(), media_type=media_type)
+        art = write_artifact_file(thread.artifacts_dir, data, ext, kind, media_type, origin)
         self.save(thread, art, epoch)
         return art
 
