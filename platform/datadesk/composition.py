@@ -204,6 +204,8 @@ class Runtime:
         """Start background work (artifact sweeper, kernel pool, reaper, MCP servers); called by the
         app at startup."""
         await asyncio.to_thread(self.cut_off.finish_all)  # before serving: no thread shows a half turn
+        if self.cluster is not None:  # turns whose host died or hung, finished by one host of the cluster
+            self._spawn(self.cluster.reap_turns(), "turn-reaper")
         self._spawn(self._sweep_forever(), "artifact-sweeper")
         if self.kernels is not None:
             await self.kernels.start()

@@ -6,7 +6,10 @@ gathered for BATCH_S and handed to one writer thread per process, which inserts 
 queued in one transaction with `synchronous_commit = off` (a database crash may lose the
 last fraction of a second of events, never the records, which commit normally) and
 `pg_notify('turn_events', thread_id)`. One writer keeps each turn's batches in commit order,
-so a follower reading `n > cursor` never skips a row that commits later.
+so a follower reading `n > cursor` never skips a row that commits later. A batch of a turn
+that no longer holds its thread's `turns` row (another turn claimed it, or a takeover marked
+it failed: cluster/turns.py) is dropped, so a host that comes back after losing the thread
+writes no events into it.
 
 Followers read `n > cursor`; they wait for a notification (one LISTEN connection per
 process and event loop, shared by its followers) or FALLBACK_POLL_S, whichever comes first:
@@ -31,7 +34,9 @@ from typing import Any, AsyncIterator, Callable
 import msgspec
 import psycopg
 
+from datadesk.chat.interrupted import HOST_NOTICE
 from datadesk.chat.journal import IDLE_S
+from datadesk.domain.records import HOST_LOST
 from datadesk.cluster.database import Database
 from datadesk.store.interfaces.journal import JournalEvent, KeptTurn
 
@@ -55,6 +60,8 @@ ins AS (
     SELECT r.thread_id, r.turn_id, r.n, r.type, r.data::jsonb
     FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::text[]) AS r(thread_id, turn_id, n, type, data),
          cfg
+    WHERE NOT EXISTS (SELECT 1 FROM turns t WHERE t.thread_id = r.thread_id
+                      AND (t.turn_id <> r.turn_id OR t.state = 'failed'))
     ON CONFLICT DO NOTHING
     RETURNING thread_id)
 SELECT pg_notify(%s, t.thread_id) FROM (SELECT DISTINCT thread_id FROM ins) t"""
@@ -276,8 +283,8 @@ class PgEventJournal:
                     events = await asyncio.to_thread(self._rows, thread_id, turn_id, cursor)
                     if events:  # written just before the turn ended
                         continue
-                    yield JournalEvent(cursor + 1, "error", {"kind": "internal",
-                                                             "message": "the server running this turn stopped"})
+                    # its host died, or was taken over; the end a finisher writes may come later
+                    yield JournalEvent(cursor + 1, "error", {"kind": HOST_LOST, "message": HOST_NOTICE})
                     yield JournalEvent(cursor + 2, "done", {"turn_id": turn_id, "status": "error"})
                     return
                 elif time.monotonic() - quiet_since >= IDLE_S:

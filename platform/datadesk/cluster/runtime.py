@@ -105,9 +105,25 @@ class ClusterSet:
         return self._once("artifacts", lambda: build_artifacts(self.db, self.blobs(), self.layout, open_thread))
 
     def turns(self, before_turn: Callable[[Any], None] | None = None) -> Any:
+        from datadesk.cluster.takeover import build_takeover
         from datadesk.cluster.turns import build_turns
 
-        return self._once("turns", lambda: build_turns(self.db, self.settings, self.layout, before_turn))
+        if "turns" not in self._built:
+            registry = build_turns(self.db, self.settings, self.layout, before_turn)
+            self._built["turns"] = registry
+            # a claim that finds its thread's turn cut off (its host died or hung) finishes it first
+            self._built["reaper"] = build_takeover(self.db, registry, self.threads())
+        return self._built["turns"]
+
+    def reaper(self) -> Any:
+        """The turn reaper (cluster/takeover.py), wired into `turns()`: a turn whose host died or
+        hung is finished by the next claim of its thread or by the reaper, whichever comes first."""
+        self.turns()
+        return self._built["reaper"]
+
+    async def reap_turns(self) -> None:
+        """The reaper's loop, for the runtime's background tasks (one host reaps at a time)."""
+        await self.reaper().run_forever()
 
     def kernels(self) -> tuple[Any, Any]:
         from datadesk.cluster.kernels import build_kernels
@@ -169,8 +185,8 @@ class ClusterSet:
 
 
 # closed in this order: what holds connections of its own first, the lock connection last
-CLOSE_ORDER = ("turns", "kernels", "artifacts", "search", "threads", "memory", "users", "counters", "blobs",
-               "locks")
+CLOSE_ORDER = ("reaper", "turns", "kernels", "artifacts", "search", "threads", "memory", "users", "counters",
+               "blobs", "locks")
 WORKSPACES_OF = """SELECT workspace FROM threads WHERE owner = %(u)s UNION SELECT workspace FROM artifacts
 WHERE user_id = %(u)s UNION SELECT workspace FROM memory_docs WHERE user_id = %(u)s UNION SELECT workspace
 FROM memory_audit WHERE user_id = %(u)s UNION SELECT workspace FROM kernels WHERE user_id = %(u)s UNION

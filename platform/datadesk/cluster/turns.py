@@ -14,6 +14,11 @@ per running turn (migration 0006).
   every RENEW_S re-reads the column, so a missed notification only delays the cancel.
 - `release`: the row is marked done, then the lock released; the connection is kept for the
   next turn (up to IDLE_CONNECTIONS).
+- A turn whose holder is gone (its session dropped: a crash, a host lost; or hung past its
+  lease) is finished by whoever takes its thread first: a claim (before its own upsert) or
+  the cluster reaper (`take_over`, cluster/takeover.py). With the thread's lock held, the
+  row's fence is bumped (its owner marked TAKEOVER, so a claim meanwhile waits instead of a
+  409), `on_cut_off(claim)` records the end under that fence, and the row is marked failed.
 
 Writes fenced by a turn (the thread's records) call `fence_holds` in their own transaction.
 """
@@ -42,6 +47,8 @@ RENEW_S = 2.0  # how often the owner renews its turns' leases (and re-reads thei
 IDLE_CONNECTIONS = 4  # dedicated connections kept for the next turns once theirs ended
 TAKEOVER_WAIT_S = 2.0  # how long a claim waits for a terminated holder's lock to go
 CANCEL_CHANNEL = "turn_cancel"
+TAKEOVER = "takeover:"  # the owner of a row being finished by another host
+TAKEOVER_LOCK_TIMEOUT = "3s"  # a hung host's write holding the row (FOR SHARE) delays the bump this long
 
 # a running row whose session still holds the thread's advisory lock (bigint keys: objsubid 1)
 LIVE = """t.state = 'running' AND EXISTS (
@@ -61,6 +68,13 @@ ON CONFLICT (thread_id) DO UPDATE SET
     events = EXCLUDED.events, lease_until = EXCLUDED.lease_until, state = 'running', cancel_turn = NULL,
     started_at = now(), updated_at = now()
 RETURNING fence"""
+# a cut-off turn taken over: its fence bumped (the dead or hung owner is fenced out), owned here
+BUMP = """UPDATE turns SET fence = fence + 1, owner = %s, backend_pid = pg_backend_pid(), cancel_turn = NULL,
+    lease_until = now() + make_interval(secs => %s), updated_at = now()
+WHERE thread_id = %s AND fence = %s AND state = 'running' RETURNING fence"""
+# the turns to take over: running, and their holder's session gone or their lease past
+STALE = f"SELECT t.thread_id FROM turns t WHERE t.state = 'running' AND (t.lease_until < now() OR NOT ({LIVE})) " \
+        "ORDER BY t.lease_until"
 RENEW = """UPDATE turns SET lease_until = now() + make_interval(secs => %s), updated_at = now()
 WHERE thread_id = %s AND fence = %s AND state = 'running' RETURNING cancel_turn"""
 
@@ -92,6 +106,9 @@ class PgTurnDirectory:
         self._mu = threading.Lock()
         self._free: list[psycopg.Connection] = []
         self._listener: tuple[asyncio.AbstractEventLoop, psycopg.AsyncConnection] | None = None
+        # records the end of a turn cut off by a dead or hung host, under the takeover's claim
+        # (cluster/takeover.py HostLostTurns.finish); None: the row is only marked failed
+        self.on_cut_off: Callable[[Claim], Any] | None = None
 
     # -- dedicated connections -------------------------------------------------------------
     def _take(self) -> psycopg.Connection:
@@ -118,9 +135,12 @@ class PgTurnDirectory:
                 self._put_back(conn)
                 raise conflict(thread_id)
             try:
+                self._finish_previous(conn, thread_id, key)
                 fence = self._insert(conn, thread_id, user_id, turn_id, key, limit, events)
-            except BaseException:
+            except BaseException as exc:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                if isinstance(exc, TurnConflict):  # the lock was ours: the connection is kept
+                    self._put_back(conn)
                 raise
         except TurnConflict:
             raise
@@ -137,12 +157,14 @@ class PgTurnDirectory:
         if conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (key,)).fetchone()["ok"]:
             return True
         row = conn.execute(
-            "SELECT pg_terminate_backend(t.backend_pid) AS ended, t.owner, t.turn_id FROM turns t "
-            f"WHERE t.thread_id = %s AND t.lease_until < now() AND {LIVE}", (thread_id,)).fetchone()
+            "SELECT CASE WHEN t.owner LIKE %s THEN true ELSE pg_terminate_backend(t.backend_pid) END AS ended, "
+            f"t.owner, t.turn_id FROM turns t WHERE t.thread_id = %s AND (t.lease_until < now() OR t.owner LIKE %s) "
+            f"AND {LIVE}", (TAKEOVER + "%", thread_id, TAKEOVER + "%")).fetchone()
         if row is None or not row["ended"]:
             return False
-        log.warning("turn %s of thread %s (%s) stopped renewing its lease: taken over", row["turn_id"],
-                    thread_id, row["owner"])
+        if not row["owner"].startswith(TAKEOVER):  # else another host is finishing it: wait for it
+            log.warning("turn %s of thread %s (%s) stopped renewing its lease: taken over", row["turn_id"],
+                        thread_id, row["owner"])
         deadline = time.monotonic() + TAKEOVER_WAIT_S
         while time.monotonic() < deadline:
             if conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (key,)).fetchone()["ok"]:
@@ -161,6 +183,65 @@ class PgTurnDirectory:
             row = conn.execute(UPSERT, {"thread": thread_id, "turn": turn_id, "user": user_id, "owner": self.owner,
                                         "key": key, "events": events, "lease": LEASE_S}).fetchone()
         return int(row["fence"])
+
+    # -- taking over a cut-off turn ----------------------------------------------------------------
+    def stale(self) -> list[str]:
+        """The threads whose running turn lost its holder (session gone) or its lease: to take over."""
+        with self.db.connection() as conn:
+            return [r["thread_id"] for r in conn.execute(STALE).fetchall()]
+
+    def take_over(self, thread_id: str) -> bool:
+        """Finish the thread's turn if its holder is gone or its lease is past (a hung holder's
+        session is terminated); False when the thread is busy (a live turn, a clear) or was
+        finished by someone else meanwhile."""
+        key = advisory_key(f"turn:{thread_id}")
+        conn = self._take()
+        try:
+            if not self._lock(conn, thread_id, key):
+                return False
+            try:
+                return self._finish_previous(conn, thread_id, key)
+            except TurnConflict:
+                return False
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        except psycopg.OperationalError:
+            conn.close()
+            raise
+        finally:
+            if not conn.closed:
+                self._put_back(conn)
+
+    def _finish_previous(self, conn: psycopg.Connection, thread_id: str, key: int) -> bool:
+        """With the thread's lock held on `conn`: a row still `running` is a turn whose holder
+        is gone; fence it out, let `on_cut_off` record its end, mark it failed."""
+        prev = conn.execute("SELECT turn_id, user_id, owner, fence, events FROM turns "
+                            "WHERE thread_id = %s AND state = 'running'", (thread_id,)).fetchone()
+        if prev is None:
+            return False
+        try:
+            with conn.transaction():  # waits for a write of the old owner that holds the row to commit
+                conn.execute(f"SET LOCAL lock_timeout = '{TAKEOVER_LOCK_TIMEOUT}'")
+                row = conn.execute(BUMP, (TAKEOVER + self.owner, LEASE_S, thread_id, prev["fence"])).fetchone()
+        except psycopg.errors.LockNotAvailable:  # a write of the gone owner still holds its row
+            log.warning("turn %s of thread %s: a write of its server (%s) still holds the turn's row; "
+                        "taken over later", prev["turn_id"], thread_id, prev["owner"])
+            raise conflict(thread_id) from None
+        if row is None:
+            return False
+        claim = Claim(thread_id, prev["turn_id"], prev["user_id"], int(row["fence"]), bool(prev["events"]),
+                      handle=_Hold(conn, key))
+        log.warning("turn %s of thread %s: its server (%s) is gone; finishing it with fence %d",
+                    prev["turn_id"], thread_id, prev["owner"], claim.fence)
+        try:
+            if self.on_cut_off is not None:
+                self.on_cut_off(claim)
+        except Exception:  # the thread still takes its next turn; the records before are kept
+            log.exception("could not record the end of turn %s of thread %s", prev["turn_id"], thread_id)
+        finally:
+            conn.execute("UPDATE turns SET state = 'failed', owner = %s, updated_at = now() "
+                         "WHERE thread_id = %s AND fence = %s", (self.owner, thread_id, claim.fence))
+        return True
 
     def announce(self, claim: Claim) -> None:
         pass  # the row is written by the claim; followers wait for the journal's rows

@@ -42,7 +42,7 @@ from datadesk.context.calibration import Calibration
 from datadesk.context.compaction import GONE, Form, expired_mark, form_for, gone_marks, render_tool_result
 from datadesk.context.manifest import ContextManifest, last_manifest, seq_ranges
 from datadesk.context.profiles import ModelProfile, profile_for
-from datadesk.domain.records import INTERRUPTED, Record
+from datadesk.domain.records import CUT_OFF_KINDS, Record
 from datadesk.llm.tokens import count_message
 from datadesk.settings import ContextSettings
 from datadesk.store.threads import Thread
@@ -485,7 +485,7 @@ class ContextBuilder:
         content = rec.content
         if rec.status == "cancelled":
             content = (content + "\n[reply stopped by the user]").strip()
-        elif rec.status == "error" and (rec.meta or {}).get("kind") == INTERRUPTED:
+        elif rec.status == "error" and (rec.meta or {}).get("kind") in CUT_OFF_KINDS:
             content = (content + "\n" + CUT_OFF).strip()  # the next reply should not build on it as whole
         if not content and not rec.tool_calls:
             return None

@@ -145,6 +145,10 @@ class ToolRecordMeta(msgspec.Struct, omit_defaults=True):
 # `kind` of an assistant record, `status` of a tool record: the server stopped mid-turn (a crash),
 # so the answer holds only what was written and the call never finished (chat/interrupted.py)
 INTERRUPTED = "interrupted"
+# `kind` of an assistant record and of the turn's `error`: the host running the turn left the
+# cluster (crashed, lost, hung past its lease); another host finished the turn (cluster/takeover.py)
+HOST_LOST = "host_lost"
+CUT_OFF_KINDS = frozenset({INTERRUPTED, HOST_LOST})  # a reply that holds only what was written
 
 
 class AssistantRecordMeta(msgspec.Struct, omit_defaults=True):

@@ -11,6 +11,9 @@ import { uploadCard } from "./upload.js";
 export const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
 export const IMAGE_FORMATS = new Set(["png", "jpg", "jpeg", "gif", "webp"]);
 const LIVE_OUTPUT_CHARS = 20_000; // a running card keeps the newest output printed so far
+// a turn cut off by a stopped server (interrupted) or by a host that left the cluster (host_lost,
+// finished by another host): its answer holds what was written, and Retry asks again
+export const CUT_OFF_KINDS = new Set(["interrupted", "host_lost"]);
 
 // how a card ends: done, error, cancelled or timed out (never still spinning after its turn)
 export function endState(ok, status, meta, preview) {
@@ -125,7 +128,7 @@ export class Conversation {
         if (rec.turn_id) this.asked.set(rec.turn_id, rec.content);
       }
     } else if (rec.role === "assistant") {
-      const cut = !!(rec.meta && rec.meta.kind === "interrupted"); // the server stopped while it was written
+      const cut = !!(rec.meta && CUT_OFF_KINDS.has(rec.meta.kind)); // the server stopped while it was written
       if (rec.content) {
         const b = this.newBubble();
         setHtml(b, rec.html || "");
@@ -232,9 +235,10 @@ export class Conversation {
       this.finishCard(card, { ok: data.ok, status: data.ok ? "ok" : "error", html: data.html, meta: data.meta || {},
         duration_ms: data.duration_ms, preview: data.preview });
     } else if (type === "error") {
-      if (this.bubble && data.kind === "interrupted") this.bubble.el.classList.add("interrupted");
+      const cut = CUT_OFF_KINDS.has(data.kind);
+      if (this.bubble && cut) this.bubble.el.classList.add("interrupted");
       this.bubble = null;
-      if (data.kind === "interrupted") this.interrupted(data.message, this.lastAsked);
+      if (cut) this.interrupted(data.message, this.lastAsked);
       else this.notice(data.message || "the turn failed", data.kind === "cancelled" ? "info" : "error");
     } else if (type === "done") {
       this.endTurn(data.status);
