@@ -27,6 +27,7 @@ import psycopg
 from datadesk.cluster.database import Database
 from datadesk.domain.records import Record, record_decoder, record_encoder
 from datadesk.store.interfaces.threads import LogClosed, TurnFenced
+from datadesk.store.threadlog import find_records
 
 
 
@@ -266,10 +267,4 @@ class PgRecords:
             return [(row["seq"], row["body"]) for row in conn.execute(sql, params).fetchall()]
 
     def find(self, predicate: Callable[[Record], bool], limit: int = 1) -> list[Record]:
-        out: list[Record] = []
-        for rec in self.newest_first():
-            if predicate(rec):
-                out.append(rec)
-                if len(out) >= limit:
-                    break
-        return out
+        return find_records(self.newest_first(), predicate, limit)

@@ -45,6 +45,18 @@ def _thread_lock(path: Path) -> threading.RLock:
         return _local_locks.setdefault(str(path), threading.RLock())
 
 
+def find_records(newest_first: Iterator[Record], predicate: Callable[[Record], bool], limit: int) -> list[Record]:
+    """The first `limit` (at least one) of `newest_first` matching `predicate`, reading no
+    further than that: a log's `find`, on either set (cluster/threadrows.py too)."""
+    out: list[Record] = []
+    for rec in newest_first:
+        if predicate(rec):
+            out.append(rec)
+            if len(out) >= limit:
+                break
+    return out
+
+
 class FileAndThreadLock:
     """A lock held across the threads of this process and across processes (`filelock`);
     re-entrant for the same object in the same thread."""
@@ -228,13 +240,7 @@ class ThreadLog:
 
     def find(self, predicate: Callable[[Record], bool], limit: int = 1) -> list[Record]:
         """Newest-first search, read from the end (for paging an old tool result back, etc.)."""
-        out: list[Record] = []
-        for rec in self.newest_first():
-            if predicate(rec):
-                out.append(rec)
-                if len(out) >= limit:
-                    break
-        return out
+        return find_records(self.newest_first(), predicate, limit)
 
     def _decode(self, raw: bytes) -> Record | None:
         raw = raw.strip()
