@@ -133,7 +133,10 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         logging.getLogger(name).addFilter(RedactSecrets())
     if settings.server.workers > 1:
         return _serve_workers(settings)
-    config = uvicorn.Config(create_app(rt), host=host, port=port, proxy_headers=False, log_level="info")
+    from datadesk.api.logs import uvicorn_log_config
+
+    config = uvicorn.Config(create_app(rt), host=host, port=port, proxy_headers=False, log_level="info",
+                            log_config=uvicorn_log_config(settings.server.log_format))
     uvicorn.Server(config).run()
     return 0
 
@@ -166,13 +169,19 @@ def _serve_workers(settings: Settings) -> int:
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
+    from datadesk.api.logs import uvicorn_log_config
+    from datadesk.api.metrics import multiprocess_dir
+
     file = write_worker_settings(settings)
     os.environ[WORKER_SETTINGS_ENV] = str(file)  # inherited by the spawned workers
+    # /metrics of any worker answers for all (prometheus_client's multiprocess mode, api/metrics.py)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(multiprocess_dir(settings.home))
     print(f"  {settings.server.workers} workers share this data directory (file locks)", flush=True)
     try:
         config = uvicorn.Config("datadesk.cli:worker_app", factory=True, host=settings.server.host,
                                 port=settings.server.port, workers=settings.server.workers,
-                                proxy_headers=False, log_level="info")
+                                proxy_headers=False, log_level="info",
+                                log_config=uvicorn_log_config(settings.server.log_format))
         Multiprocess(config, sockets=[config.bind_socket()]).run()
     finally:
         file.unlink(missing_ok=True)
@@ -231,6 +240,7 @@ def worker_app():
     """The app factory each worker of `serve --workers N` imports (uvicorn `factory=True`)."""
     from datadesk.api.app import create_app
     from datadesk.api.guards.auth import RedactSecrets
+    from datadesk.api.logs import configure_logging
     from datadesk.composition import Runtime
     from datadesk.llm.tokens import count_tokens
 
@@ -239,6 +249,7 @@ def worker_app():
     for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
         logging.getLogger(name).addFilter(RedactSecrets())
     settings = worker_settings()
+    configure_logging(settings.server.log_format)  # text or JSON lines, the secret filter on the handler
     count_tokens("warm up")
     return create_app(Runtime(settings))
 
@@ -418,7 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
+    from datadesk.api.logs import configure_logging
     from datadesk.store.interfaces.errors import ClusterUnavailable
+
+    configure_logging(settings.server.log_format)  # text or JSON lines, the secret filter on the handler
 
     try:
         if args.cmd == "serve":

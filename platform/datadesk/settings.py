@@ -196,6 +196,9 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
     # one secret for CSRF tokens and anything signed, the same on every host (DATADESK_SECRET_KEY);
     # unset: a key made once per home (`csrf.key`), which only one host can share
     secret_key: str | None = None
+    # the bearer token a Prometheus scraper sends to `/metrics` (DATADESK_METRICS_TOKEN); unset: no /metrics (404)
+    metrics_token: str | None = None
+    log_format: Literal["text", "json"] = "text"  # "json": one JSON object a line, with the turn and thread ids
 
 
 class ClusterSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -275,6 +278,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "DATADESK_STORAGE_URL": ("storage", "url"),
     "DATADESK_STORAGE_ENDPOINT": ("storage", "endpoint"),
     "DATADESK_SECRET_KEY": ("server", "secret_key"),
+    "DATADESK_METRICS_TOKEN": ("server", "metrics_token"),
+    "DATADESK_LOG_FORMAT": ("server", "log_format"),
 }
 # Standard OpenAI variables, used only when the DATADESK_ one is unset.
 FALLBACK_ENV_VARS: dict[str, tuple[str, str]] = {

@@ -31,6 +31,8 @@ from datadesk.api.guards.auth import guard_request, provide_runtime, provide_use
 from datadesk.api.guards.ratelimit import Limits, Principals, RateLimiter, user_lookup
 from datadesk.api.guards.security import LoginFailures, LoginLimiter, SecurityMiddleware, load_key
 from datadesk.api.looplag import LoopLag
+from datadesk.api.metrics import CountResponses, MetricsSampler, metrics
+from datadesk.api.readiness import Readiness, ready
 from datadesk.composition import Runtime
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ def create_app(rt: Runtime) -> Litestar:
     limits = Limits(rt.settings.server, counters)
     principals = Principals(user_lookup(rt.users), rt.settings.server.trusted_proxies)
     loop_lag = LoopLag()
+    sampler = MetricsSampler(rt)  # kernels and pool use for /metrics (api/metrics.py)
     app = Litestar(
         route_handlers=[
             SessionController,
@@ -91,22 +94,26 @@ def create_app(rt: Runtime) -> Litestar:
             ExportController,
             WorkspaceController,
             index,
+            ready,  # readiness (api/readiness.py); /api/health is liveness
+            metrics,
             create_static_files_router(path="/static", directories=[WEB_DIR], include_in_schema=False),
         ],
         dependencies={"user": Provide(provide_user), "rt": Provide(provide_runtime)},
         before_request=guard_request,  # auth, content type and a strict decode before the body is used
         exception_handlers=exception_handlers(),  # api/errors.py: one table, domain error -> status
         # outermost first: a request over its budget is refused before anything else runs
-        middleware=[lambda app: RateLimiter(app, limits, principals),
+        middleware=[CountResponses,  # every status counted for /metrics, the limiters' 429s too
+                    lambda app: RateLimiter(app, limits, principals),
                     lambda app: SecurityMiddleware(app, csrf_key),
                     lambda app: LoginLimiter(app, login_failures)],
         request_max_body_size=rt.settings.server.max_body_bytes,
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
                                      # JSON only: the UI plugins load their scripts from a CDN
                                      render_plugins=[JsonRenderPlugin()]),
-        on_startup=[roomy_default_threads, rt.start, freeze_startup_heap, loop_lag.start],
-        on_shutdown=[loop_lag.stop, rt.stop],
+        on_startup=[roomy_default_threads, rt.start, freeze_startup_heap, loop_lag.start, sampler.start],
+        on_shutdown=[sampler.stop, loop_lag.stop, rt.stop],
         state=State({"runtime": rt, "csrf_key": csrf_key, "login_failures": login_failures,
-                     "rate_limits": limits, "loop_lag": loop_lag}),
+                     "rate_limits": limits, "loop_lag": loop_lag, "readiness": Readiness(rt),
+                     "metrics_sampler": sampler}),
     )
     return app

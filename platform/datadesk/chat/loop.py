@@ -31,14 +31,18 @@ from datadesk.offload.pipeline import OffloadCapability, OffloadOutcome, Offload
 from datadesk.settings import ChatSettings
 from datadesk.store.diskspace import DiskRoom
 from datadesk.store.files import StoreWriteError, not_saved
+from datadesk.store.interfaces.errors import ClusterUnavailable
 from datadesk.store.interfaces.threads import TurnFenced
 from datadesk.store.threadlog import LogClosed
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.summary.service import SummaryService
+from datadesk.telemetry import TOOL_SECONDS, timed_turn, turn_context
 from datadesk.tools.registry import ToolContext, ToolRegistry, ToolResult, TurnFacts
 
 log = logging.getLogger(__name__)
 
+LOST_MESSAGE = ("this turn stopped: this server lost its hold on the thread (the cluster database was unreachable, "
+                "or another server took the thread over); what was recorded before is kept. Send the message again")
 PREVIEW_CHARS = 16_000  # the tool card shows the whole preview the model got (<2,000 tokens when offloaded)
 
 
@@ -83,35 +87,54 @@ class TurnLoop:
                              self.epoch)
 
     async def run(self, text: str) -> None:
-        status = "ok"
+        with timed_turn() as outcome:  # /metrics: running now, then finished by outcome
+            outcome[0] = await self._run(text)
+
+    async def _run(self, text: str) -> str:
+        """The turn; returns its outcome for the metrics (ok, cancelled, or the error's kind)."""
+        status = outcome = "ok"
         try:
             user_rec = self._append(role="user", content=text)
             self.user_seq = user_rec.seq
             if self.thread.meta.title == "New chat":
                 await asyncio.to_thread(self.services.threads.touch, self.thread,
                                         title=text.strip().splitlines()[0][:80] or None)
-            status = await self._steps()
+            status = outcome = await self._steps()
             self._after_reply()
             self.services.policy.after_turn(self.user, self.thread, [user_rec])  # memory extraction: user words only
         except asyncio.CancelledError:
-            status = "cancelled"
-            self.turn.emit(TurnError(kind="cancelled", message="the turn was cancelled; what completed is kept"))
+            status = outcome = "cancelled"
+            if self.turn.claim is not None and self.turn.claim.lost:  # its lease renewal failed, not a user's stop
+                outcome = "lost"
+                self.turn.emit(TurnError(kind="lost", message=LOST_MESSAGE))
+            else:
+                self.turn.emit(TurnError(kind="cancelled", message="the turn was cancelled; what completed is kept"))
+        except ClusterUnavailable as exc:  # the database (or the store) went away mid-turn: say which
+            status, outcome = "error", "database"
+            log.warning("turn %s stopped: %s", self.turn.turn_id, exc)
+            self.turn.emit(TurnError(kind="database", message=f"this turn stopped: {exc}. What was recorded "
+                                                             "before is kept; send the message again shortly"))
         except TurnFenced as exc:  # another server holds the thread now: this turn writes nothing more
-            status = "error"
+            status, outcome = "error", "taken_over"
             self.fenced = True
             log.warning("turn %s stopped: %s", self.turn.turn_id, exc)
             self.turn.emit(TurnError(kind="taken_over", message=f"{exc}; what this turn recorded before is kept"))
         except LogClosed as exc:
-            status = "error"
+            status, outcome = "error", "thread_gone"
             self.turn.emit(TurnError(kind="thread_gone", message=str(exc)))
         except StoreWriteError as exc:  # a full disk: what was not saved is named, nothing is half-kept
-            status = "error"
+            status, outcome = "error", "disk"
             self.turn.emit(TurnError(kind="disk", message=f"{exc}. Free space on the disk of the data directory, "
                                                           "then send the message again."))
         except Exception as exc:  # never lose the stream without saying why
-            log.exception("turn %s failed", self.turn.turn_id)
-            status = "error"
-            self.turn.emit(TurnError(kind="internal", message=f"internal error ({type(exc).__name__})"))
+            status, outcome = "error", "internal"
+            if self.turn.claim is not None and self.turn.claim.lost:  # e.g. the database went mid-write
+                outcome = "lost"
+                log.warning("turn %s stopped after losing its hold on the thread: %s", self.turn.turn_id, exc)
+                self.turn.emit(TurnError(kind="lost", message=LOST_MESSAGE))
+            else:
+                log.exception("turn %s failed", self.turn.turn_id)
+                self.turn.emit(TurnError(kind="internal", message=f"internal error ({type(exc).__name__})"))
         finally:
             # the meta's `updated` and store.fsync = "turn" (the turn's records reach the disk): two
             # fsyncs, in a thread, not on the loop every other user's request waits on
@@ -121,6 +144,7 @@ class TurnLoop:
             except asyncio.CancelledError:  # cancelled again while ending: the end still runs, and is said
                 pass
             self.turn.emit(TurnDone(turn_id=self.turn.turn_id, status=status))
+        return outcome
 
     def _end_records(self) -> None:
         if self.fenced or (self.turn.claim is not None and self.turn.claim.lost):
@@ -249,6 +273,9 @@ class TurnLoop:
             for produced in result.meta.artifacts or ():  # charts and files written by code
                 self.turn.emit(ArtifactCreated(call_id=call.id, artifact=produced))
             ms = round((time.perf_counter() - started) * 1000, 1)
+            # an unknown name (the model's invention) is one label value, not one series each
+            TOOL_SECONDS.labels(call.name if call.name in self.allowed else "unknown",
+                                "error" if result.is_error else "ok").observe(ms / 1000)
             # a tool that timed its own work (the python kernel) keeps its figure in the record
             kept = result.meta if result.meta.duration_ms is not None else \
                 msgspec.structs.replace(result.meta, duration_ms=ms)
@@ -301,10 +328,11 @@ async def start_turn(services: TurnServices, turns: TurnRegistry, thread: Thread
     loop = TurnLoop(services, turn, thread, user)
 
     async def runner() -> None:
-        try:
-            await loop.run(text)
-        finally:
-            turns.release(turn)
+        with turn_context(turn.turn_id, thread.id):  # every log line of the turn names it (api/logs.py)
+            try:
+                await loop.run(text)
+            finally:
+                turns.release(turn)
 
     turn.task = asyncio.create_task(runner(), name=f"turn-{turn.turn_id}")
     return turn

@@ -54,6 +54,7 @@ from datadesk.settings import OffloadSettings
 from datadesk.store.interfaces.blobs import BlobUnavailable
 from datadesk.store.files import not_saved, write_atomic
 from datadesk.store.threads import Thread
+from datadesk.telemetry import OFFLOAD_ARTIFACTS, OFFLOAD_BYTES, OFFLOAD_FALLBACKS, OFFLOAD_ROWS, observe_wait
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +149,12 @@ class OffloadPipeline:
     async def _writer(self, user: str, result: ToolResult, progress: Callable[..., None] | None) -> Writer:
         """A place in the writer pool for this write (waiting is progress, never refused); a call
         cancelled while it waits closes its stream (the query behind it stops, its slot frees)."""
+        started = time.monotonic()
         try:
-            return await self.writers.acquire(user, progress)
+            writer = await self.writers.acquire(user, progress)
+            if time.monotonic() - started > 0.001:  # it waited in line (a free writer is no wait)
+                observe_wait("offload_writer", started)
+            return writer
         except asyncio.CancelledError:
             if result.table is not None:
                 result.table.close()
@@ -177,11 +182,13 @@ class OffloadPipeline:
                origin: ArtifactOrigin, cap: OffloadCapability, source: str, epoch: int | None,
                job: WriteJob) -> OffloadOutcome:
         if not cap.can_offload:
+            OFFLOAD_FALLBACKS.labels("not_offloadable").inc()
             return OffloadOutcome(self._truncated_table(result, table, cap.reason, job))
         try:
             art, head, schema = self.write_table(thread, new_artifact_id(), table, origin, "result", epoch=epoch,
                                                  job=job)
         except StoreDown as exc:  # the head and a notice naming the store, as without a sandbox
+            OFFLOAD_FALLBACKS.labels("store_down").inc()
             log.warning("offload of %s not kept: %s", spec.name, exc)
             rows = exc.head.to_pylist() if exc.head is not None else []
             content = preview.render_truncated_table(exc.schema or table.schema or pa.schema([]), rows, exc.rows,
@@ -189,6 +196,7 @@ class OffloadPipeline:
             return OffloadOutcome(ToolResult(content=content, meta=_with(result, rows=exc.rows, truncated=True,
                                                                          offload_failed=True)))
         except OSError as exc:
+            OFFLOAD_FALLBACKS.labels("disk").inc()
             log.warning("offload of %s failed: %s", spec.name, exc)
             disk = not_saved(exc, f"the full result of {spec.name}")
             if disk is not None:  # a full disk: an error the user and the model are told as such
@@ -299,17 +307,20 @@ class OffloadPipeline:
               source: str, epoch: int | None, job: WriteJob | None = None) -> OffloadOutcome:
         text = result.content
         if not cap.can_offload:
+            OFFLOAD_FALLBACKS.labels("not_offloadable").inc()
             return OffloadOutcome(ToolResult(
                 content=preview.render_truncated_text(text, cap.reason, self.settings.threshold_chars),
                 meta=_with(result, chars=len(text), truncated=True)))
         try:
             art = self.write_text(thread, new_artifact_id(), text, origin, "result", epoch=epoch, job=job)
         except BlobUnavailable as exc:  # the head and a notice naming the store; nothing kept
+            OFFLOAD_FALLBACKS.labels("store_down").inc()
             log.warning("offload of %s not kept: %s", origin.tool, exc)
             return OffloadOutcome(ToolResult(
                 content=preview.render_truncated_text(text, store_down_reason(exc), self.settings.threshold_chars),
                 meta=_with(result, chars=len(text), truncated=True, offload_failed=True)))
         except OSError as exc:
+            OFFLOAD_FALLBACKS.labels("disk").inc()
             reason = f"saving the full result failed: {exc.strerror or exc}"
             return OffloadOutcome(ToolResult(
                 content=preview.render_truncated_text(text, reason, self.settings.threshold_chars),
@@ -376,6 +387,9 @@ class OffloadPipeline:
         return new
 
     def _created(self, art: Artifact) -> None:
+        OFFLOAD_ARTIFACTS.labels(art.format).inc()  # /metrics (telemetry.py)
+        OFFLOAD_BYTES.labels(art.format).inc(art.bytes or 0)
+        OFFLOAD_ROWS.inc(art.rows or 0)
         if self.on_created is not None:
             try:
                 self.on_created(art)

@@ -65,6 +65,7 @@ from datadesk.sandbox.sessions import (
 from datadesk.settings import SandboxSettings
 from datadesk.store.interfaces.kernels import KernelCapReached, KernelCaps, WorkerRegistry
 from datadesk.store.interfaces.kernels import KernelTable as KernelTableProtocol
+from datadesk.telemetry import KERNEL_STARTS
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +257,10 @@ class KernelRegistry:
         try:
             await kernel.start()
         except BaseException:
+            KERNEL_STARTS.labels("failed").inc()
             await self._dispose_kernel(kernel)
             raise
+        KERNEL_STARTS.labels("ok").inc()
         now = time.time()
         kernel.started_at = now
         return KernelSession(kernel=kernel, started_at=now, last_used=now)

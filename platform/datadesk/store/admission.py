@@ -32,6 +32,7 @@ import time
 from typing import Callable
 
 from datadesk.store.fair_queue import FairQueue, Waiter
+from datadesk.telemetry import QUEUE_REFUSED, observe_wait
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -193,7 +194,10 @@ class QuerySlots:
                 except Exception:  # progress is advice
                     pass
 
-        if await self._line.wait(slot, self.wait_s, report):
+        started = time.monotonic()
+        waited = await self._line.wait(slot, self.wait_s, report)
+        self._waited(started, waited)
+        if waited:
             return self._still_admitted(slot)
         raise self._refusal(user, what)
 
@@ -202,9 +206,18 @@ class QuerySlots:
         slot = self._new(user, what)
         if self._line.offer(slot):
             return slot
-        if self._line.wait_blocking(slot, self.wait_s):
+        started = time.monotonic()
+        waited = self._line.wait_blocking(slot, self.wait_s)
+        self._waited(started, waited)
+        if waited:
             return self._still_admitted(slot)
         raise self._refusal(user, what)
+
+    def _waited(self, started: float, granted: bool) -> None:
+        """/metrics (telemetry.py): the wait in line, and whether it ended in a refusal."""
+        observe_wait(self.kind, started)  # "query" or "upload"
+        if not granted:
+            QUEUE_REFUSED.labels(self.kind).inc()
 
     def _still_admitted(self, slot: Slot) -> Slot:
         """After a wait in line: the memory may have risen meanwhile (Busy, the slot goes back)."""

@@ -41,7 +41,8 @@ from datadesk.settings import ServerSettings
 from datadesk.store.interfaces.counters import RateCounter
 
 log = logging.getLogger(__name__)
-EXEMPT_PATHS = frozenset({"/api/health"})  # liveness probes must see the truth, even under a flood
+# liveness, readiness and metrics probes must see the truth, even under a flood
+EXEMPT_PATHS = frozenset({"/api/health", "/api/ready", "/metrics"})
 MAX_PRINCIPALS = 10_000  # buckets kept at most (least recently seen dropped first)
 WHO_TTL_S = 10.0  # how long a credential's owner is remembered for budgeting (auth itself runs per request)
 WHO_MAX = 4_096  # credentials remembered at most
