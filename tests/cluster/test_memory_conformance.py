@@ -22,19 +22,9 @@ from datadesk.memory.store import (
 from datadesk.settings import MemorySettings
 from datadesk.store.interfaces.memory import AuditEvent, MemoryDocs, MemoryStoreError
 from datadesk.store.layout import Layout
+from tests.unit.test_memory import DAY, UID, WS, Clock  # the unit rules' user, day and clock
 
 pytestmark = pytest.mark.cluster
-
-WS, UID = "demo", "dana"
-DAY = 86_400.0
-
-
-class Clock:
-    def __init__(self, t: float = 1_700_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Hosts:
