@@ -253,3 +253,77 @@ def test_a_hung_host_is_taken_over_and_writes_nothing_after(hosts, cluster_db_ur
         events = parse_sse(cb.post(f"/api/threads/{tid}/messages", json={"content": "hello again"}).text)
         assert events[-1][1]["status"] == "ok", events[-3:]
     print(f"\nfollower ended {took:.2f} s after SIGSTOP (lease {LEASE_S:.0f} s)")
+
+
+# -- in one process: the claim path and the reaper, on the directory itself ---------------------
+
+def _host_a_turn(rt: Any, db_a: Any, thread: Any, user: str, text: str) -> tuple[Any, Any]:
+    """Host A's turn on `thread`: claimed on A's own connection, its user record appended under
+    its fence, some of its answer in its events. Returns (A's directory, its claim)."""
+    from datadesk.cluster.journal import PgEventJournal
+    from datadesk.cluster.turns import PgTurnDirectory
+    from datadesk.domain.records import Record
+    from datadesk.store.interfaces.journal import JournalEvent
+
+    directory = PgTurnDirectory(db_a, owner="host-a:1")
+    claim = directory.claim(thread.id, user, f"turn-{thread.id[-6:]}", limit=4, events=True)
+    sink = PgEventJournal(db_a).sink(thread.id, claim.turn_id, None)
+    thread.append(lambda seq: Record(seq=seq, role="user", ts=time.time(), turn_id=claim.turn_id, content=text),
+                  epoch=thread.epoch, fence=claim.fence)
+    for n, piece in enumerate(["Once ", "upon ", "a time"], start=1):
+        sink.put(JournalEvent(n, "message.delta", {"text": piece}))
+    sink.close()
+    return directory, claim
+
+
+def test_the_next_claim_or_the_reaper_finishes_a_cut_off_turn(home, state_set, cluster_db_url) -> None:
+    """A's lock session dies (a crash): the thread's next claim finishes A's turn before its own;
+    A's other turn hangs (its lease past): the reaper ends A's session and finishes it. Either
+    way the answer so far is recorded host_lost, the events end, A's fence is refused."""
+    import asyncio
+
+    from datadesk.cluster.database import Database
+    from datadesk.domain.records import Record
+    from datadesk.llm.scripted import ScriptedModel
+    from datadesk.store.interfaces.threads import TurnFenced
+    from tests.conftest import make_harness
+
+    rt = make_harness(home, ScriptedModel(["fine"]), state=state_set).rt
+    db_a = Database(cluster_db_url, max_size=2, name="host-a")
+    crashed, hung = rt.threads.create("demo", "alice"), rt.threads.create("demo", "alice")
+    dir_a, claim_c = _host_a_turn(rt, db_a, crashed, "alice", "crash story")
+    _, claim_h = _host_a_turn(rt, db_a, hung, "alice", "hang story")
+    try:
+        with rt.cluster.db.connection() as conn:  # A's lock session dies with its process
+            conn.execute("SELECT pg_terminate_backend(backend_pid) FROM turns WHERE thread_id = %s", (crashed.id,))
+            conn.execute("UPDATE turns SET lease_until = now() - interval '1 s' WHERE thread_id = %s", (hung.id,))
+
+        async def claim_next() -> Any:
+            turn = rt.turns.reserve(crashed.id, "alice", events_at=crashed.events_path)
+            fence = turn.fence
+            rt.turns.release(turn)
+            return fence
+
+        wait_until(lambda: rt.turns.directory.current(crashed.id) is None, timeout=10)
+        assert asyncio.run(claim_next()) > claim_c.fence + 1  # A's fence, the takeover's, the new turn's
+        assert rt.cluster.reaper().reap() == [hung.id]  # the crashed one was finished by the claim
+        for thread, claim in ((crashed, claim_c), (hung, claim_h)):
+            records = rt.threads.get(thread.id, "alice", ["demo"]).tail(10)
+            assert [r.seq for r in records] == [1, 2]
+            end = records[-1]
+            assert end.content == "Once upon a time" and end.status == "error"
+            assert end.meta["kind"] == HOST_LOST and end.meta["error"] == HOST_NOTICE
+            with pytest.raises(TurnFenced):  # A, back, cannot write into the thread it lost
+                thread.append(lambda seq: Record(seq=seq, role="assistant", ts=time.time(), content="late"),
+                              epoch=thread.epoch, fence=claim.fence)
+        kept = rt.turns.journal.read(hung.id, None)
+        assert [e.type for e in kept.events][-2:] == ["error", "done"]
+        assert kept.events[-2].data["kind"] == HOST_LOST
+        with rt.cluster.db.connection() as conn:
+            assert conn.execute("SELECT state FROM turns WHERE thread_id = %s", (hung.id,)).fetchone()["state"] \
+                == "failed"
+        assert rt.cluster.reaper().reap() == []  # nothing left to finish
+    finally:
+        dir_a.close()
+        db_a.close()
+        asyncio.run(rt.stop())
