@@ -45,17 +45,15 @@ from filelock import FileLock, Timeout
 from datadesk.cluster.database import Database, DatabaseError
 from datadesk.cluster.memory import PgMemoryDocs
 from datadesk.cluster.migration.filehome import (FileThread, artifact_problem, output_files, read_artifacts,
-                                                 read_sessions, read_thread, read_users, sha256_bytes,
-                                                 thread_dirs, user_dirs)
+                                                 read_memories, read_sessions, read_thread, read_users, sha256_bytes,
+                                                 thread_dirs)
 from datadesk.cluster.migration.report import (MIGRATED_FILE, HomeInUse, Progress, Report, artifact_keys,
                                                artifact_row, same_user)
 from datadesk.cluster.threads import MANIFESTS_KEPT, jsonb_text
 from datadesk.cluster.users import PgUserStore
-from datadesk.memory.store import FileMemoryDocs
 from datadesk.sandbox.ownership import owner_alive, workers_dir
 from datadesk.store.interfaces.artifacts import ThreadKey
 from datadesk.store.interfaces.blobs import BlobExists, BlobNotFound, BlobStore, blob_key, thread_prefix
-from datadesk.store.interfaces.memory import MemoryStoreError
 from datadesk.store.files import read_json_object, write_json
 from datadesk.store.layout import Layout
 
@@ -414,16 +412,8 @@ def ensure_object(blobs: BlobStore, key: str, path: Path, listed: bool, report: 
 def copy_memory(layout: Layout, db: Database, report: Report, fill: bool) -> None:
     """Each user's memory document and audit. The audit is append-only: the cluster's must start
     with the home's; one that goes past it means memory changed there since (kept)."""
-    files, rows = FileMemoryDocs(layout), PgMemoryDocs(db)
-    for ws, uid in user_dirs(layout, []):
-        if not (files.path(ws, uid).exists() or files.audit_path(ws, uid).exists()):
-            continue
-        try:
-            doc = files.read(ws, uid)
-        except MemoryStoreError as exc:
-            report.notes.append(f"memory of user {uid} in workspace {ws} not copied: {exc}")
-            continue
-        audit = files.audit(ws, uid)
+    rows = PgMemoryDocs(db)
+    for ws, uid, doc, audit in read_memories(layout, report.notes):
         report.counts["memory docs"] += 1
         report.counts["audit events"] += len(audit)
         have_audit = rows.audit(ws, uid)

@@ -22,9 +22,12 @@ import msgspec
 
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.ids import InvalidId, check_id
+from datadesk.domain.memory import MemoryDoc
 from datadesk.domain.records import ThreadMeta, record_decoder
 from datadesk.domain.users import User
+from datadesk.memory.store import FileMemoryDocs
 from datadesk.store.interfaces.blobs import check_name
+from datadesk.store.interfaces.memory import AuditEvent, MemoryStoreError
 from datadesk.store.interfaces.threads import MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE
 from datadesk.store.files import read_json
 from datadesk.store.layout import Layout
@@ -255,3 +258,19 @@ def output_files(outputs_dir: Path, notes: list[str]) -> list[tuple[str, Path]]:
                 notes.append(f"{path}: its name cannot be an object key (letters, digits, '_', '-', '.'): "
                              "not copied")
     return out
+
+
+# -- memory ----------------------------------------------------------------------------------
+def read_memories(layout: Layout, notes: list[str]) -> Iterator[tuple[str, str, MemoryDoc, list[AuditEvent]]]:
+    """(workspace, user, document, audit) of every user with a memory document or audit; one whose
+    document cannot be read is named in `notes` and left out."""
+    files = FileMemoryDocs(layout)
+    for ws, uid in user_dirs(layout, []):
+        if not (files.path(ws, uid).exists() or files.audit_path(ws, uid).exists()):
+            continue
+        try:
+            doc = files.read(ws, uid)
+        except MemoryStoreError as exc:
+            notes.append(f"memory of user {uid} in workspace {ws} not copied: {exc}")
+            continue
+        yield ws, uid, doc, files.audit(ws, uid)

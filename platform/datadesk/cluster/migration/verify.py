@@ -18,18 +18,17 @@ from typing import Any
 import msgspec
 
 from datadesk.cluster.database import Database
-from datadesk.cluster.migration.filehome import (FileThread, artifact_problem, output_files, read_artifacts, read_sessions,
-                                       read_thread, read_users, sha256_bytes, sha256_file, thread_dirs, user_dirs)
+from datadesk.cluster.migration.filehome import (FileThread, artifact_problem, output_files, read_artifacts,
+                                       read_memories, read_sessions, read_thread, read_users, sha256_bytes, sha256_file,
+                                       thread_dirs)
 from datadesk.cluster.memory import PgMemoryDocs
 from datadesk.cluster.migration.report import Progress, Report, artifact_keys, artifact_row, same_user
 from datadesk.cluster.threads import MANIFESTS_KEPT, jsonb_text
 from datadesk.cluster.users import PgUserStore
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.records import ThreadMeta
-from datadesk.memory.store import FileMemoryDocs
 from datadesk.store.interfaces.artifacts import ThreadKey
 from datadesk.store.interfaces.blobs import BlobNotFound, BlobStore, blob_key, copy_to
-from datadesk.store.interfaces.memory import MemoryStoreError
 from datadesk.store.layout import Layout
 
 SHOWN = 10  # seqs named per kind of difference in one line
@@ -226,15 +225,8 @@ def _verify_object(blobs: BlobStore, key: str, path: Any, ft: FileThread, report
 
 # -- memory -----------------------------------------------------------------------------------------
 def verify_memory(layout: Layout, db: Database, report: Report) -> None:
-    files, rows = FileMemoryDocs(layout), PgMemoryDocs(db)
-    for ws, uid in user_dirs(layout, []):
-        if not (files.path(ws, uid).exists() or files.audit_path(ws, uid).exists()):
-            continue
-        try:
-            doc = files.read(ws, uid)
-        except MemoryStoreError:
-            continue  # not copied, and named by the copy
-        audit = files.audit(ws, uid)
+    rows = PgMemoryDocs(db)
+    for ws, uid, doc, audit in read_memories(layout, []):  # what cannot be read: named by the copy
         report.counts["memory docs"] += 1
         report.counts["audit events"] += len(audit)
         who = f"memory of user {uid} in workspace {ws}"
