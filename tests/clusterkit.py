@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.dbkit import PG_BIN, _as, _run, _stop_pid, _system_user, _wait_port, free_port
+from tests.dbkit import PG_BIN, _stop_pid, _wait_port, free_port, pg_home
 
 
 def weed_binary() -> str | None:
@@ -67,6 +67,16 @@ class ClusterPG:
         self.admin(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
+    def drop_database(self, url: str) -> int:
+        """End every session still connected to `url`'s database (what a test left open: a
+        pool, a held lock, a listener) and drop it, so no test's connections outlive it and
+        the server never runs out of them. Returns how many sessions were ended."""
+        name = url.rsplit("/", 1)[1]
+        ended = self.admin("SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity"
+                           " WHERE datname = %s AND pid <> pg_backend_pid()", (name,))[0]["n"]
+        self.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        return int(ended)
+
     def stop(self) -> None:
         if self.pid:
             _stop_pid(self.pid, signal.SIGINT)
@@ -77,28 +87,20 @@ def start_cluster_postgres(root: Path) -> ClusterPG:
     """initdb + pg_ctl as the `postgres` system user; `pg_stat_statements` loaded (statement
     counts per turn: the statements the app sends, not those run inside them); durability kept on for the cluster's own tables (crash tests), but
     `fsync = off` as tests never lose power."""
-    pg = _system_user("postgres")
-    root.mkdir(parents=True, exist_ok=True)
-    data, sock = root / "pgdata", root / "sock"
-    sock.mkdir(exist_ok=True)
-    for p in (root, sock):
-        os.chown(p, pg.pw_uid, pg.pw_gid) if os.geteuid() == 0 else None
+    home = pg_home(root)
     srv = ClusterPG(0, "pw-" + secrets.token_hex(12), root)
-    env = {"PATH": f"{PG_BIN}:/usr/bin:/bin", "LANG": "C.UTF-8"}
     pwfile = root / "pw"
     pwfile.write_text(srv.password)
-    os.chown(pwfile, pg.pw_uid, pg.pw_gid) if os.geteuid() == 0 else None
-    _run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "datadesk", f"--pwfile={pwfile}", "--auth-local=trust",
-          "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync"], env=env, **_as(pg))
+    home.hand_over(pwfile)
+    home.run([str(PG_BIN / "initdb"), "-D", str(home.data), "-U", "datadesk", f"--pwfile={pwfile}",
+              "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync"])
     pwfile.unlink()
     srv.port = free_port()
-    with (data / "postgresql.conf").open("a") as f:
-        f.write(f"listen_addresses = '127.0.0.1'\nport = {srv.port}\nunix_socket_directories = '{sock}'\n"
+    with (home.data / "postgresql.conf").open("a") as f:
+        f.write(f"listen_addresses = '127.0.0.1'\nport = {srv.port}\nunix_socket_directories = '{home.sock}'\n"
                 "fsync = off\nfull_page_writes = off\nmax_connections = 300\n"
                 "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = top\n")
-    _run([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-t", "30", "start"],
-         env=env, **_as(pg))
-    srv.pid = int((data / "postmaster.pid").read_text().split()[0])
+    srv.pid = home.start()
     return srv
 
 

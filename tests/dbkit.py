@@ -108,6 +108,49 @@ class Server:
             self.pid = 0
 
 
+@dataclass
+class PgHome:
+    """The folders of a test PostgreSQL server under `root`: `data` (initdb's) and `sock` (its
+    unix socket), owned by the `postgres` system user that runs its tools; its log is root/log."""
+
+    root: Path
+    user: pwd.struct_passwd
+    env: dict[str, str]
+
+    @property
+    def data(self) -> Path:
+        return self.root / "pgdata"
+
+    @property
+    def sock(self) -> Path:
+        return self.root / "sock"
+
+    def hand_over(self, path: Path) -> None:
+        """Give `path` to the server's user (when running as root; else it is ours already)."""
+        if os.geteuid() == 0:
+            os.chown(path, self.user.pw_uid, self.user.pw_gid)
+
+    def run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
+        """`cmd` as the server's user, with the server's tools on PATH."""
+        return _run(cmd, env=self.env, **_as(self.user), **kw)
+
+    def start(self) -> int:
+        """pg_ctl start (waits until it accepts connections); the postmaster's pid."""
+        self.run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"), "-w", "-t", "30",
+                  "start"])
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+
+def pg_home(root: Path) -> PgHome:
+    """`root` and its socket folder made and handed to the `postgres` system user (made if missing)."""
+    home = PgHome(root, _system_user("postgres"), {"PATH": f"{PG_BIN}:/usr/bin:/bin", "LANG": "C.UTF-8"})
+    root.mkdir(parents=True, exist_ok=True)
+    home.sock.mkdir(exist_ok=True)
+    for p in (root, home.sock):
+        home.hand_over(p)
+    return home
+
+
 def postgres_problem() -> str | None:
     return None if (PG_BIN / "initdb").is_file() else f"PostgreSQL 15 is not installed ({PG_BIN})"
 
@@ -155,32 +198,24 @@ ALTER DEFAULT PRIVILEGES FOR ROLE owner, postgres GRANT SELECT ON TABLES TO anal
 
 def start_postgres(root: Path) -> Server:
     """initdb + pg_ctl as the `postgres` system user; loads PG_DATA as the analyst's tables."""
-    pg = _system_user("postgres")
-    root.mkdir(parents=True, exist_ok=True)
-    data, sock = root / "pgdata", root / "sock"
-    sock.mkdir(exist_ok=True)
-    for p in (root, sock):
-        os.chown(p, pg.pw_uid, pg.pw_gid) if os.geteuid() == 0 else None
+    home = pg_home(root)
     srv = Server("postgresql", 0, "analyst", "pw-" + secrets.token_hex(12), "sales", root,
                  writer_password="pw-" + secrets.token_hex(12))
-    env = {"PATH": f"{PG_BIN}:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    _run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
-         env=env, **_as(pg))
+    home.run([str(PG_BIN / "initdb"), "-D", str(home.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+              "--no-sync"])
     srv.port = free_port()  # chosen just before the server binds it (tests run in parallel)
-    with (data / "postgresql.conf").open("a") as f:
-        f.write(f"listen_addresses = '127.0.0.1'\nport = {srv.port}\nunix_socket_directories = '{sock}'\n"
+    with (home.data / "postgresql.conf").open("a") as f:
+        f.write(f"listen_addresses = '127.0.0.1'\nport = {srv.port}\nunix_socket_directories = '{home.sock}'\n"
                 "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
-    (data / "pg_hba.conf").write_text("local all postgres trust\nhost all all 127.0.0.1/32 scram-sha-256\n")
-    _run([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-t", "30", "start"],
-         env=env, **_as(pg))
-    srv.pid = int((data / "postmaster.pid").read_text().split()[0])
-    psql = ["psql", "-h", str(sock), "-p", str(srv.port), "-U", "postgres", "-v", "ON_ERROR_STOP=1", "-q"]
+    (home.data / "pg_hba.conf").write_text("local all postgres trust\nhost all all 127.0.0.1/32 scram-sha-256\n")
+    srv.pid = home.start()
+    psql = ["psql", "-h", str(home.sock), "-p", str(srv.port), "-U", "postgres", "-v", "ON_ERROR_STOP=1", "-q"]
     try:
         for stmt in (f"CREATE ROLE analyst LOGIN PASSWORD '{srv.password}'",
                      f"CREATE ROLE owner LOGIN PASSWORD '{srv.writer_password}'", "CREATE DATABASE sales OWNER owner"):
-            _run([*psql, "-d", "postgres", "-c", stmt], env=env, **_as(pg))
+            home.run([*psql, "-d", "postgres", "-c", stmt])
         sql = "SET ROLE owner;\n" + PG_DATA + "RESET ROLE;\n" + PG_READ_ONLY
-        _run([*psql, "-d", "sales"], input=sql.encode(), env=env, **_as(pg))
+        home.run([*psql, "-d", "sales"], input=sql.encode())
     except BaseException:
         srv.stop()
         raise
