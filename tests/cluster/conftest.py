@@ -36,9 +36,12 @@ def seaweed(tmp_path_factory):
 
 
 @pytest.fixture
-def cluster_db_url(cluster_pg) -> str:
-    """The URL of a fresh, empty database on the test server (not migrated)."""
-    return cluster_pg.new_database()
+def cluster_db_url(cluster_pg):
+    """The URL of a fresh, empty database on the test server (not migrated); dropped after the
+    test, with whatever sessions the test left connected to it."""
+    url = cluster_pg.new_database()
+    yield url
+    cluster_pg.drop_database(url)
 
 
 @pytest.fixture
