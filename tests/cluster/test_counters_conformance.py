@@ -15,42 +15,23 @@ from datadesk.api.guards.ratelimit import Limits, SharedBudget
 from datadesk.api.guards.security import LoginFailures
 from datadesk.settings import ServerSettings
 from datadesk.store.interfaces.counters import MemoryCounter, RateCounter
+from tests.cluster import sets
 
 pytestmark = pytest.mark.cluster
 
 
-class Hosts:
+class Hosts(sets.Hosts):
     """Makes `RateCounter`s of one set; `counter(new_host=True)` is another host (its own pool)."""
-
-    def __init__(self, kind: str, request) -> None:
-        self.kind = kind
-        self._dbs: list = []
-        if kind == "cluster":
-            self.url = request.getfixturevalue("cluster_db_url")
-            self.db = request.getfixturevalue("cluster_db")
 
     def counter(self, new_host: bool = False) -> RateCounter:
         if self.kind == "embedded":
             return MemoryCounter()
         from datadesk.cluster.counters import build_counters
-        from datadesk.cluster.database import Database
 
-        if not new_host:
-            return build_counters(self.db)
-        db = Database(self.url, max_size=8, name="host-b")
-        self._dbs.append(db)
-        return build_counters(db)
-
-    def close(self) -> None:
-        for db in self._dbs:
-            db.close()
+        return build_counters(self.database("host-b", max_size=8) if new_host else self.db)
 
 
-@pytest.fixture(params=["embedded", "cluster"])
-def hosts(request):
-    h = Hosts(request.param, request)
-    yield h
-    h.close()
+hosts = sets.hosts_fixture(Hosts)
 
 
 @pytest.fixture

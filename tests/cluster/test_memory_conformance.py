@@ -22,33 +22,26 @@ from datadesk.memory.store import (
 from datadesk.settings import MemorySettings
 from datadesk.store.interfaces.memory import AuditEvent, MemoryDocs, MemoryStoreError
 from datadesk.store.layout import Layout
+from tests.cluster import sets
 from tests.unit.test_memory import DAY, UID, WS, Clock  # the unit rules' user, day and clock
 
 pytestmark = pytest.mark.cluster
 
 
-class Hosts:
+class Hosts(sets.Hosts):
     """Makes `MemoryStore`s of one storage set; each `store()` is another host (cluster: its own pool)."""
 
-    def __init__(self, kind: str, home: Path, request) -> None:
-        self.kind, self.home, self.request = kind, home, request
-        self.layout = Layout(home)
-        self._dbs: list = []
-        if kind == "cluster":
-            self.url = request.getfixturevalue("cluster_db_url")
-            self.db = request.getfixturevalue("cluster_db")
+    def __init__(self, kind: str, request, tmp_path: Path) -> None:
+        super().__init__(kind, request, tmp_path)
+        self.home = tmp_path / "var"
+        self.layout = Layout(self.home)
 
     def docs(self, new_host: bool = False) -> MemoryDocs:
         if self.kind == "embedded":
             return FileMemoryDocs(self.layout)
-        from datadesk.cluster.database import Database
         from datadesk.cluster.memory import build_memory_docs
 
-        if not new_host:
-            return build_memory_docs(self.db)
-        db = Database(self.url, max_size=6, name="host-b")
-        self._dbs.append(db)
-        return build_memory_docs(db)
+        return build_memory_docs(self.database("host-b", max_size=6) if new_host else self.db)
 
     def store(self, settings: MemorySettings | None = None, clock=None, new_host: bool = False,
               threads=None) -> MemoryStore:
@@ -78,16 +71,8 @@ class Hosts:
                                  " WHERE workspace = %s AND user_id = %s", (ws, uid)).fetchone()["t"]
         return doc + audit
 
-    def close(self) -> None:
-        for db in self._dbs:
-            db.close()
 
-
-@pytest.fixture(params=["embedded", "cluster"])
-def hosts(request, tmp_path: Path):
-    h = Hosts(request.param, tmp_path / "var", request)
-    yield h
-    h.close()
+hosts = sets.hosts_fixture(Hosts)
 
 
 @pytest.fixture

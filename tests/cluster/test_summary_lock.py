@@ -19,6 +19,7 @@ from datadesk.store.layout import Layout
 from datadesk.summary.model import ThreadSummary
 from datadesk.summary.service import SummaryService
 from datadesk.summary.store import SummaryStore
+from tests.cluster import sets
 
 pytestmark = pytest.mark.cluster
 
@@ -40,11 +41,11 @@ class SlowSummarizer:
                              created=time.time(), model="slow")
 
 
-class Hosts:
+class Hosts(sets.Hosts):
     """Two 'hosts' of one set: each a thread store and a lock service of its own."""
 
     def __init__(self, kind: str, request, tmp_path: Path) -> None:
-        self.kind, self._close = kind, []
+        super().__init__(kind, request, tmp_path)
         if kind == "embedded":
             from datadesk.store.locks import FileLocks
             from datadesk.store.threads import ThreadStore
@@ -53,27 +54,15 @@ class Hosts:
             self.stores = [ThreadStore(Layout(home)) for _ in range(2)]
             self.locks = [FileLocks(home / "locks") for _ in range(2)]
             return
-        from datadesk.cluster.database import Database
         from datadesk.cluster.locks import PgLocks
         from datadesk.cluster.threads import PgThreadStore
 
-        url = request.getfixturevalue("cluster_db_url")
-        request.getfixturevalue("cluster_db")  # migrated
-        dbs = [Database(url, max_size=4, name=f"host-{i}") for i in range(2)]
+        dbs = [self.database(f"host-{i}", max_size=4) for i in range(2)]
         self.stores = [PgThreadStore(db, Layout(tmp_path / f"home-{i}")) for i, db in enumerate(dbs)]
-        self.locks = [PgLocks(db) for db in dbs]
-        self._close = [*self.locks, *dbs]
-
-    def close(self) -> None:
-        for part in self._close:
-            part.close()
+        self.locks = [self.closing(PgLocks(db)) for db in dbs]
 
 
-@pytest.fixture(params=["embedded", "cluster"])
-def hosts(request, tmp_path):
-    h = Hosts(request.param, request, tmp_path)
-    yield h
-    h.close()
+hosts = sets.hosts_fixture(Hosts)
 
 
 def _services(hosts: Hosts, summarizer: SlowSummarizer) -> list[SummaryService]:

@@ -15,31 +15,24 @@ from datadesk.domain.users import User
 from datadesk.store.interfaces.users import UserError, Users, credential_account, secret_hash
 from datadesk.store.layout import Layout
 from datadesk.store.users import UserStore
+from tests.cluster import sets
 
 pytestmark = pytest.mark.cluster
 
 
-class Hosts:
+class Hosts(sets.Hosts):
     """Makes `Users` of one set; `store(new_host=True)` is another host (cluster: its own pool)."""
 
-    def __init__(self, kind: str, home: Path, request) -> None:
-        self.kind, self.home = kind, home
-        self._dbs: list = []
-        if kind == "cluster":
-            self.url = request.getfixturevalue("cluster_db_url")
-            self.db = request.getfixturevalue("cluster_db")
+    def __init__(self, kind: str, request, tmp_path: Path) -> None:
+        super().__init__(kind, request, tmp_path)
+        self.home = tmp_path
 
     def store(self, new_host: bool = False) -> Users:
         if self.kind == "embedded":
             return UserStore(Layout(self.home))
-        from datadesk.cluster.database import Database
         from datadesk.cluster.users import build_users
 
-        if not new_host:
-            return build_users(self.db)
-        db = Database(self.url, max_size=4, name="host-b")
-        self._dbs.append(db)
-        return build_users(db)
+        return build_users(self.database("host-b", max_size=4) if new_host else self.db)
 
     def stored_text(self) -> str:
         """Everything the set has stored, as text (to prove no secret is kept in clear)."""
@@ -50,16 +43,8 @@ class Hosts:
                     for t in ("users", "user_tokens", "login_codes", "sessions", "user_logins")]
         return repr(rows)
 
-    def close(self) -> None:
-        for db in self._dbs:
-            db.close()
 
-
-@pytest.fixture(params=["embedded", "cluster"])
-def hosts(request, tmp_path):
-    h = Hosts(request.param, tmp_path, request)
-    yield h
-    h.close()
+hosts = sets.hosts_fixture(Hosts)
 
 
 @pytest.fixture
