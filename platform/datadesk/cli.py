@@ -165,6 +165,7 @@ def _serve_workers(settings: Settings) -> int:
     settings (a 0600 file named by an environment variable; secrets are left out of it and each
     worker reads them again from the environment / config file, never from argv)."""
     import os
+    import shutil
 
     import uvicorn
     from uvicorn.supervisors import Multiprocess
@@ -175,7 +176,8 @@ def _serve_workers(settings: Settings) -> int:
     file = write_worker_settings(settings)
     os.environ[WORKER_SETTINGS_ENV] = str(file)  # inherited by the spawned workers
     # /metrics of any worker answers for all (prometheus_client's multiprocess mode, api/metrics.py)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(multiprocess_dir(settings.home))
+    metrics_dir = multiprocess_dir(settings.home)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     print(f"  {settings.server.workers} workers share this data directory (file locks)", flush=True)
     try:
         config = uvicorn.Config("datadesk.cli:worker_app", factory=True, host=settings.server.host,
@@ -185,6 +187,7 @@ def _serve_workers(settings: Settings) -> int:
         Multiprocess(config, sockets=[config.bind_socket()]).run()
     finally:
         file.unlink(missing_ok=True)
+        shutil.rmtree(metrics_dir, ignore_errors=True)  # the workers' value files end with them
     return 0
 
 

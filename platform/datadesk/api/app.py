@@ -107,6 +107,9 @@ def create_app(rt: Runtime) -> Litestar:
                     lambda app: SecurityMiddleware(app, csrf_key),
                     lambda app: LoginLimiter(app, login_failures)],
         request_max_body_size=rt.settings.server.max_body_bytes,
+        # JSON lines (api/logs.py): the root's handler writes every line; Litestar's default
+        # config would replace it with its own text handler
+        **({"logging_config": None} if rt.settings.server.log_format == "json" else {}),
         openapi_config=OpenAPIConfig(title="DataDesk", version=__version__, path="/schema",
                                      # JSON only: the UI plugins load their scripts from a CDN
                                      render_plugins=[JsonRenderPlugin()]),

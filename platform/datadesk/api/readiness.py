@@ -22,7 +22,8 @@ from datadesk.domain.credentials import known_secrets
 from datadesk.domain.redaction import redact
 
 PROBE_TIMEOUT_S = 2.0
-PROBE_KEY = ".datadesk-ready-probe"  # never written: a HEAD that answers "not found" proves the store answers
+# never written (no workspace, user or thread has these ids): a HEAD answering "not found" proves the store answers
+PROBE_KEY = "ws/readiness/u/probe/t/probe/a/probe.txt"
 _THREADS = ThreadPoolExecutor(4, thread_name_prefix="datadesk-ready")
 
 
@@ -54,8 +55,10 @@ class Readiness:
             return {"ok": False, "error": f"the {name} probe started earlier has not answered yet"}
         fut = _THREADS.submit(fn)
         self._running[name] = fut
+        waited = asyncio.wrap_future(fut)
+        waited.add_done_callback(lambda f: f.cancelled() or f.exception())  # a late failure is not "never retrieved"
         try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.timeout_s)
+            await asyncio.wait_for(asyncio.shield(waited), self.timeout_s)
         except asyncio.TimeoutError:
             return {"ok": False, "error": f"no answer within {self.timeout_s:g} s"}
         except Exception as exc:

@@ -43,7 +43,12 @@ log = logging.getLogger(__name__)
 
 LOST_MESSAGE = ("this turn stopped: this server lost its hold on the thread (the cluster database was unreachable, "
                 "or another server took the thread over); what was recorded before is kept. Send the message again")
-PREVIEW_CHARS = 16_000  # the tool card shows the whole preview the model got (<2,000 tokens when offloaded)
+PREVIEW_CHARS = 16_000
+
+
+class HoldLost(TurnFenced):
+    """A write of a turn whose hold on the thread is already known lost: refused before it is
+    tried (its fence would refuse it; with the database gone, trying would only wait)."""  # the tool card shows the whole preview the model got (<2,000 tokens when offloaded)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,8 @@ class TurnLoop:
         self.fenced = False  # the turn lost the thread to another host: nothing of it is written any more
 
     def _append(self, **fields: Any) -> Record:
+        if self._lost():  # fenced out anyway: no write (nor a wait on a database that is gone)
+            raise HoldLost(LOST_MESSAGE)
         fields.setdefault("turn_id", self.turn.turn_id)
         # a clear during this turn makes every later append fail (LogClosed); so does another host
         # taking the thread over (the claim's fence is gone: TurnFenced), checked in the append's
@@ -104,7 +111,7 @@ class TurnLoop:
             self.services.policy.after_turn(self.user, self.thread, [user_rec])  # memory extraction: user words only
         except asyncio.CancelledError:
             status = outcome = "cancelled"
-            if self.turn.claim is not None and self.turn.claim.lost:  # its lease renewal failed, not a user's stop
+            if self._lost():  # its lease renewal failed, not a user's stop
                 outcome = "lost"
                 self.turn.emit(TurnError(kind="lost", message=LOST_MESSAGE))
             else:
@@ -115,10 +122,12 @@ class TurnLoop:
             self.turn.emit(TurnError(kind="database", message=f"this turn stopped: {exc}. What was recorded "
                                                              "before is kept; send the message again shortly"))
         except TurnFenced as exc:  # another server holds the thread now: this turn writes nothing more
-            status, outcome = "error", "taken_over"
+            lost = isinstance(exc, HoldLost)
+            status, outcome = "error", "lost" if lost else "taken_over"
             self.fenced = True
             log.warning("turn %s stopped: %s", self.turn.turn_id, exc)
-            self.turn.emit(TurnError(kind="taken_over", message=f"{exc}; what this turn recorded before is kept"))
+            self.turn.emit(TurnError(kind="lost", message=LOST_MESSAGE) if lost else
+                           TurnError(kind="taken_over", message=f"{exc}; what this turn recorded before is kept"))
         except LogClosed as exc:
             status, outcome = "error", "thread_gone"
             self.turn.emit(TurnError(kind="thread_gone", message=str(exc)))
@@ -128,7 +137,7 @@ class TurnLoop:
                                                           "then send the message again."))
         except Exception as exc:  # never lose the stream without saying why
             status, outcome = "error", "internal"
-            if self.turn.claim is not None and self.turn.claim.lost:  # e.g. the database went mid-write
+            if self._lost():  # e.g. the database went mid-write
                 outcome = "lost"
                 log.warning("turn %s stopped after losing its hold on the thread: %s", self.turn.turn_id, exc)
                 self.turn.emit(TurnError(kind="lost", message=LOST_MESSAGE))
@@ -145,6 +154,11 @@ class TurnLoop:
                 pass
             self.turn.emit(TurnDone(turn_id=self.turn.turn_id, status=status))
         return outcome
+
+    def _lost(self) -> bool:
+        """Whether this turn's hold on the thread is gone (renewal failed: the database went, or
+        another server took the thread over)."""
+        return self.turn.claim is not None and self.turn.claim.lost
 
     def _end_records(self) -> None:
         if self.fenced or (self.turn.claim is not None and self.turn.claim.lost):
