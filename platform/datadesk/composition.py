@@ -29,6 +29,7 @@ from datadesk.sandbox.backends import build_kernel_registry
 from datadesk.sandbox.files import read_regular
 from datadesk.sandbox.registry import KernelRegistry
 from datadesk.settings import Settings, SettingsError
+from datadesk.telemetry import KERNEL_STARTS
 from datadesk.store.admission import MemoryGuard, QuerySlots
 from datadesk.store.layout import Layout
 from datadesk.store.locks import FileLocks
@@ -133,6 +134,7 @@ class Runtime:
         if settings.sandbox.backend != "none":
             table, workers = self.cluster.kernels() if self.cluster else (None, None)
             self.kernels = build_kernel_registry(settings, self.layout, table, workers)
+            self.kernels.on_start = lambda outcome: KERNEL_STARTS.labels(outcome).inc()
             self.sandbox_health = self.kernels.health
             register_python_tool(self.tools, PythonTool(settings, self.kernels, self.artifacts, self.quota,
                                                         self.requery, self.auto_requery))

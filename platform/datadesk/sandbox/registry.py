@@ -47,7 +47,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import msgspec
 
@@ -65,7 +65,6 @@ from datadesk.sandbox.sessions import (
 from datadesk.settings import SandboxSettings
 from datadesk.store.interfaces.kernels import KernelCapReached, KernelCaps, WorkerRegistry
 from datadesk.store.interfaces.kernels import KernelTable as KernelTableProtocol
-from datadesk.telemetry import KERNEL_STARTS
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +86,8 @@ class KernelRegistry:
         self.pool: list[KernelSession] = []  # this worker's pre-started kernels
         self._key_locks: dict[SessionKey, asyncio.Lock] = {}
         self._starting = 0
+        # told "ok" or "failed" after each kernel start (the composition root counts it)
+        self.on_start: Callable[[str], None] = lambda outcome: None
         self._tasks: list[asyncio.Task[None]] = []
         self._health: tuple[bool, str] = (True, "")
         self.slots_root = self.home / "sandbox" / "slots"
@@ -257,10 +258,10 @@ class KernelRegistry:
         try:
             await kernel.start()
         except BaseException:
-            KERNEL_STARTS.labels("failed").inc()
+            self.on_start("failed")
             await self._dispose_kernel(kernel)
             raise
-        KERNEL_STARTS.labels("ok").inc()
+        self.on_start("ok")
         now = time.time()
         kernel.started_at = now
         return KernelSession(kernel=kernel, started_at=now, last_used=now)
