@@ -39,8 +39,11 @@ def seaweed(tmp_path_factory):
 def cluster_db_url(cluster_pg):
     """The URL of a fresh, empty database on the test server (not migrated); dropped after the
     test, with whatever sessions the test left connected to it."""
+    from datadesk.cluster.database import Database
+
     url = cluster_pg.new_database()
     yield url
+    Database.close_all(url)  # pools a test left open would keep reconnecting to a dropped database
     cluster_pg.drop_database(url)
 
 

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import re
+import weakref
 from importlib import resources
 from typing import Any, Iterator
 
@@ -32,6 +33,7 @@ SERVER_KEEPALIVES = ("-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c t
                      " -c tcp_user_timeout=10000")
 MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 MIGRATE_LOCK = "datadesk:migrate"
+_OPEN: "weakref.WeakSet[Database]" = weakref.WeakSet()  # this process's open pools
 
 
 class DatabaseError(ClusterUnavailable):
@@ -65,6 +67,16 @@ class Database:
         except Exception as exc:
             self.pool.close()
             raise DatabaseError(f"cannot connect to the cluster database {self.where}: {exc}") from exc
+        _OPEN.add(self)
+
+    @staticmethod
+    def close_all(url: str) -> int:
+        """Close every pool of this process on `url` (a test's teardown: a pool nobody closed
+        would keep its threads reconnecting to a database that is gone). Returns how many."""
+        found = [db for db in list(_OPEN) if db.url == url]
+        for db in found:
+            db.close()
+        return len(found)
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
@@ -134,6 +146,7 @@ class Database:
         return applied
 
     def close(self) -> None:
+        _OPEN.discard(self)
         self.pool.close()
 
 
