@@ -287,7 +287,10 @@ def test_a_lock_goes_with_a_terminated_connection(kset):
     with b.db.connection() as conn:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted")
     lock = b.key_lock(key)
-    assert lock.try_acquire()
+    deadline = time.monotonic() + 10  # pg_terminate_backend only signals: the backend exits a moment later
+    while not lock.try_acquire():
+        assert time.monotonic() < deadline, "the terminated holder's lock was not freed"
+        time.sleep(0.05)
     lock.release()
     held.release()  # the lost lease lets go quietly
 
@@ -444,7 +447,9 @@ def test_two_registries_never_pass_the_users_kernel_cap(kset):
     for th in threads:
         th.join(120)
     assert len(results) == 60 and cloud.peak <= 2, (cloud.peak, results.count("ok"))
-    assert results.count("ok") >= 10  # idle kernels of either worker were reclaimed to make room
+    # without reclaiming, only the first round's 2 could ever run: more means idle kernels of
+    # either worker were reclaimed to make room (how often depends on timing)
+    assert results.count("ok") > 2
     assert not cloud.alive  # both stopped: every kernel ended
 
 
