@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import shutil
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,11 @@ from datadesk.llm.base import ChatModel
 from datadesk.settings import Settings
 from datadesk.store.layout import Layout
 from datadesk.store.workspaces import ensure_demo_workspace
+
+# pytest imports this file as `conftest` (tests/ is not a package) and test modules import it as
+# `tests.conftest`: one module object for both, so the registries below are the same for the
+# fixtures and for a test that calls make_harness itself
+sys.modules.setdefault("tests.conftest", sys.modules[__name__])
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import json
 import httpx
 
 from datadesk.llm.scripted import ScriptedModel
+from datadesk.store.interfaces.threads import TASK_STATE
 
 
 def test_pin_unpin_inject_and_clear(harness_factory) -> None:
@@ -37,8 +38,8 @@ def test_pin_unpin_inject_and_clear(harness_factory) -> None:
         c.post(f"/api/threads/{tid}/messages", json={"content": "again"})
         assert "for the board" not in json.dumps(model.calls[-1])
         assert httpx.get(f"{base}{url}", headers=h.auth("alice")).status_code == 404  # another user's thread
-        tdir = h.rt.threads.get(tid, "bob", ["demo"]).dir
-        assert (tdir / "task_state.json").exists()
+        thread = h.rt.threads.get(tid, "bob", ["demo"])
+        assert thread.read_doc(TASK_STATE) is not None  # task_state.json, or the thread's document row
         assert c.post(f"/api/threads/{tid}/clear").status_code == 200
-        assert not (tdir / "task_state.json").exists()
+        assert thread.read_doc(TASK_STATE) is None
         assert c.get(url).json()["task_state"]["items"] == []
