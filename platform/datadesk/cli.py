@@ -341,7 +341,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
               "s3://bucket/prefix (or DATADESK_STORAGE_URL)", file=sys.stderr)
         return 2
     try:
-        from datadesk.cluster.blobs import S3Blobs
+        from datadesk.cluster.objects.blobs import S3Blobs
         from datadesk.cluster.database import Database, DatabaseError
         from datadesk.cluster.migration.copy import HomeInUse, migrate_home
         from datadesk.store.interfaces.blobs import BlobError

@@ -177,6 +177,11 @@ class SandboxSettings(msgspec.Struct, forbid_unknown_fields=True):
     gateway_shared_dir: str = ""  # app side of the volume kernels share; default <home>
     gateway_kernel_shared_dir: str = ""  # where kernels see that volume; default: the same path
     gateway_kernel_env: dict[str, str] = msgspec.field(default_factory=dict)  # extra KERNEL_* variables
+    # how kernels get /data and give back /outputs: "volume" (the shared dir above), "presigned"
+    # (presigned URLs of the object store, no shared volume), "auto": presigned in a cluster
+    # (cluster.database_url set) unless gateway_shared_dir is set, else volume
+    gateway_files: str = "auto"
+    gateway_kernel_files_dir: str = ""  # presigned: kernel-side root of each kernel's data/ and outputs/; default /data, /outputs
 
 
 class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import msgspec
 import pytest
 
-from datadesk.cluster.artifacts import PgArtifactStore
-from datadesk.cluster.blobs import S3Blobs
+from datadesk.cluster.objects.artifacts import PgArtifactStore
+from datadesk.cluster.objects.blobs import S3Blobs
 from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.offload.artifacts.quota import ArtifactQuota
 from datadesk.offload.artifacts.store import ArtifactStore, new_artifact_id, regular_file

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from datadesk.cluster.blobs import S3Blobs
+from datadesk.cluster.objects.blobs import S3Blobs
 from datadesk.offload.artifacts.localblobs import LocalBlobs
 from datadesk.store.interfaces.blobs import (BlobExists, BlobNotFound, BlobStore, BlobUnavailable, PresignUnsupported,
                                   artifact_key, blob_key, copy_to, parse_key, thread_prefix)

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datadesk.cluster.artifacts import PgArtifactStore
-from datadesk.cluster.blobs import S3Blobs
+from datadesk.cluster.objects.artifacts import PgArtifactStore
+from datadesk.cluster.objects.blobs import S3Blobs
 from datadesk.cluster.migration.copy import MIGRATED_FILE, HomeInUse, migrate_home
 from datadesk.cluster.search import PgSearch
 from datadesk.cluster.threads import PgThreadStore

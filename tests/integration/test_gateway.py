@@ -399,6 +399,9 @@ def test_an_unreachable_gateway_is_sandbox_unavailable(home: Path) -> None:
     ({"gateway_kernel_env": {"KERNEL_DATADESK_SLOT": "x"}}, "set by DataDesk itself"),
     ({"gateway_kernel_env": {"KERNEL_X": "tok-123"}, "gateway_token": "tok-123"}, "contains the gateway token"),
     ({"gateway_kernel_name": "a b"}, "sandbox.gateway_kernel_name"),
+    ({"gateway_files": "s3"}, 'sandbox.gateway_files must be "auto", "volume" or "presigned"'),
+    ({"gateway_files": "presigned"}, "it needs the cluster set (cluster.database_url and storage.url)"),
+    ({"gateway_kernel_files_dir": "rel/dir"}, "sandbox.gateway_kernel_files_dir must be an absolute path"),
 ])
 def test_bad_gateway_settings_are_named(tmp_path: Path, change: dict, words: str) -> None:
     from datadesk.sandbox.backends.gateway.remote import GatewayConfig
@@ -422,99 +425,6 @@ def test_the_token_comes_from_the_environment_and_maps_paths(tmp_path: Path) -> 
     assert cfg.kernel_path(slot) == "/mnt/datadesk/sandbox/slots/k01/data"
     with pytest.raises(SandboxUnavailable, match="outside sandbox.gateway_shared_dir"):
         cfg.kernel_path(tmp_path.parent / "elsewhere")
-
-
-# -- the Kubernetes manifests in docs/kubernetes/ -------------------------------------------------
-
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes"
-
-
-def _manifests() -> list[dict]:
-    import yaml  # pyyaml and jinja2 come with jupyter-kernel-gateway (the test extra)
-
-    docs = []
-    for path in sorted(DOCS.glob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs
-
-
-def _find(docs: list[dict], kind: str, name: str) -> dict:
-    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
-
-
-def test_the_kernel_pod_template_renders_locked_down_with_what_datadesk_sends(tmp_path: Path) -> None:
-    """Render 30-kernelspec.yaml's template as Enterprise Gateway's launcher does (KERNEL_* variables
-    lower-cased, values read as YAML) with the variables the app of 60-datadesk-app.yaml sends."""
-    import tomllib
-
-    import jinja2
-    import yaml
-    from datadesk.sandbox.base import KernelPlacement
-    from datadesk.sandbox.backends.gateway.remote import GatewayKernel, GatewaySandbox
-
-    docs = _manifests()
-    app_toml = tomllib.loads(_find(docs, "ConfigMap", "datadesk-config")["data"]["datadesk.toml"])
-    sb = msgspec.convert({**app_toml["sandbox"], "gateway_token": "x" * 16}, SandboxSettings)
-    home = Path(sb.gateway_shared_dir)
-    sandbox = GatewaySandbox(sb, home)  # checks the settings; touches no file
-    slot = home / "sandbox" / "slots" / "k0123456789"
-    kernel = GatewayKernel(KernelPlacement("k0123456789", slot / "data", slot / "outputs", tmp_path), sandbox)
-    kernel.kernel_data = sandbox.config.kernel_path(slot / "data")
-    kernel.kernel_outputs = sandbox.config.kernel_path(slot / "outputs")
-    env = kernel._env()
-    assert TOKEN not in json.dumps(env) and "x" * 16 not in json.dumps(env)
-
-    spec = _find(docs, "ConfigMap", "datadesk-kernelspec")["data"]
-    kernel_json = json.loads(spec["kernel.json"])
-    assert kernel_json["metadata"]["process_proxy"]["class_name"].endswith("KubernetesProcessProxy")
-    keywords = {k.lower(): yaml.safe_load(v) for k, v in env.items()}
-    keywords.update(kernel_id="5e755458-a114", kernel_pod_name="datadesk-5e755458-a114",
-                    kernel_image=kernel_json["metadata"]["process_proxy"]["config"]["image_name"])
-    pod = yaml.safe_load(jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-                         .from_string(spec["kernel-pod.yaml.j2"]).render(**keywords))
-    assert pod["metadata"]["namespace"] == "datadesk-kernels"
-    ps = pod["spec"]
-    assert ps["automountServiceAccountToken"] is False and ps["serviceAccountName"] == "datadesk-kernel"
-    assert ps["securityContext"]["runAsNonRoot"] is True and ps["securityContext"]["runAsUser"] == 1000
-    (c,) = ps["containers"]
-    sc = c["securityContext"]
-    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"]["drop"] == ["ALL"] and not sc.get("privileged")
-    assert {"cpu", "memory"} <= set(c["resources"]["limits"]) and {"cpu", "memory"} <= set(c["resources"]["requests"])
-    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-    volumes = {v["name"]: v for v in ps["volumes"]}
-    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
-    data = mounts["/mnt/datadesk/sandbox/slots/k0123456789/data"]
-    assert data["subPath"] == "sandbox/slots/k0123456789/data" and data["readOnly"] is True
-    assert mounts["/data"]["readOnly"] is True and not mounts["/outputs"].get("readOnly")
-    assert mounts["/mnt/datadesk/sandbox/slots/k0123456789/outputs"]["subPath"] == "sandbox/slots/k0123456789/outputs"
-    assert c["workingDir"] == "/mnt/datadesk/sandbox/slots/k0123456789/outputs"
-    assert volumes["datadesk-home"]["persistentVolumeClaim"]["claimName"] == "datadesk-home"
-
-
-def test_kernels_have_no_api_token_no_rbac_and_no_egress() -> None:
-    docs = _manifests()
-    sa = _find(docs, "ServiceAccount", "datadesk-kernel")
-    assert sa["automountServiceAccountToken"] is False
-    bound = [s for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in d["subjects"]]
-    assert all(s["name"] != "datadesk-kernel" for s in bound)
-    ns = _find(docs, "Namespace", "datadesk-kernels")
-    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    policy = _find(docs, "NetworkPolicy", "kernels-deny-all")
-    assert policy["metadata"]["namespace"] == "datadesk-kernels" and policy["spec"]["podSelector"] == {}
-    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
-    # the only way out: the gateway's response port (the launcher reports its connection info)
-    (rule,) = policy["spec"]["egress"]
-    assert [p["port"] for p in rule["ports"]] == [8877]
-    assert rule["to"][0]["podSelector"]["matchLabels"]["app"] == "enterprise-gateway"
-    (inbound,) = policy["spec"]["ingress"]
-    assert inbound["from"][0]["podSelector"]["matchLabels"]["component"] == "enterprise-gateway"
-    gw = _find(docs, "Deployment", "enterprise-gateway")["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e for e in gw["env"]}
-    assert "secretKeyRef" in env["EG_AUTH_TOKEN"]["valueFrom"]
-    assert json.loads(env["EG_ALLOWED_KERNELS"]["value"]) == ["datadesk-python"]
-    app = _find(docs, "Deployment", "datadesk")["spec"]["template"]["spec"]["containers"][0]
-    assert "secretKeyRef" in {e["name"]: e for e in app["env"]}["DATADESK_GATEWAY_TOKEN"]["valueFrom"]
 
 
 def test_orphan_sweep_stops_only_kernels_whose_owner_worker_is_gone(gateway: Gateway, home: Path) -> None:

@@ -11,6 +11,7 @@ from urllib.parse import unquote
 from datadesk.cluster.database import Database
 from datadesk.domain.ids import ID_PATTERN, check_id
 from datadesk.domain.credentials import add_known_secrets, url_password
+from datadesk.sandbox.ownership import set_host
 from datadesk.settings import Settings, SettingsError
 from datadesk.store.interfaces.blobs import BlobUnavailable
 from datadesk.store.layout import Layout
@@ -53,6 +54,7 @@ class ClusterSet:
         self.settings = settings
         self.layout = layout
         self.host_id = settings.cluster.host_id or os.uname().nodename
+        set_host(self.host_id)  # kernel records and heartbeats name this host as the cluster does
         self.db = Database(settings.cluster.database_url, max_size=settings.cluster.pool_size,
                            name=f"datadesk@{self.host_id}")
         self.db.migrate()
@@ -95,12 +97,12 @@ class ClusterSet:
         return self._once("memory", lambda: build_memory_docs(self.db))
 
     def blobs(self) -> Any:
-        from datadesk.cluster.blobs import build_blobs
+        from datadesk.cluster.objects.blobs import build_blobs
 
         return self._once("blobs", lambda: build_blobs(self.settings, self.layout))
 
     def artifacts(self, open_thread: Callable[[Any], Any] | None = None) -> Any:
-        from datadesk.cluster.artifacts import build_artifacts
+        from datadesk.cluster.objects.artifacts import build_artifacts
 
         return self._once("artifacts", lambda: build_artifacts(self.db, self.blobs(), self.layout, open_thread))
 

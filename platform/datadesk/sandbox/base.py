@@ -9,7 +9,8 @@ Two halves, as jupyter_client's provisioners and kernel managers:
 - `Kernel`: one kernel. `start` (launch), `execute`, `interrupt`, `probe`
   (idle and answering?), `restart`, `shutdown`, `is_alive`,
   `health_problem` (alive but unusable: stdout closed, no process left to
-  fork) and `read_outputs` (new files under /outputs).
+  fork), `receive_files` (the thread's artifacts into /data before a cell) and
+  `read_outputs` (new files under /outputs).
 
 An execution has one deadline (`timeout_s` from when the code is sent): there
 the kernel is interrupted, and if it is not idle within a short grace it is
@@ -34,11 +35,13 @@ Exceptions:
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal
 
-from datadesk.sandbox.files import OutputFile, read_new_outputs
+from datadesk.sandbox.files import OutputFile, read_new_outputs, sync_data_links
+from datadesk.store.interfaces.kernelfiles import KernelFiles
 
 ExecStatus = Literal["ok", "error", "timeout", "died"]
 OnOutput = Callable[[str, str], None]  # (stream: "stdout" | "stderr", text) as the code prints it
@@ -110,6 +113,7 @@ class KernelLocator:
     pid: int | None = None
     pid_start: int | None = None  # so a reused pid is never taken for the kernel
     container: str | None = None
+    remote: str | None = None  # gateway: the gateway's id of the kernel (any host reaches it)
 
 
 class Kernel(abc.ABC):
@@ -163,10 +167,17 @@ class Kernel(abc.ABC):
         """A host path where this kernel's /outputs can be read (untrusted content), or None."""
         return str(self.placement.outputs_dir)
 
-    async def read_outputs(self, seen: dict[str, tuple[int, int]],
-                           max_bytes: int) -> tuple[list[OutputFile], list[str]] | None:
+    async def receive_files(self, files: KernelFiles) -> list[str]:
+        """Before a cell: /data made to hold exactly the thread's available artifacts (here: links
+        to this host's folder `files.local_dir()`); problems in words, for the model."""
+        await asyncio.to_thread(lambda: sync_data_links(files.local_dir(), self.placement.data_dir))
+        return []
+
+    async def read_outputs(self, seen: dict[str, tuple[int, int]], max_bytes: int,
+                           files: KernelFiles | None = None) -> tuple[list[OutputFile], list[str]] | None:
         """New or changed regular files under /outputs and problems in words (`files.read_new_outputs`
-        rules: untrusted, within `max_bytes`; `seen` is updated); None when they cannot be collected."""
+        rules: untrusted, within `max_bytes`; `seen` is updated); None when they cannot be collected.
+        `files`: the thread's hand-over (a kernel without a volume the app reads sends them through it)."""
         root = self.outputs_root()
         if root is None:
             return None
@@ -183,6 +194,10 @@ class Kernel(abc.ABC):
 
     async def detach(self) -> None:
         """Close this client's connection; the kernel keeps running."""
+
+    def adopt(self) -> None:
+        """This client becomes the kernel's owner (its worker is gone; the kernel lives on)."""
+        self._attached = False
 
     async def _connect_or_detach(self, connecting: Awaitable[None]) -> None:
         """Await an attached client's connection; on any failure (cancellation too) detach, then re-raise."""
@@ -238,6 +253,9 @@ class SandboxBackend(abc.ABC):
     only way to make, reach and clean up kernels."""
 
     name: str = ""  # kept in each kernel record: a kernel of another backend is never attached to
+    # its kernels can be reached from any host of a cluster (gateway); a docker or local kernel
+    # only from the host that started it
+    shared_across_hosts: bool = False
 
     @abc.abstractmethod
     def kernel(self, placement: KernelPlacement) -> Kernel:

@@ -58,6 +58,7 @@ class KernelRecord(msgspec.Struct, omit_defaults=True):
     outputs_dir: str = ""
     run_dir: str = ""
     container: str | None = None  # docker: the container id
+    remote: str | None = None  # gateway: the gateway's kernel id (reached from any host)
     pid: int | None = None  # local: the kernel's pid (= its process group)
     pid_start: int | None = None  # local: the pid's start time, so a reused pid is not taken for it
     started_at: float = 0.0
@@ -78,7 +79,7 @@ class KernelRecord(msgspec.Struct, omit_defaults=True):
 
     @property
     def locator(self) -> KernelLocator:
-        return KernelLocator(pid=self.pid, pid_start=self.pid_start, container=self.container)
+        return KernelLocator(pid=self.pid, pid_start=self.pid_start, container=self.container, remote=self.remote)
 
 
 _decoder = msgspec.json.Decoder(KernelRecord)

@@ -45,8 +45,19 @@ log = logging.getLogger(__name__)
 WORKER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
+_host_name: str | None = None
+
+
+def set_host(name: str | None) -> None:
+    """Name this machine as its cluster does (`cluster.host_id`); None: the host name."""
+    global _host_name, _worker
+    _host_name = name or None
+    if _worker is not None:  # the same worker id, under the new name
+        _worker = Worker(id=_worker.id, pid=_worker.pid, host=hostname(), pid_start=_worker.pid_start)
+
+
 def hostname() -> str:
-    return socket.gethostname()
+    return _host_name or socket.gethostname()
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,9 @@ class KernelReaper:
             key = rec.key
             if not rec.kernel_id or key is None:
                 continue
-            if not reg.workers.owner_alive(rec.owner, s.owner_stale_s):
+            reachable = reg.backend.shared_across_hosts and rec.backend == reg.backend.name
+            if not reachable and not reg.workers.owner_alive(rec.owner, s.owner_stale_s):
+                # (a kernel any host reaches outlives its worker: the next execution adopts it)
                 reason, notice = "its worker is gone", ORPHAN_NOTICE
             elif rec.pid and rec.host == reg.worker.host and not pid_alive(rec.pid, rec.pid_start):
                 reason, notice = "it had stopped", "the previous one stopped"

@@ -23,7 +23,10 @@ kernel table (kerneltable.py):
   is let go, never used.
 - A kernel whose owner is gone (heartbeat stale, or its pid dead on this host:
   ownership.owner_alive) is an orphan: it is ended, and the next execution
-  starts a fresh kernel with the notice.
+  starts a fresh kernel with the notice. A kernel any host reaches (gateway)
+  is adopted instead: its variables outlive the app host (attach.py).
+  A docker or local kernel of another host cannot be reached: the thread gets
+  a fresh one with the notice.
 - Per-user and global caps count the records of every worker, under the
   table's create lock; the least recently used idle kernel of any worker is
   reclaimed to make room.
@@ -51,6 +54,7 @@ from typing import AsyncIterator, Callable
 
 import msgspec
 
+from datadesk.sandbox.attach import reach_kernel
 from datadesk.sandbox.base import (
     Kernel, KernelLimitReached, KernelPlacement, OnOutput, OnStatus, SandboxBackend, SandboxError, SandboxUnavailable,
 )
@@ -65,6 +69,7 @@ from datadesk.sandbox.sessions import (
 from datadesk.settings import SandboxSettings
 from datadesk.store.interfaces.kernels import KernelCapReached, KernelCaps, WorkerRegistry
 from datadesk.store.interfaces.kernels import KernelTable as KernelTableProtocol
+from datadesk.store.interfaces.kernelfiles import KernelFiles
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +207,8 @@ class KernelRegistry:
             return False
         found = session.kernel.locator()
         return ((found.pid is None or rec.pid == found.pid)
-                and (found.container is None or rec.container == found.container))
+                and (found.container is None or rec.container == found.container)
+                and (found.remote is None or rec.remote == found.remote))
 
     def _touch(self, key: SessionKey, session: KernelSession) -> None:
         rec = self.table.load(key)
@@ -515,7 +521,7 @@ class KernelRegistry:
             await self.let_go(session)
             session = None
         if session is None and rec is not None and rec.kernel_id:
-            session = await self._reach(key, rec)
+            session = await reach_kernel(self, key, rec)
         if session is not None and not await session.kernel.is_alive():
             reason = await session.kernel.death_reason()
             await self.forget(key, session, f"the previous one stopped: {reason}")
@@ -530,39 +536,13 @@ class KernelRegistry:
                 notices.append(fresh_kernel_notice("the previous one is gone"))
         return session, notices
 
-    async def _reach(self, key: SessionKey, rec: KernelRecord) -> KernelSession | None:
-        """Attach to the thread's kernel that another worker started; None (and the reason saved
-        for the notice) when its owner is gone or it cannot be reached."""
-        if not self.workers.owner_alive(rec.owner, self.settings.owner_stale_s):
-            log.info("kernel %s of %s is an orphan (worker %s is gone): ending it", rec.kernel_id, key, rec.owner)
-            await self.end_record(rec)
-            self._save_gone(rec, ORPHAN_NOTICE)
-            return None
-        if rec.backend and rec.backend != self.backend.name:
-            await self.end_record(rec)
-            self._save_gone(rec, "the previous one ran in another server worker, which this one cannot reach")
-            return None
-        try:
-            kernel = await self.backend.attach(rec.placement, rec.locator)
-        except Exception as exc:
-            log.warning("cannot reach kernel %s of worker %s: %s", rec.kernel_id, rec.owner, exc)
-            await self.end_record(rec)
-            self._save_gone(rec, f"the previous one could not be reached from this server worker: {exc}")
-            return None
-        kernel.started_at = rec.started_at
-        log.info("worker %s attached to kernel %s of worker %s", self.worker.id, rec.kernel_id, rec.owner)
-        slot = Path(rec.data_dir).parent
-        session = KernelSession(kernel=kernel, started_at=rec.started_at, last_used=rec.last_used, key=key,
-                                seen_outputs=SeenOutputs(slot / SEEN_FILE))
-        self.sessions[key] = session
-        return session
-
     async def execute(self, key: SessionKey, code: str, timeout_s: float | None = None, *,
-                      artifacts_dir: Path | None, on_output: OnOutput | None = None,
-                      on_status: OnStatus | None = None) -> ExecutionReport:
+                      artifacts_dir: Path | None = None, files: KernelFiles | None = None,
+                      on_output: OnOutput | None = None, on_status: OnStatus | None = None) -> ExecutionReport:
         """Run `code` in the thread's warm kernel (one execution per thread at a time, across
-        workers). `artifacts_dir`: the thread's artifacts folder, linked into /data first (None:
-        /data is left as it is). `timeout_s` is the execution's one deadline (recovery.py): there,
+        workers). `files`: the thread's files, handed to the kernel's /data first and the way
+        /outputs come back (`Kernel.receive_files`); else `artifacts_dir`, the thread's artifacts
+        folder linked into /data (None: /data is left as it is). `timeout_s` is the execution's one deadline (recovery.py): there,
         or when this call is cancelled, the code is interrupted and the kernel restarted if need
         be. `on_output(stream, text)` gets the output as printed, `on_status(message)` what the
         sandbox does about it. The new files under /outputs are read before the kernel is let go."""
@@ -570,10 +550,12 @@ class KernelRegistry:
         async with self._hold(key, self._busy_wait_s):
             session, notices = await self._warm_session(key)
             async with session.lock:
+                if files is not None:
+                    notices += await session.kernel.receive_files(files)
                 result = await self.recovery.run(key, session, code, timeout, artifacts_dir, on_output, on_status)
                 report = ExecutionReport(result=result, notices=notices)
                 if self.sessions.get(key) is session:
-                    await self._read_outputs(session, report)
+                    await self._read_outputs(session, report, files)
                     self._touch(key, session)
         return report
 
@@ -583,9 +565,10 @@ class KernelRegistry:
         the interrupt grace and a restart (what a caller's own time limit must leave room for)."""
         return self.settings.exec_timeout_s + 2 * self.settings.start_timeout_s + INTERRUPT_GRACE_S + 15
 
-    async def _read_outputs(self, session: KernelSession, report: ExecutionReport) -> None:
+    async def _read_outputs(self, session: KernelSession, report: ExecutionReport,
+                            files: KernelFiles | None = None) -> None:
         """The new or changed files under the kernel's /outputs, into `report` (within the quota)."""
-        got = await session.kernel.read_outputs(session.seen_outputs, self.settings.outputs_mb << 20)
+        got = await session.kernel.read_outputs(session.seen_outputs, self.settings.outputs_mb << 20, files)
         if got is None:
             report.output_problems.append("(files under /outputs cannot be collected from this sandbox)")
             return
@@ -597,4 +580,4 @@ def _located(kernel: Kernel | None) -> dict[str, object]:
     if kernel is None:
         return {}
     found = kernel.locator()
-    return {"pid": found.pid, "pid_start": found.pid_start, "container": found.container}
+    return {"pid": found.pid, "pid_start": found.pid_start, "container": found.container, "remote": found.remote}

@@ -146,15 +146,14 @@ class PythonTool:
         timeout = args.timeout_s
         timeout = min(timeout, self.settings.sandbox.exec_timeout_s) if timeout is not None and timeout > 0 \
             else self.settings.sandbox.exec_timeout_s
-        # the folder this thread's artifact files are linked into /data from (the cluster set
-        # fills it from the object store first)
-        data_dir = await asyncio.to_thread(self.store.kernel_files, ctx.thread)
+        # the thread's files as the kernel gets them: links to a local folder (the cluster set
+        # fills it from the object store first), or presigned URLs for a kernel without a volume
+        files = self.store.kernel_handoff(ctx.thread, self.settings.storage.presign_ttl_s)
         live = LiveOutput(ctx)
         ticker = asyncio.create_task(live.tick())
         try:
             ex = await self.kernels.execute((ctx.workspace, ctx.user, ctx.thread.id), code, timeout,
-                                            artifacts_dir=data_dir, on_output=live.output,
-                                            on_status=live.status)
+                                            files=files, on_output=live.output, on_status=live.status)
         except SandboxError as exc:
             raise ToolError(str(exc)) from None
         finally:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from datadesk.cluster.artifacts import PgArtifactStore
+from datadesk.cluster.objects.artifacts import PgArtifactStore
 from datadesk.cluster.migration.filehome import FileThread, regular
 from datadesk.cluster.threads import jsonb_text
 from datadesk.domain.artifacts import Artifact

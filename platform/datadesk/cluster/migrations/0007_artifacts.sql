@@ -1,4 +1,4 @@
--- artifact metadata and what the quotas count (cluster/artifacts.py); the data is in the object
+-- artifact metadata and what the quotas count (cluster/objects/artifacts.py); the data is in the object
 -- store under `data_key` (written before the row says the artifact is available)
 --
 -- `meta` is the Artifact as the embedded `<aid>.json` holds it; the columns beside it are what

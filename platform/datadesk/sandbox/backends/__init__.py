@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from datadesk.store.layout import Layout
 
 
-def sandbox_backend(settings: SandboxSettings, home: Path) -> SandboxBackend:
-    """The backend `settings.backend` names (`local`, `docker` or `gateway`); ValueError otherwise."""
+def sandbox_backend(settings: SandboxSettings, home: Path, cluster: bool = False) -> SandboxBackend:
+    """The backend `settings.backend` names (`local`, `docker` or `gateway`); ValueError otherwise.
+    `cluster`: the kernel table is shared by several hosts and there is an object store."""
     if settings.backend == "local":
         from datadesk.sandbox.backends.local.process import LocalSandbox
 
@@ -42,7 +43,7 @@ def sandbox_backend(settings: SandboxSettings, home: Path) -> SandboxBackend:
     if settings.backend == "gateway":
         from datadesk.sandbox.backends.gateway.remote import GatewaySandbox
 
-        return GatewaySandbox(settings, home)  # checks the gateway_* settings (SettingsError)
+        return GatewaySandbox(settings, home, cluster)  # checks the gateway_* settings (SettingsError)
     raise ValueError(f"sandbox.backend must be local, docker, gateway or none, not {settings.backend!r}")
 
 
@@ -52,5 +53,6 @@ def build_kernel_registry(settings: Settings, layout: Layout, table: KernelTable
     kernel table and heartbeats given (cluster/kernels.py `build_kernels`), else this home's files."""
     from datadesk.sandbox.registry import KernelRegistry
 
-    return KernelRegistry(settings.sandbox, layout.home, sandbox_backend(settings.sandbox, layout.home),
+    cluster = table is not None
+    return KernelRegistry(settings.sandbox, layout.home, sandbox_backend(settings.sandbox, layout.home, cluster),
                           table=table, workers=workers)

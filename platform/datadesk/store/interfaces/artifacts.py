@@ -2,7 +2,7 @@
 
 Two implementations of `Artifacts`: `offload/artifacts/store.py ArtifactStore` (the embedded
 set: `<aid>.json` beside the data in the thread folder, the SQLite ledger for the quotas) and
-`cluster/artifacts.py PgArtifactStore` (rows of the `artifacts` table, data in the object store,
+`cluster/objects/artifacts.py PgArtifactStore` (rows of the `artifacts` table, data in the object store,
 totals by SQL). Both hand callers a local `Path` for an artifact's data (`data_path`: the file
 itself, or the host's read-through cache of its object) and take new data as a file written
 into `thread.artifacts_dir` (a per-host scratch folder in the cluster set) before `save`.
@@ -191,6 +191,11 @@ class Artifacts(Protocol):
     def kernel_files(self, thread: Any) -> Path:
         """A local folder holding the data files of the thread's available artifacts (what a
         kernel on this host links into its /data)."""
+        ...
+
+    def kernel_handoff(self, thread: Any, ttl_s: int = 300) -> Any:
+        """The thread's files as any kernel gets them (`store.interfaces.kernelfiles.KernelFiles`):
+        the local folder, or presigned URLs valid for `ttl_s` seconds where there is a store."""
         ...
 
     def list(self, thread: Any) -> list[Artifact]: ...

@@ -2,7 +2,7 @@
 by key, written once (SCALE.md sections 5.1, 5.4).
 
 Two implementations: `offload/artifacts/localblobs.py LocalBlobs` (the embedded set: the files
-of today's thread folders, no cache, no URLs) and `cluster/blobs.py S3Blobs` (an S3-compatible
+of today's thread folders, no cache, no URLs) and `cluster/objects/blobs.py S3Blobs` (an S3-compatible
 object store through obstore, with a bounded read-through cache directory per host and
 presigned URLs). Callers type against `BlobStore` and never see either client.
 

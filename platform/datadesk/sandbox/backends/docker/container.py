@@ -450,8 +450,8 @@ class DockerKernel(ChannelProbe, Kernel):
         root = f"/proc/{pid}/root/outputs"
         return root if self._pid_visible and os.access(root, os.R_OK | os.X_OK) else None
 
-    async def read_outputs(self, seen: dict[str, tuple[int, int]],
-                           max_bytes: int) -> tuple[list[OutputFile], list[str]] | None:
+    async def read_outputs(self, seen: dict[str, tuple[int, int]], max_bytes: int,
+                           files: Any = None) -> tuple[list[OutputFile], list[str]] | None:
         root = self.outputs_root()
         if root is not None:
             return await super().read_outputs(seen, max_bytes)

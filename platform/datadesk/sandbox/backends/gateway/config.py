@@ -55,9 +55,12 @@ class GatewayConfig:
     shared_dir: Path  # app side, resolved
     kernel_shared_dir: PurePosixPath  # kernel side
     kernel_env: dict[str, str]
+    presigned: bool = False  # files through presigned URLs of the object store, no shared volume
+    kernel_files_dir: str = ""  # presigned: kernel-side root of each kernel's data/ and outputs/
 
     @classmethod
-    def from_settings(cls, sb: SandboxSettings, home: Path) -> "GatewayConfig":
+    def from_settings(cls, sb: SandboxSettings, home: Path, cluster: bool = False) -> "GatewayConfig":
+        """`cluster`: the app runs on the cluster set (there is an object store to presign)."""
         url = sb.gateway_url.strip().rstrip("/")
         if not url:
             raise SettingsError('sandbox.gateway_url is required with sandbox.backend = "gateway" '
@@ -97,8 +100,17 @@ class GatewayConfig:
                 raise SettingsError(f"sandbox.gateway_kernel_env: {name} contains the gateway token; "
                                     "the token never goes to kernels")
             env[name] = value
+        presigned, files_dir = _files_mode(sb, cluster)
         return cls(url=url, token=token, kernel_name=sb.gateway_kernel_name, shared_dir=shared,
-                   kernel_shared_dir=PurePosixPath(kernel_side), kernel_env=env)
+                   kernel_shared_dir=PurePosixPath(kernel_side), kernel_env=env, presigned=presigned,
+                   kernel_files_dir=files_dir)
+
+    def kernel_dirs(self, slot: str) -> tuple[str, str]:
+        """Presigned mode: where the kernel of `slot` keeps its data and outputs, on its side."""
+        if not self.kernel_files_dir:
+            return "/data", "/outputs"
+        root = PurePosixPath(self.kernel_files_dir) / slot
+        return str(root / "data"), str(root / "outputs")
 
     @property
     def headers(self) -> dict[str, str]:
@@ -126,6 +138,23 @@ class GatewayConfig:
     def scrub(self, text: str) -> str:
         """`text` with the token blanked (server replies and exception texts, before they are shown)."""
         return text.replace(self.token, "***") if len(self.token) >= 8 else text  # shorter: would mangle words
+
+
+def _files_mode(sb: SandboxSettings, cluster: bool) -> tuple[bool, str]:
+    """(presigned?, kernel-side files root) from `sandbox.gateway_files`, checked."""
+    mode = sb.gateway_files
+    if mode not in ("auto", "volume", "presigned"):
+        raise SettingsError(f'sandbox.gateway_files must be "auto", "volume" or "presigned", not {mode!r}')
+    presigned = mode == "presigned" or (mode == "auto" and cluster and not sb.gateway_shared_dir)
+    if presigned and not cluster:
+        raise SettingsError('sandbox.gateway_files = "presigned" hands kernels presigned URLs of the object '
+                            'store: it needs the cluster set (cluster.database_url and storage.url); '
+                            'use "volume" with a shared volume otherwise')
+    root = sb.gateway_kernel_files_dir.rstrip("/") if sb.gateway_kernel_files_dir != "/" else "/"
+    if root and (not _SAFE_PATH_RE.fullmatch(root) or ".." in root.split("/")):
+        raise SettingsError(f"sandbox.gateway_kernel_files_dir must be an absolute path of letters, digits "
+                            f"and . _ - @ + / (no '..'), not {sb.gateway_kernel_files_dir!r}")
+    return presigned, root
 
 
 def http_problem(cfg: GatewayConfig, exc: Exception) -> str:

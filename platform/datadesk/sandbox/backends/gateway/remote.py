@@ -8,21 +8,30 @@ Jupyter messages as JSON with a `channel` field. Every request carries
 environment, in a URL or in a log line (the websocket client's debug log,
 which prints handshake headers, is kept off).
 
-Files: the kernel's slot sits on a volume the app and the kernels both
-mount; the settings, the path mapping between the two sides and the probe
-that proves it at each start are in `config.py`. Code is rewritten
-so `/data/...` and `/outputs/...` literals name the kernel-side paths
-(`rewrite_paths`), and the kernel's working directory is its outputs dir.
-Outputs are read app-side from the slot, never following a link (files.py).
+Files, one of two ways (`sandbox.gateway_files`):
+- volume: the kernel's slot sits on a volume the app and the kernels both
+  mount; the settings, the path mapping between the two sides and the probe
+  that proves it at each start are in `config.py`. Outputs are read app-side
+  from the slot, never following a link (files.py).
+- presigned (the cluster default): no shared volume. Before each cell the
+  kernel fetches the thread's artifacts into its own /data through presigned
+  GET URLs, and new files under /outputs go back through presigned PUTs
+  (`transfer.py`).
+Code is rewritten so `/data/...` and `/outputs/...` literals name the
+kernel-side paths (`rewrite_paths`), and the kernel's working directory is
+its outputs dir.
 
 The registry above is unchanged: caps, the reaper (15 min idle, 4 h total),
 fresh-kernel notices. A kernel the gateway restarted on its own (it died) is
 reported dead, so the registry starts a fresh one and says so. Messages travel
 through `channel.GatewayChannel`.
 
-Which gateway kernel serves which slot is kept in `<home>/sandbox/gateway-kernels/`
-(with the owning worker): another worker can `attach` to it, and kernels
-whose owner worker is gone are stopped (`GatewaySandbox.remove_orphans`).
+The gateway's kernel id is kept in the kernel table (`KernelLocator.remote`),
+so a worker of any host can `attach` to the kernel, or adopt it when its owner
+is gone (sandbox/attach.py). On the embedded set it is also kept in
+`<home>/sandbox/gateway-kernels/` (with the owning worker), where kernels whose
+owner worker is gone are stopped (`GatewaySandbox.remove_orphans`); a cluster
+keeps no such files (each host's home is its own), its reaper ends idle ones.
 """
 
 from __future__ import annotations
@@ -48,11 +57,14 @@ from datadesk.sandbox.base import (
     SandboxUnavailable,
 )
 from datadesk.sandbox.execution import INTERRUPT_GRACE_S, ChannelProbe, tell_status
+from datadesk.sandbox.backends.gateway import transfer
 from datadesk.sandbox.backends.gateway.channel import GatewayChannel
 from datadesk.sandbox.backends.gateway.config import GatewayConfig, http_problem, prove_mapping, status_problem
 from datadesk.sandbox.ownership import owner_alive, this_worker
 from datadesk.settings import SandboxSettings
+from datadesk.sandbox.files import OutputFile
 from datadesk.store.files import read_json_object, write_json
+from datadesk.store.interfaces.kernelfiles import KernelFiles
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +86,15 @@ class GatewaySandbox(SandboxBackend):
     """Config, health check and orphan cleanup for one app process; makes and reaches `GatewayKernel`s."""
 
     name = "gateway"
+    shared_across_hosts = True  # kernels live on the gateway: any app host reaches them
 
-    def __init__(self, settings: SandboxSettings, home: Path) -> None:
+    def __init__(self, settings: SandboxSettings, home: Path, cluster: bool = False) -> None:
+        """`cluster`: the app runs on the cluster set (the kernel table is shared by every host,
+        and there is an object store for presigned files)."""
         self.settings = settings
         self.home = Path(home)
-        self.config = GatewayConfig.from_settings(settings, self.home)
+        self.config = GatewayConfig.from_settings(settings, self.home, cluster)
+        self.records_in_home = not cluster
         self.records_dir = self.home.joinpath(*RECORDS)
         self.owner = this_worker().id  # the same owner ids (and heartbeats) as the kernel table
         self._health: tuple[float, tuple[bool, str]] = (0.0, (False, "not checked yet"))
@@ -116,6 +132,8 @@ class GatewaySandbox(SandboxBackend):
 
     # -- kernels an earlier run of this host left on the gateway -----------------------------
     def record(self, slot: str, kernel_id: str) -> None:
+        if not self.records_in_home:
+            return
         write_json(self.records_dir / f"{slot}.json",
                    {"kernel": kernel_id, "owner": self.owner, "gateway": self.config.url}, sync=False)
 
@@ -130,7 +148,7 @@ class GatewaySandbox(SandboxBackend):
     def remove_orphans(self) -> int:
         """Stop gateway kernels whose owner worker is gone (an earlier run, a crashed worker), by
         the same rule as the docker sweep (`ownership.owner_alive`); live workers' kernels stay."""
-        if not self.records_dir.is_dir():
+        if not self.records_in_home or not self.records_dir.is_dir():
             return 0
         removed = 0
         for path in sorted(self.records_dir.glob("*.json")):
@@ -163,8 +181,9 @@ class GatewaySandbox(SandboxBackend):
 
     async def attach(self, placement: KernelPlacement, locator: KernelLocator,
                      connect: bool = True) -> "GatewayKernel":
-        """Another worker's gateway kernel, found by its slot's record in gateway-kernels/ (no pid or container)."""
-        return await GatewayKernel.attach(placement, self, connect)
+        """Another worker's gateway kernel, found by the table's `locator.remote` (or its slot's
+        record in gateway-kernels/)."""
+        return await GatewayKernel.attach(placement, self, connect, locator.remote)
 
 
 # --------------------------------------------------------------------------- one kernel
@@ -192,18 +211,19 @@ class GatewayKernel(ChannelProbe, Kernel):
     # -- another worker's kernel --------------------------------------------------------
     @classmethod
     async def attach(cls, placement: KernelPlacement, sandbox: GatewaySandbox,
-                     connect: bool = True) -> "GatewayKernel":
-        """A client of a gateway kernel another worker started (found by its slot's record). With
-        `connect=False` it can only be stopped; raises SandboxError when it cannot be reached."""
+                     connect: bool = True, remote: str | None = None) -> "GatewayKernel":
+        """A client of a gateway kernel another worker started (`remote`: its gateway id, else
+        found by its slot's record). With `connect=False` it can only be stopped; raises
+        SandboxError when it cannot be reached."""
         self = cls(placement, sandbox)
         self._attached = True
-        self.remote_id = sandbox.recorded(placement.kernel_id)
+        valid = remote if remote and _KERNEL_ID_RE.fullmatch(remote) else None
+        self.remote_id = valid or sandbox.recorded(placement.kernel_id)
         if self.remote_id is None:
             if connect:
                 raise SandboxError("no gateway kernel is recorded for it")
             return self
-        self.kernel_data = self.config.kernel_path(placement.data_dir)
-        self.kernel_outputs = self.config.kernel_path(placement.outputs_dir)
+        self.kernel_data, self.kernel_outputs = self._kernel_dirs()
         if connect:
             await self._connect_or_detach(self._open_channel())
         return self
@@ -224,18 +244,29 @@ class GatewayKernel(ChannelProbe, Kernel):
     def _api(self, path: str = "") -> str:
         return f"{self.config.url}/api/kernels{path}"
 
-    def _env(self) -> dict[str, str]:
-        """KERNEL_* variables for the kernel (and, on Enterprise Gateway, its pod template)."""
+    def _kernel_dirs(self) -> tuple[str, str]:
+        """Where the kernel sees its data and outputs (its own folders, or the shared volume's)."""
         p, cfg = self.placement, self.config
-        return {
+        if cfg.presigned:
+            return cfg.kernel_dirs(p.kernel_id)
+        return cfg.kernel_path(p.data_dir), cfg.kernel_path(p.outputs_dir)
+
+    def _env(self) -> dict[str, str]:
+        """KERNEL_* variables for the kernel (and, on Enterprise Gateway, its pod template:
+        `KERNEL_DATADESK_FILES` says whether it mounts the shared volume or keeps its own)."""
+        p, cfg = self.placement, self.config
+        env = {
             **cfg.kernel_env,
             "KERNEL_WORKING_DIR": self.kernel_outputs,
             "KERNEL_DATADESK_SLOT": p.kernel_id,
             "KERNEL_DATADESK_DATA_DIR": self.kernel_data,
             "KERNEL_DATADESK_OUTPUTS_DIR": self.kernel_outputs,
-            "KERNEL_DATADESK_DATA_SUBPATH": str(cfg.relative(p.data_dir)),
-            "KERNEL_DATADESK_OUTPUTS_SUBPATH": str(cfg.relative(p.outputs_dir)),
+            "KERNEL_DATADESK_FILES": "presigned" if cfg.presigned else "volume",
         }
+        if not cfg.presigned:
+            env["KERNEL_DATADESK_DATA_SUBPATH"] = str(cfg.relative(p.data_dir))
+            env["KERNEL_DATADESK_OUTPUTS_SUBPATH"] = str(cfg.relative(p.outputs_dir))
+        return env
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
@@ -248,8 +279,7 @@ class GatewayKernel(ChannelProbe, Kernel):
         p, cfg = self.placement, self.config
         t0 = time.monotonic()
         self._attached = False  # a kernel this worker starts is its own
-        self.kernel_data = cfg.kernel_path(p.data_dir)
-        self.kernel_outputs = cfg.kernel_path(p.outputs_dir)
+        self.kernel_data, self.kernel_outputs = self._kernel_dirs()
         p.data_dir.mkdir(parents=True, exist_ok=True)
         p.outputs_dir.mkdir(parents=True, exist_ok=True)
         body = {"name": cfg.kernel_name, "env": self._env()}
@@ -304,8 +334,13 @@ class GatewayKernel(ChannelProbe, Kernel):
         await channel.connect(self.settings.start_timeout_s)
 
     async def _setup(self) -> None:
-        """Prove the path mapping, then cwd = outputs and plain tracebacks (`config.prove_mapping`)."""
+        """Prove the path mapping, then cwd = outputs and plain tracebacks (`config.prove_mapping`);
+        presigned: make the kernel's own folders and install its file helper (`transfer.set_up`)."""
         assert self._channel is not None
+        if self.config.presigned:
+            await transfer.set_up(self._channel, self.kernel_data, self.kernel_outputs,
+                                  self.settings.start_timeout_s, self.interrupt)
+            return
         await prove_mapping(self._channel, self.config, self.placement.data_dir, self.kernel_data,
                             self.kernel_outputs, self.settings.start_timeout_s, self.interrupt)
 
@@ -402,6 +437,46 @@ class GatewayKernel(ChannelProbe, Kernel):
             return "the kernel is not running"
         return self._gone or "the kernel stopped answering"
 
+    def locator(self) -> KernelLocator:
+        return KernelLocator(remote=self.remote_id)
+
+    def outputs_root(self) -> str | None:
+        return None if self.config.presigned else super().outputs_root()
+
+    # -- files without a shared volume ------------------------------------------------
+    async def receive_files(self, files: KernelFiles) -> list[str]:
+        if not self.config.presigned:
+            return await super().receive_files(files)
+        channel = await self._ready_channel()
+        if channel is None:
+            return []  # the cell that follows reports the dead kernel
+        return await transfer.deliver(channel, files, self.kernel_data, self._transfer_timeout_s, self.interrupt)
+
+    async def read_outputs(self, seen: dict[str, tuple[int, int]], max_bytes: int,
+                           files: KernelFiles | None = None) -> tuple[list[OutputFile], list[str]] | None:
+        if not self.config.presigned:
+            return await super().read_outputs(seen, max_bytes)
+        if files is None or (channel := await self._ready_channel()) is None:
+            return None
+        return await transfer.collect(channel, files, self.kernel_outputs, max_bytes,
+                                      self._transfer_timeout_s, self.interrupt)
+
+    @property
+    def _transfer_timeout_s(self) -> float:
+        return max(self.settings.start_timeout_s, self.settings.exec_timeout_s)
+
+    async def _ready_channel(self) -> GatewayChannel | None:
+        """The kernel's channel, reopened when the websocket dropped; None when the kernel is gone."""
+        if self._channel is None or not await self.is_alive():
+            return None
+        if self._channel.closed:  # a proxy or a gateway restart dropped it: the kernel lives
+            await self._channel.close()
+            try:
+                await self._open_channel()
+            except SandboxError:
+                return None
+        return self._channel
+
     # -- running code ----------------------------------------------------------------
     async def interrupt(self) -> None:
         if self.remote_id is None:
@@ -414,16 +489,9 @@ class GatewayKernel(ChannelProbe, Kernel):
     async def execute(self, code: str, timeout_s: float, *, on_output: OnOutput | None = None,
                       on_status: OnStatus | None = None) -> ExecutionResult:
         """Run `code` as given (callers apply `rewrite_paths` first)."""
-        if self._channel is None or not await self.is_alive():
+        channel = await self._ready_channel()
+        if channel is None:
             return ExecutionResult(status="died", note=f"the kernel is not running ({await self.death_reason()})")
-        if self._channel.closed:  # the websocket dropped (a proxy, a gateway restart): the kernel lives
-            await self._channel.close()
-            try:
-                await self._open_channel()
-            except SandboxError as exc:
-                return ExecutionResult(status="died", note=f"cannot reconnect to the kernel: {exc}")
-        channel = self._channel
-        assert channel is not None
         channel.interrupt_grace_s = self.interrupt_grace_s
         result = await channel.run(code, timeout_s, self.interrupt, on_output=on_output, on_status=on_status)
         if result.status == "died":

@@ -496,7 +496,13 @@ class PgArtifactStore:
             log.warning("the objects of thread %s stay in the store for now: %s", tk.thread, exc)
         _remove_tree(Path(thread.dir) / KERNEL_DIR)
 
-    # -- kernels on this host -------------------------------------------------------------
+    # -- kernels ------------------------------------------------------------------------------
+    def kernel_handoff(self, thread: Any, ttl_s: int = 300) -> Any:
+        """The thread's files for a kernel (cluster/objects/kernelfiles.py): local links or presigned URLs."""
+        from datadesk.cluster.objects.kernelfiles import PresignedKernelFiles
+
+        return PresignedKernelFiles(self, self.blobs, thread, ttl_s)
+
     def kernel_files(self, thread: Any) -> Path:
         """A folder of this host holding hard links to the cached data of every available
         artifact of `thread` (filled from the store), exactly: what a kernel's /data is linked
