@@ -30,7 +30,7 @@ from tests.conftest import free_port, parse_sse
 from tests.egkit import KERNEL_USER, start_gateway
 from tests.fakes.openai_server import FakeOpenAIServer, FakeReply
 from tests.fakes.tool_loop import SUMMARY_MARK
-from tests.serving import serving
+from tests.serving import serving, stop_serve
 from tests.unit.test_summary import faithful
 
 pytestmark = pytest.mark.cluster
@@ -115,6 +115,17 @@ def test_a_variable_set_via_a_is_read_via_b_and_b_adopts_the_kernel_when_a_dies(
         proc_a.wait(10)
         answer, _ = ask(cb, tid, "py: print(x * 2)")
         assert "82" in answer and "fresh" not in answer.lower(), answer
+
+
+def test_a_host_stopped_for_a_rollout_leaves_its_kernels_to_the_others(gw_hosts, gateway):
+    (a, _, proc_a), (b, _, _) = gw_hosts.hosts
+    token = gw_hosts.add_user("gina", "--can-execute-code")
+    with client(a, token) as ca, client(b, token) as cb:
+        tid = ca.post("/api/threads", json={}).json()["id"]
+        ask(ca, tid, "py: y = 'kept'")
+        stop_serve(proc_a)  # SIGTERM: a clean shutdown, as a rolling update does
+        answer, _ = ask(cb, tid, "py: print(y.upper())")
+    assert "KEPT" in answer and "fresh" not in answer.lower(), answer
 
 
 def test_an_artifact_offloaded_on_a_is_read_by_a_kernel_started_via_b(gw_hosts):

@@ -256,6 +256,8 @@ class SandboxBackend(abc.ABC):
     # its kernels can be reached from any host of a cluster (gateway); a docker or local kernel
     # only from the host that started it
     shared_across_hosts: bool = False
+    # a stopping worker leaves its kernels running for another to adopt (cluster gateway kernels)
+    kernels_outlive_workers: bool = False
 
     @abc.abstractmethod
     def kernel(self, placement: KernelPlacement) -> Kernel:

@@ -133,7 +133,9 @@ class KernelRegistry:
         self._fill_pool()
 
     async def stop(self) -> None:
-        """End this worker's kernels (their records say so) and let go of attached ones."""
+        """End this worker's kernels (their records say so) and let go of attached ones. Kernels
+        that outlive their worker (gateway kernels of a cluster) are only let go: a rollout or a
+        scale-down does not cost an analyst's variables, another host adopts the kernel."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -143,8 +145,8 @@ class KernelRegistry:
                 pass
         self._tasks.clear()
         for key, session in list(self.sessions.items()):
-            if session.kernel.attached:
-                await self.let_go(session)
+            if session.kernel.attached or self.backend.kernels_outlive_workers:
+                await self._detach(session)
                 continue
             rec = self.table.load(key)
             await self.dispose(session)
@@ -477,8 +479,11 @@ class KernelRegistry:
         if not kernel.attached and await kernel.is_alive():
             await self.dispose(session)
             return
+        await self._detach(session)
+
+    async def _detach(self, session: KernelSession) -> None:
         try:
-            await kernel.detach()
+            await session.kernel.detach()
         except Exception as exc:
             log.debug("closing a connection to kernel %s: %s", session.placement.kernel_id, exc)
 

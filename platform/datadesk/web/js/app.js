@@ -244,8 +244,14 @@ async function send(again) {
   afterTurn();
 }
 
-// Retry of a turn the server stopped mid-way (chat.js `interrupted`): the question again, as a new turn.
-app.retry = (text) => send(text);
+// Retry of a turn the server stopped mid-way (chat.js `interrupted`): the question again, as a new
+// turn, once the stream that reported the stop has closed (at most a few seconds); whether it went.
+app.retry = async (text) => {
+  for (let i = 0; app.running && i < 50; i++) await new Promise((r) => setTimeout(r, 100));
+  if (app.running) return false;
+  send(text);
+  return true;
+};
 
 // An event of the turn in flight; true when it was the last one (`done`).
 function onTurnEvent(type, data, id) {

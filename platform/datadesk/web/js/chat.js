@@ -181,9 +181,10 @@ export class Conversation {
       `Interrupted: ${message || "the server stopped before this turn finished"}. `);
     if (text) {
       box.append(h("button", { type: "button", class: "retry", title: "Send the question again as a new turn",
-        onclick: (e) => {
+        onclick: async (e) => {
           e.target.disabled = true;
-          this.app.retry(text);
+          // the button comes back if nothing was sent (the stream that showed it still closing)
+          if (!(await this.app.retry(text))) e.target.disabled = false;
         } }, "Retry"));
     }
     this.root.append(box);

@@ -95,6 +95,7 @@ class GatewaySandbox(SandboxBackend):
         self.home = Path(home)
         self.config = GatewayConfig.from_settings(settings, self.home, cluster)
         self.records_in_home = not cluster
+        self.kernels_outlive_workers = cluster  # a rollout leaves them to the other hosts to adopt
         self.records_dir = self.home.joinpath(*RECORDS)
         self.owner = this_worker().id  # the same owner ids (and heartbeats) as the kernel table
         self._health: tuple[float, tuple[bool, str]] = (0.0, (False, "not checked yet"))
