@@ -229,12 +229,45 @@ class StoreSettings(msgspec.Struct, forbid_unknown_fields=True):
     min_free_mb: int = 100  # below this much free space in the home, new turns and uploads are refused
 
 
+class OIDCGroupGrant(msgspec.Struct, forbid_unknown_fields=True):
+    """What membership of one provider group grants (`[auth.oidc.groups."<group>"]`)."""
+
+    workspaces: list[str] = msgspec.field(default_factory=list)
+    can_execute_code: bool = False
+    memory: bool = False
+    admin: bool = False
+
+
+class OIDCSettings(msgspec.Struct, forbid_unknown_fields=True):
+    """OpenID Connect single sign-on (`[auth.oidc]`); off while `issuer` is empty."""
+
+    issuer: str = ""  # e.g. https://login.example.com/realms/acme (discovery: <issuer>/.well-known/openid-configuration)
+    client_id: str = ""
+    client_secret: str = ""  # "${env:VAR}" reads it from the environment (never written in the file)
+    scopes: list[str] = msgspec.field(default_factory=lambda: ["openid", "profile", "email"])
+    username_claim: str = "preferred_username"  # the claim that names the DataDesk user
+    groups_claim: str = "groups"
+    button_label: str = "Sign in with single sign-on"
+    public_url: str = ""  # this app's external base URL (the redirect URI's); default: from the request
+    groups: dict[str, OIDCGroupGrant] = msgspec.field(default_factory=dict)
+
+
 class AuthSettings(msgspec.Struct, forbid_unknown_fields=True):
     login_attempts_per_minute: int = 10  # failed attempts per client address and minute
     login_attempts_per_account: int = 20  # failed attempts per account and minute (from any address)
-    session_ttl_s: int = 7 * 24 * 3600
+    session_ttl_s: int = 7 * 24 * 3600  # how long a session of a login link or token lasts
+    session_max_age_s: int = 12 * 3600  # a single-sign-on session: after this, sign in again (grants re-read)
     login_code_ttl_s: int = 600  # a login link works for minutes
+    code_login: bool = True  # sign-in with login links and tokens in the browser (false: single sign-on only)
+    invitation_ttl_s: int = 7 * 24 * 3600  # an invitation link works this long, once
     cookie_secure: bool = False
+    oidc: OIDCSettings = msgspec.field(default_factory=OIDCSettings)
+
+
+class AuditSettings(msgspec.Struct, forbid_unknown_fields=True):
+    """The audit trail (`[audit]`): who queried which source, downloads, sign-ins, admin changes."""
+
+    retention_days: int = 400  # entries older than this are removed (0: kept forever)
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -253,6 +286,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     cluster: ClusterSettings = msgspec.field(default_factory=ClusterSettings)
     storage: StorageSettings = msgspec.field(default_factory=StorageSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
+    audit: AuditSettings = msgspec.field(default_factory=AuditSettings)
 
     @property
     def clustered(self) -> bool:
