@@ -6,6 +6,7 @@ import asyncio
 import logging
 from typing import Any, Callable
 
+from datadesk.audit import embedded_trail
 from datadesk.chat.loop import TurnServices
 from datadesk.chat.policy import TurnPolicy, spawner
 from datadesk.chat.recovery import CutOffTurns
@@ -107,6 +108,8 @@ class Runtime:
         # store shared by every host (cluster, docs/several-hosts.md)
         self.cluster = open_cluster(settings, self.layout)
         self.counters = self.cluster.counters() if self.cluster else None  # None: each process's memory
+        # the audit trail (`rt.audit.record`): who queried which source, downloads, sign-ins, admin changes
+        self.audit = embedded_trail(self.layout.home, settings.audit.retention_days, settings.store.fsync == "record")
         self.users = self.cluster.users() if self.cluster else UserStore(self.layout)
         self.disk = DiskRoom(self.layout.home, settings.store.min_free_mb)  # checked before new work
         self.threads = (self.cluster.threads() if self.cluster else
