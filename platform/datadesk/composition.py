@@ -109,7 +109,8 @@ class Runtime:
         self.cluster = open_cluster(settings, self.layout)
         self.counters = self.cluster.counters() if self.cluster else None  # None: each process's memory
         # the audit trail (`rt.audit.record`): who queried which source, downloads, sign-ins, admin changes
-        self.audit = embedded_trail(self.layout.home, settings.audit.retention_days, settings.store.fsync == "record")
+        self.audit = (self.cluster.audit() if self.cluster else
+                      embedded_trail(self.layout.home, settings.audit.retention_days, settings.store.fsync == "record"))
         self.users = self.cluster.users() if self.cluster else UserStore(self.layout)
         self.disk = DiskRoom(self.layout.home, settings.store.min_free_mb)  # checked before new work
         self.threads = (self.cluster.threads() if self.cluster else

@@ -76,6 +76,12 @@ class ClusterSet:
 
         return self._once("counters", lambda: build_counters(self.db))
 
+    def audit(self) -> Any:
+        from datadesk.cluster.audit import build_audit
+
+        # the audit trail's table (audit_events), written by every host, read by any admin view
+        return self._once("audit", lambda: build_audit(self.db, self.settings.audit.retention_days, self.host_id))
+
     def locks(self) -> Any:
         from datadesk.cluster.locks import build_locks
 
