@@ -1,6 +1,8 @@
 """`Users` conformance on both sets (users.json + sessions.json; PostgreSQL): every method, bad
 inputs, revocation, expiry, secrets stored only as hashes, two stores (two hosts) seeing each
 other's writes at once, and one login code redeemed from two threads at once (exactly one wins).
+The people extension too: edits, restore, one token revoked, single sign-on binding, last login,
+invitations (one-time, expiring, revocable; one redeemed from two hosts at once: one user).
 Also the shared secret: one CSRF key for every host from `server.secret_key`."""
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Hosts(sets.Hosts):
             return "".join(p.read_text() for p in sorted(self.home.glob("*.json")))
         with self.db.connection() as conn:
             rows = [conn.execute(f"SELECT * FROM {t}").fetchall()
-                    for t in ("users", "user_tokens", "login_codes", "sessions", "user_logins")]
+                    for t in ("users", "user_tokens", "login_codes", "sessions", "user_logins", "invitations")]
         return repr(rows)
 
 
@@ -237,6 +239,258 @@ def test_two_hosts_making_codes_at_once_leave_one_live(hosts) -> None:
     for t in threads:
         t.join(timeout=30)
     assert sum(a.peek_login_code(c) is not None for c in codes) == 1  # the later one voided the earlier
+
+
+# -- people: edits, restore, tokens, last login --------------------------------------------------
+def test_update_replaces_grants_and_refuses_bad_ones(hosts, users) -> None:
+    _, token = users.add("alice", ["demo"], ["memory"])
+    other = hosts.store(new_host=True)
+    got = users.update("alice", workspaces=["sales", "demo", "sales"])
+    assert got.workspaces == ["sales", "demo"] and got.permissions == ["memory"]  # None: kept
+    got = users.update("alice", permissions=["admin", "code_execution"])
+    assert got.workspaces == ["sales", "demo"] and got.permissions == ["admin", "code_execution"]
+    seen = other.by_token(token)  # another host sees the edit at the next request
+    assert seen.workspaces == ["sales", "demo"] and seen.can("admin")
+    assert users.update("alice").workspaces == ["sales", "demo"]  # nothing asked: unchanged
+    with pytest.raises(UserError, match="no user named 'nobody'"):
+        users.update("nobody", workspaces=["demo"])
+    with pytest.raises(UserError, match="at least one workspace"):
+        users.update("alice", workspaces=[])
+    with pytest.raises(UserError, match="unknown permission"):
+        users.update("alice", permissions=["root"])
+    with pytest.raises(ValueError, match="workspace"):
+        users.update("alice", workspaces=["../etc"])
+    assert users.get("alice").workspaces == ["sales", "demo"]  # refused edits change nothing
+
+
+def test_restore_re_enables_a_user_but_not_its_old_tokens(users) -> None:
+    _, token = users.add("alice", ["demo"])
+    users.revoke("alice")
+    users.restore("alice")
+    alice = users.get("alice")
+    assert not alice.revoked and all(t.revoked for t in alice.tokens)
+    assert users.by_token(token) is None  # the old token stays revoked
+    fresh = users.new_token("alice")
+    assert users.by_token(fresh).id == "alice"
+    sid = users.new_session("alice", 600)
+    assert users.by_session(sid).id == "alice"
+    users.restore("alice")  # restoring an active user: nothing changes
+    assert users.by_token(fresh).id == "alice"
+    with pytest.raises(UserError, match="no user named 'nobody'"):
+        users.restore("nobody")
+
+
+def test_one_token_is_revoked_by_its_id(users) -> None:
+    _, first = users.add("alice", ["demo"])
+    second = users.new_token("alice")
+    users.add("bob", ["demo"])
+    ids = [t.id for t in users.get("alice").tokens]
+    users.revoke_token("alice", ids[0])
+    assert users.by_token(first) is None and users.by_token(second).id == "alice"
+    assert [t.revoked for t in users.get("alice").tokens] == [True, False]
+    with pytest.raises(UserError, match="has no token"):
+        users.revoke_token("alice", "k-unknown")
+    with pytest.raises(UserError, match="has no token"):
+        users.revoke_token("bob", ids[1])  # another user's token id: not theirs to name
+    with pytest.raises(UserError, match="no user named 'nobody'"):
+        users.revoke_token("nobody", ids[1])
+    assert users.by_token(second).id == "alice"
+
+
+def test_last_login_is_the_time_of_the_latest(users) -> None:
+    users.add("alice", ["demo"])
+    users.add("bob", ["demo"])
+    assert users.last_login("alice") is None and users.last_login("nobody") is None
+    before = time.time()
+    users.record_login("alice")
+    first = users.last_login("alice")
+    assert first is not None and abs(first - before) < 5, (first, before)
+    time.sleep(0.02)
+    users.record_login("alice")
+    assert users.last_login("alice") > first and users.last_login("bob") is None
+
+
+# -- people: single sign-on ------------------------------------------------------------------------
+ISS = "https://idp.example.org"
+
+
+def test_sso_creates_then_replaces_grants_at_each_sign_in(hosts, users) -> None:
+    first = users.sync_sso("carol", ["sales"], ["memory"], issuer=ISS, subject="sub-1")
+    assert first.id == "carol" and first.workspaces == ["sales"] and first.permissions == ["memory"]
+    assert first.tokens == [] and (first.sso_issuer, first.sso_subject) == (ISS, "sub-1")
+    again = hosts.store(new_host=True).sync_sso("carol", ["demo"], [], issuer=ISS, subject="sub-1")
+    assert again.workspaces == ["demo"] and again.permissions == []  # a group lost: its workspace gone
+    assert users.get("carol").workspaces == ["demo"] and [u.id for u in users.list()] == ["carol"]
+
+
+def test_sso_refuses_another_subject_for_a_bound_name(users) -> None:
+    users.sync_sso("carol", ["sales"], [], issuer=ISS, subject="sub-1")
+    for iss, sub in ((ISS, "sub-2"), ("https://other.example.org", "sub-1")):
+        with pytest.raises(UserError, match="belongs to another single sign-on account"):
+            users.sync_sso("carol", ["sales", "demo"], ["admin"], issuer=iss, subject=sub)
+    carol = users.get("carol")
+    assert carol.workspaces == ["sales"] and carol.permissions == [] and carol.sso_subject == "sub-1"
+
+
+def test_sso_binds_a_pre_created_user_and_keeps_a_revoked_one_revoked(users) -> None:
+    _, token = users.add("dave", ["demo"])
+    dave = users.sync_sso("dave", ["sales"], ["memory"], issuer=ISS, subject="sub-d")
+    assert dave.workspaces == ["sales"] and (dave.sso_issuer, dave.sso_subject) == (ISS, "sub-d")
+    assert users.by_token(token).id == "dave"  # the admin's token keeps working
+    with pytest.raises(UserError, match="another single sign-on account"):
+        users.sync_sso("dave", ["sales"], [], issuer=ISS, subject="sub-x")
+    users.revoke("dave")
+    still = users.sync_sso("dave", ["demo", "sales"], ["admin"], issuer=ISS, subject="sub-d")
+    assert still.revoked and still.workspaces == ["sales"] and still.permissions == ["memory"]
+    with pytest.raises(UserError, match="at least one workspace"):
+        users.sync_sso("erin", [], [], issuer=ISS, subject="sub-e")
+    with pytest.raises(UserError, match="unknown permission"):
+        users.sync_sso("erin", ["demo"], ["root"], issuer=ISS, subject="sub-e")
+    with pytest.raises(ValueError, match="user name"):
+        users.sync_sso("../erin", ["demo"], [], issuer=ISS, subject="sub-e")
+    assert users.get("erin") is None
+
+
+def test_two_first_sso_sign_ins_at_once_make_one_user(hosts) -> None:
+    a, b = hosts.store(), hosts.store(new_host=True)
+    for round_ in range(5):
+        name = f"sso{round_}"
+        start = threading.Barrier(2)
+        got: list[object] = []
+
+        def sign_in(store: Users, sub: str) -> None:
+            start.wait()
+            try:
+                got.append(store.sync_sso(name, ["demo"], [], issuer=ISS, subject=sub))
+            except UserError as exc:
+                got.append(exc)
+
+        threads = [threading.Thread(target=sign_in, args=(s, sub)) for s, sub in ((a, "one"), (b, "two"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        users_made = [g for g in got if isinstance(g, User)]
+        assert len(got) == 2 and len(users_made) == 1, got  # the other subject is refused, not merged
+        assert a.get(name).sso_subject == users_made[0].sso_subject
+
+
+# -- people: invitations ---------------------------------------------------------------------------
+def test_an_invitation_is_redeemed_once_into_a_user_with_its_grants(hosts, users) -> None:
+    users.add("admin", ["demo"], ["admin"])
+    code, inv = users.new_invitation(["sales", "demo"], ["memory"], 600, created_by="admin")
+    assert code.startswith("ddi_") and inv.id and inv.workspaces == ["sales", "demo"]
+    assert inv.permissions == ["memory"] and inv.created_by == "admin" and inv.name is None
+    assert inv.used_by is None and not inv.revoked and 590 < inv.expires - inv.created <= 601
+    assert inv.state(time.time()) == "open"
+    assert users.peek_invitation(code).id == inv.id and users.peek_invitation("ddi_guess") is None
+    other = hosts.store(new_host=True)
+    frank = other.redeem_invitation(code, "frank")
+    assert frank.id == "frank" and frank.workspaces == ["sales", "demo"] and frank.permissions == ["memory"]
+    assert frank.tokens == [] and not frank.revoked and users.get("frank") is not None
+    used = users.peek_invitation(code)
+    assert used.used_by == "frank" and used.used_at is not None and used.state(time.time()) == "used"
+    with pytest.raises(UserError, match="already been used"):
+        users.redeem_invitation(code, "gina")
+    assert users.get("gina") is None
+    text = hosts.stored_text()
+    assert code not in text and code[4:] not in text and secret_hash(code) in text
+
+
+def test_invitations_are_listed_newest_first_and_revocable(users) -> None:
+    first_code, first = users.new_invitation(["demo"], [], 600, created_by="admin")
+    _, second = users.new_invitation(["sales"], ["admin"], 600, created_by="admin", name="hana")
+    assert [i.id for i in users.invitations()] == [second.id, first.id]
+    assert users.invitations()[0].name == "hana"
+    users.revoke_invitation(first.id)
+    assert users.invitations()[1].revoked and users.peek_invitation(first_code).state(time.time()) == "revoked"
+    with pytest.raises(UserError, match="was revoked"):
+        users.redeem_invitation(first_code, "ivan")
+    with pytest.raises(UserError, match="no invitation 'inv_nope'"):
+        users.revoke_invitation("inv_nope")
+    assert users.get("ivan") is None
+
+
+def test_invitations_expire_and_bad_codes_are_refused(users) -> None:
+    code, _ = users.new_invitation(["demo"], [], 0.3, created_by="admin")
+    time.sleep(0.5)
+    assert users.peek_invitation(code).state(time.time()) == "expired"
+    with pytest.raises(UserError, match="has expired"):
+        users.redeem_invitation(code, "jack")
+    for bad in ("", "ddi_guess", "x" * 5000, "\u00e9\u0000"):
+        with pytest.raises(UserError, match="not valid"):
+            users.redeem_invitation(bad, "jack")
+        assert users.peek_invitation(bad) is None
+    assert users.list() == []
+
+
+def test_an_invitation_with_a_fixed_name_and_taken_names(users) -> None:
+    users.add("kim", ["demo"])
+    with pytest.raises(UserError, match="'kim' already exists"):
+        users.new_invitation(["demo"], [], 600, created_by="admin", name="kim")
+    for bad in (([], []), (["demo"], ["root"])):
+        with pytest.raises(UserError):
+            users.new_invitation(*bad, 600, created_by="admin")
+    with pytest.raises(ValueError, match="user name"):
+        users.new_invitation(["demo"], [], 600, created_by="admin", name="../x")
+    assert users.invitations() == []
+    code, _ = users.new_invitation(["sales"], [], 600, created_by="admin", name="lee")
+    with pytest.raises(UserError, match="is for the user name 'lee'"):
+        users.redeem_invitation(code, "mallory")
+    assert users.redeem_invitation(code, None).id == "lee"
+    open_code, _ = users.new_invitation(["demo"], [], 600, created_by="admin")
+    with pytest.raises(UserError, match="choose a user name"):
+        users.redeem_invitation(open_code, "")
+    with pytest.raises(ValueError, match="user name"):
+        users.redeem_invitation(open_code, "../etc")
+    with pytest.raises(UserError, match="'kim' is taken"):
+        users.redeem_invitation(open_code, "kim")
+    assert users.get("kim").workspaces == ["demo"]  # the taken name's user untouched
+    assert users.redeem_invitation(open_code, "moe").workspaces == ["demo"]  # still open after those
+
+
+def test_one_invitation_redeemed_from_two_hosts_at_once_makes_one_user(hosts) -> None:
+    a, b = hosts.store(), hosts.store(new_host=True)
+    for round_ in range(10):
+        code, _ = a.new_invitation(["demo"], [], 600, created_by="admin")
+        start = threading.Barrier(2)
+        got: list[object] = []
+
+        def redeem(store: Users, name: str) -> None:
+            start.wait()
+            try:
+                got.append(store.redeem_invitation(code, name))
+            except UserError as exc:
+                got.append(exc)
+
+        names = (f"a{round_}", f"b{round_}")
+        threads = [threading.Thread(target=redeem, args=(s, n)) for s, n in zip((a, b), names)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        made = [g for g in got if isinstance(g, User)]
+        refused = [g for g in got if isinstance(g, UserError)]
+        assert len(made) == 1 and len(refused) == 1 and "already been used" in str(refused[0]), got
+        assert sum(a.get(n) is not None for n in names) == 1
+        assert a.peek_invitation(code).used_by == made[0].id
+
+
+def test_an_old_users_file_stays_readable(tmp_path) -> None:
+    """A users.json written before invitations and SSO loads as it was, and keeps loading."""
+    import json
+
+    (tmp_path / "users.json").write_text(json.dumps({"version": 1, "users": {"old": {
+        "id": "old", "name": "old", "workspaces": ["demo"], "permissions": ["admin"], "created": 1.0,
+        "tokens": [{"id": "k1", "hash": secret_hash("ddt_old.x"), "created": 1.0}]}},
+        "login_codes": [], "logins": {"old": 2.0}}))
+    store = UserStore(Layout(tmp_path))
+    old = store.get("old")
+    assert old.sso_subject is None and store.by_token("ddt_old.x").id == "old" and store.last_login("old") == 2.0
+    assert store.invitations() == []
+    store.new_invitation(["demo"], [], 600, created_by="old")
+    assert "sso_subject" not in (tmp_path / "users.json").read_text()  # unset fields are not written
+    assert UserStore(Layout(tmp_path)).get("old").can("admin")
 
 
 # -- the shared secret ---------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """`PgUserStore`: the cluster `store.interfaces.users.Users`, on tables `users`, `user_tokens`,
-`login_codes`, `sessions` and `user_logins` (migration 0002_users.sql).
+`login_codes`, `sessions` and `user_logins` (migration 0002_users.sql) and `invitations`, with
+the users' single sign-on binding (0009_people.sql).
 
 No cache: every read is a query, so a user revoked or a session ended via one host is refused
 by every other host at the next request. The hot reads (`by_token`, `by_session`) are one
@@ -8,6 +9,8 @@ SELECT each, the user's tokens folded in as JSON. Times come from the database c
 
 Login codes are consumed by `DELETE ... RETURNING`: of two hosts redeeming one code at once,
 the second's DELETE waits on the first's row lock and then finds no row, so exactly one wins.
+An invitation's redeem locks its row (`SELECT ... FOR UPDATE`) for the transaction that
+creates the user and marks it used: the second redeem waits, then reads it used.
 """
 
 from __future__ import annotations
@@ -19,17 +22,22 @@ import msgspec
 
 from datadesk.cluster.database import Database
 from datadesk.domain.ids import new_id
-from datadesk.domain.users import User
-from datadesk.store.interfaces.users import (UserError, checked_new_user, new_api_token, new_login_code_value,
-                                  new_session_id, no_user, secret_hash)
+from datadesk.domain.users import Invitation, User
+from datadesk.store.interfaces.users import (UserError, checked_grants, checked_new_user, invitation_problem,
+                                             invitee_name, new_api_token, new_invitation_code, new_login_code_value,
+                                             new_session_id, no_user, secret_hash, sso_mismatch)
 
 log = logging.getLogger(__name__)
 
 # A user row with its tokens (oldest first) as JSON: `SELECT {USER_COLUMNS} FROM users u ...`.
 USER_COLUMNS = """u.id, u.name, u.workspaces, u.permissions, extract(epoch FROM u.created_at)::float8 AS created,
-    u.revoked, coalesce((SELECT json_agg(json_build_object('id', k.id, 'hash', k.hash,
+    u.revoked, u.sso_issuer, u.sso_subject, coalesce((SELECT json_agg(json_build_object('id', k.id, 'hash', k.hash,
         'created', extract(epoch FROM k.created_at)::float8, 'revoked', k.revoked) ORDER BY k.seq)
         FROM user_tokens k WHERE k.user_id = u.id), '[]'::json) AS tokens"""
+
+INVITATION_COLUMNS = """id, workspaces, permissions, extract(epoch FROM created_at)::float8 AS created,
+    extract(epoch FROM expires_at)::float8 AS expires, created_by, name, used_by,
+    extract(epoch FROM used_at)::float8 AS used_at, revoked"""
 
 # What `delete` also removes: the user's data in the other stores (threads, artifacts, memory),
 # given by the composition root; returns the places removed.
@@ -38,6 +46,10 @@ Purge = Callable[[str], Iterable[str]]
 
 def _user(row: dict[str, Any] | None) -> User | None:
     return None if row is None else msgspec.convert(row, User)
+
+
+def _invitation(row: dict[str, Any]) -> Invitation:
+    return msgspec.convert({k: v for k, v in row.items() if k != "now"}, Invitation)
 
 
 class PgUserStore:
@@ -103,6 +115,111 @@ class PgUserStore:
         if self._one("DELETE FROM users WHERE id = %s RETURNING id", (uid,)) is None:
             raise no_user(uid)
         return list(self.purge(uid)) if self.purge is not None else []
+
+    def update(self, uid: str, *, workspaces: list[str] | None = None,
+               permissions: list[str] | None = None) -> User:
+        with self.db.connection() as conn:
+            row = conn.execute("SELECT workspaces, permissions FROM users WHERE id = %s FOR UPDATE", (uid,)).fetchone()
+            if row is None:
+                raise no_user(uid)
+            wss, perms = checked_grants(row["workspaces"] if workspaces is None else workspaces,
+                                        row["permissions"] if permissions is None else permissions)
+            conn.execute("UPDATE users SET workspaces = %s, permissions = %s WHERE id = %s", (wss, perms, uid))
+            return msgspec.convert(conn.execute(f"SELECT {USER_COLUMNS} FROM users u WHERE u.id = %s",
+                                                (uid,)).fetchone(), User)
+
+    def restore(self, uid: str) -> None:
+        if self._one("UPDATE users SET revoked = false WHERE id = %s RETURNING id", (uid,)) is None:
+            raise no_user(uid)
+
+    def revoke_token(self, uid: str, token_id: str) -> None:
+        hit = self._one("UPDATE user_tokens SET revoked = true WHERE id = %s AND user_id = %s RETURNING id",
+                        (token_id, uid))
+        if hit is None:
+            if self.get(uid) is None:
+                raise no_user(uid)
+            raise UserError(f"user {uid!r} has no token {token_id!r}")
+
+    def sync_sso(self, name: str, workspaces: list[str], permissions: list[str], *,
+                 issuer: str, subject: str) -> User:
+        """Create, or bind and update, a user at a single sign-on; the user's row lock orders
+        two first sign-ins at once (the second finds the first's user and its binding)."""
+        wss, perms = checked_new_user(name, workspaces, permissions)
+        fields = {"u": name, "w": wss, "p": perms, "i": issuer, "s": subject}
+        with self.db.connection() as conn:
+            made = conn.execute(
+                "INSERT INTO users (id, name, workspaces, permissions, sso_issuer, sso_subject)"
+                " VALUES (%(u)s, %(u)s, %(w)s, %(p)s, %(i)s, %(s)s) ON CONFLICT DO NOTHING RETURNING id",
+                fields).fetchone()
+            if made is None:
+                if conn.execute("SELECT id FROM users WHERE id = %s FOR UPDATE", (name,)).fetchone() is None:
+                    raise UserError(f"user {name!r} was deleted during this sign-in; sign in again")
+                user = msgspec.convert(conn.execute(f"SELECT {USER_COLUMNS} FROM users u WHERE u.id = %s",
+                                                    (name,)).fetchone(), User)
+                refusal = sso_mismatch(user, issuer, subject)
+                if refusal is not None:
+                    raise refusal
+                if user.revoked:
+                    return user
+                conn.execute("UPDATE users SET workspaces = %(w)s, permissions = %(p)s, sso_issuer = %(i)s,"
+                             " sso_subject = %(s)s WHERE id = %(u)s", fields)
+            return msgspec.convert(conn.execute(f"SELECT {USER_COLUMNS} FROM users u WHERE u.id = %s",
+                                                (name,)).fetchone(), User)
+
+    def last_login(self, uid: str) -> float | None:
+        row = self._one("SELECT extract(epoch FROM last_at)::float8 AS t FROM user_logins WHERE user_id = %s", (uid,))
+        return None if row is None else row["t"]
+
+    # -- invitations -------------------------------------------------------------------
+    def new_invitation(self, workspaces: list[str], permissions: list[str], ttl_s: float,
+                       created_by: str, name: str | None = None) -> tuple[str, Invitation]:
+        wss, perms = checked_new_user(name, workspaces, permissions) if name is not None \
+            else checked_grants(workspaces, permissions)
+        code = new_invitation_code()
+        row = self._one(
+            "INSERT INTO invitations (id, hash, workspaces, permissions, name, created_by, expires_at)"
+            " SELECT %(id)s, %(h)s, %(w)s, %(p)s, %(n)s, %(by)s, now() + make_interval(secs => %(ttl)s)"
+            " WHERE %(n)s::text IS NULL OR NOT EXISTS (SELECT 1 FROM users WHERE id = %(n)s)"
+            f" RETURNING {INVITATION_COLUMNS}",
+            {"id": new_id("inv_"), "h": secret_hash(code), "w": wss, "p": perms, "n": name, "by": created_by,
+             "ttl": float(ttl_s)})
+        if row is None:
+            raise UserError(f"user {name!r} already exists")
+        return code, _invitation(row)
+
+    def invitations(self) -> list[Invitation]:
+        with self.db.connection() as conn:
+            rows = conn.execute(f"SELECT {INVITATION_COLUMNS} FROM invitations ORDER BY seq DESC").fetchall()
+        return [_invitation(r) for r in rows]
+
+    def peek_invitation(self, code: str) -> Invitation | None:
+        if not code or not isinstance(code, str):
+            return None
+        row = self._one(f"SELECT {INVITATION_COLUMNS} FROM invitations WHERE hash = %s", (secret_hash(code),))
+        return None if row is None else _invitation(row)
+
+    def revoke_invitation(self, inv_id: str) -> None:
+        if self._one("UPDATE invitations SET revoked = true WHERE id = %s RETURNING id", (inv_id,)) is None:
+            raise UserError(f"no invitation {inv_id!r}")
+
+    def redeem_invitation(self, code: str, name: str | None) -> User:
+        digest = secret_hash(code) if code and isinstance(code, str) else ""
+        with self.db.connection() as conn:
+            row = conn.execute(f"SELECT {INVITATION_COLUMNS}, extract(epoch FROM now())::float8 AS now"
+                               " FROM invitations WHERE hash = %s FOR UPDATE", (digest,)).fetchone()
+            inv = None if row is None else _invitation(row)
+            refusal = invitation_problem(inv, row["now"] if row else 0.0)
+            if refusal is not None:
+                raise refusal
+            uid = invitee_name(inv, name)
+            made = conn.execute("INSERT INTO users (id, name, workspaces, permissions) VALUES (%s, %s, %s, %s)"
+                                " ON CONFLICT DO NOTHING RETURNING id",
+                                (uid, uid, inv.workspaces, inv.permissions)).fetchone()
+            if made is None:
+                raise UserError(f"the user name {uid!r} is taken; choose another")
+            conn.execute("UPDATE invitations SET used_by = %s, used_at = now() WHERE id = %s", (uid, inv.id))
+            return msgspec.convert(conn.execute(f"SELECT {USER_COLUMNS} FROM users u WHERE u.id = %s",
+                                                (uid,)).fetchone(), User)
 
     # -- authentication --------------------------------------------------------------
     def by_token(self, token: str) -> User | None:
@@ -181,10 +298,12 @@ class PgUserStore:
         not known, nor needed), revocation and times kept. Idempotent: a second run updates."""
         with self.db.connection() as conn:
             conn.execute(
-                "INSERT INTO users (id, name, workspaces, permissions, created_at, revoked)"
-                " VALUES (%s, %s, %s, %s, to_timestamp(%s), %s) ON CONFLICT (id) DO UPDATE SET"
-                " workspaces = EXCLUDED.workspaces, permissions = EXCLUDED.permissions, revoked = EXCLUDED.revoked",
-                (user.id, user.name, user.workspaces, user.permissions, user.created, user.revoked))
+                "INSERT INTO users (id, name, workspaces, permissions, created_at, revoked, sso_issuer, sso_subject)"
+                " VALUES (%s, %s, %s, %s, to_timestamp(%s), %s, %s, %s) ON CONFLICT (id) DO UPDATE SET"
+                " workspaces = EXCLUDED.workspaces, permissions = EXCLUDED.permissions, revoked = EXCLUDED.revoked,"
+                " sso_issuer = EXCLUDED.sso_issuer, sso_subject = EXCLUDED.sso_subject",
+                (user.id, user.name, user.workspaces, user.permissions, user.created, user.revoked,
+                 user.sso_issuer, user.sso_subject))
             for tok in user.tokens:
                 conn.execute(
                     "INSERT INTO user_tokens (id, user_id, hash, created_at, revoked)"

@@ -18,9 +18,11 @@ import msgspec
 from filelock import FileLock
 
 from datadesk.domain.ids import new_id
-from datadesk.domain.users import TokenEntry, User
-from datadesk.store.interfaces.users import (UserError, checked_new_user, credential_account, new_api_token,
-                                  new_login_code_value, new_session_id, no_user, secret_hash)
+from datadesk.domain.users import Invitation, TokenEntry, User
+from datadesk.store.interfaces.users import (UserError, checked_grants, checked_new_user, credential_account,
+                                             invitation_problem, invitee_name, new_api_token, new_invitation_code,
+                                             new_login_code_value, new_session_id, no_user, secret_hash,
+                                             sso_mismatch)
 from datadesk.store.files import read_json, write_json
 from datadesk.store.layout import Layout
 
@@ -42,11 +44,23 @@ class Session(msgspec.Struct):
     expires: float
 
 
+class StoredInvitation(Invitation, omit_defaults=True):
+    """An invitation as `users.json` keeps it: with its code's hash."""
+
+    hash: str = ""
+
+    def public(self) -> Invitation:
+        fields = msgspec.structs.asdict(self)
+        fields.pop("hash")
+        return Invitation(**fields)
+
+
 class UsersDoc(msgspec.Struct, omit_defaults=True):
     version: int = 1
     users: dict[str, User] = msgspec.field(default_factory=dict)
     login_codes: list[LoginCode] = msgspec.field(default_factory=list)
     logins: dict[str, float] = msgspec.field(default_factory=dict)  # user -> time of the last login
+    invitations: list[StoredInvitation] = msgspec.field(default_factory=list)  # oldest first
 
 
 class UserStore:
@@ -151,6 +165,114 @@ class UserStore:
                 shutil.rmtree(trash, ignore_errors=True)
                 removed.append(str(udir))
         return removed
+
+    def update(self, uid: str, *, workspaces: list[str] | None = None,
+               permissions: list[str] | None = None) -> User:
+        def change(doc: UsersDoc) -> User:
+            user = self._need(doc, uid)
+            wss, perms = checked_grants(user.workspaces if workspaces is None else workspaces,
+                                        user.permissions if permissions is None else permissions)
+            user.workspaces, user.permissions = wss, perms
+            return user
+
+        return self._update(change)  # type: ignore[return-value]
+
+    def restore(self, uid: str) -> None:
+        def change(doc: UsersDoc) -> None:
+            self._need(doc, uid).revoked = False
+
+        self._update(change)
+
+    def revoke_token(self, uid: str, token_id: str) -> None:
+        def change(doc: UsersDoc) -> None:
+            tok = next((t for t in self._need(doc, uid).tokens if t.id == token_id), None)
+            if tok is None:
+                raise UserError(f"user {uid!r} has no token {token_id!r}")
+            tok.revoked = True
+
+        self._update(change)
+
+    def sync_sso(self, name: str, workspaces: list[str], permissions: list[str], *,
+                 issuer: str, subject: str) -> User:
+        wss, perms = checked_new_user(name, workspaces, permissions)
+
+        def change(doc: UsersDoc) -> User:
+            user = doc.users.get(name)
+            if user is None:
+                user = doc.users[name] = User(id=name, name=name, workspaces=wss, permissions=perms,
+                                              created=time.time(), sso_issuer=issuer, sso_subject=subject)
+                return user
+            refusal = sso_mismatch(user, issuer, subject)
+            if refusal is not None:
+                raise refusal
+            if not user.revoked:
+                user.workspaces, user.permissions = wss, perms
+                user.sso_issuer, user.sso_subject = issuer, subject
+            return user
+
+        return self._update(change)  # type: ignore[return-value]
+
+    def last_login(self, uid: str) -> float | None:
+        return self._load().logins.get(uid)
+
+    # -- invitations ---------------------------------------------------------
+    def new_invitation(self, workspaces: list[str], permissions: list[str], ttl_s: float,
+                       created_by: str, name: str | None = None) -> tuple[str, Invitation]:
+        wss, perms = checked_new_user(name, workspaces, permissions) if name is not None \
+            else checked_grants(workspaces, permissions)
+        code = new_invitation_code()
+
+        def change(doc: UsersDoc) -> Invitation:
+            if name is not None and name in doc.users:
+                raise UserError(f"user {name!r} already exists")
+            now = time.time()
+            inv = StoredInvitation(id=new_id("inv_"), workspaces=wss, permissions=perms, created=now,
+                                   expires=now + ttl_s, created_by=created_by, name=name, hash=_hash(code))
+            doc.invitations.append(inv)
+            return inv.public()
+
+        return code, self._update(change)  # type: ignore[return-value]
+
+    def invitations(self) -> list[Invitation]:
+        return [inv.public() for inv in reversed(self._load().invitations)]
+
+    def peek_invitation(self, code: str) -> Invitation | None:
+        if not code or not isinstance(code, str):
+            return None
+        hit = self._find_invitation(self._load(), _hash(code))
+        return hit.public() if hit else None
+
+    def revoke_invitation(self, inv_id: str) -> None:
+        def change(doc: UsersDoc) -> None:
+            inv = next((i for i in doc.invitations if i.id == inv_id), None)
+            if inv is None:
+                raise UserError(f"no invitation {inv_id!r}")
+            inv.revoked = True
+
+        self._update(change)
+
+    def redeem_invitation(self, code: str, name: str | None) -> User:
+        digest = _hash(code) if code and isinstance(code, str) else ""
+
+        def change(doc: UsersDoc) -> User:
+            inv = self._find_invitation(doc, digest) if digest else None
+            now = time.time()
+            refusal = invitation_problem(inv, now)
+            if refusal is not None:
+                raise refusal
+            uid = invitee_name(inv, name)
+            if uid in doc.users:
+                raise UserError(f"the user name {uid!r} is taken; choose another")
+            user = doc.users[uid] = User(id=uid, name=uid, workspaces=list(inv.workspaces),
+                                         permissions=list(inv.permissions), created=now)
+            inv.used_by, inv.used_at = uid, now
+            return user
+
+        return self._update(change)  # type: ignore[return-value]
+
+    @staticmethod
+    def _find_invitation(doc: UsersDoc, digest: str) -> StoredInvitation | None:
+        return next((i for i in doc.invitations if hmac.compare_digest(i.hash, digest)), None)
 
     @staticmethod
     def _need(doc: UsersDoc, uid: str) -> User:

@@ -10,7 +10,11 @@ The app, the API and the CLI type against `Users`; two sets implement it:
   256-bit values kept only as SHA-256 hashes (a slow hash buys nothing at that entropy);
 - a revoked user's tokens, codes and sessions stop working at once;
 - a login code is one-time and expires; a user's new code voids their earlier ones;
-- an expired session is refused, and swept when sessions are written.
+- an expired session is refused, and swept when sessions are written;
+- an invitation is one-time and expires; of two redeems of one code at once exactly one
+  creates its user; a revoked user can be restored (its old tokens stay revoked);
+- single sign-on binds a name to one (issuer, subject) pair at its first SSO sign-in; another
+  subject arriving with that name is refused (no takeover by a reused username).
 
 Errors: `UserError` (a `ValueError`) for a bad operation: unknown user, duplicate name,
 unknown permission, no workspace, a malformed name (the id check's own `ValueError`).
@@ -26,7 +30,7 @@ import secrets
 from typing import Iterable, Protocol, runtime_checkable
 
 from datadesk.domain.ids import ID_PATTERN, check_id
-from datadesk.domain.users import PERMISSION_NAMES, User
+from datadesk.domain.users import PERMISSION_NAMES, Invitation, User
 
 
 class UserError(ValueError):
@@ -65,6 +69,11 @@ def checked_new_user(name: str, workspaces: Iterable[str],
                      permissions: Iterable[str]) -> tuple[list[str], list[str]]:
     """Validate a new user; returns (workspaces deduplicated in order, permissions sorted)."""
     check_id(name, "user name")
+    return checked_grants(workspaces, permissions)
+
+
+def checked_grants(workspaces: Iterable[str], permissions: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Validate grants alone (an edit, an invitation, an SSO sign-in): (workspaces, permissions)."""
     wss = list(dict.fromkeys(workspaces))
     for ws in wss:
         check_id(ws, "workspace")
@@ -79,6 +88,44 @@ def checked_new_user(name: str, workspaces: Iterable[str],
 
 def no_user(uid: str) -> UserError:
     return UserError(f"no user named {uid!r}")
+
+
+def new_invitation_code() -> str:
+    """An invitation's secret: `ddi_<secret>` (names no one: the invitee may pick the name)."""
+    return f"ddi_{secrets.token_urlsafe(32)}"
+
+
+def invitation_problem(inv: Invitation | None, now: float) -> UserError | None:
+    """Why `inv` cannot be redeemed now (the message the join page shows), or None if it can."""
+    if inv is None:
+        return UserError("this invitation link is not valid (mistyped or cut short?)")
+    state = inv.state(now)
+    if state == "used":
+        return UserError("this invitation has already been used")
+    if state == "revoked":
+        return UserError("this invitation was revoked by an admin")
+    if state == "expired":
+        return UserError("this invitation has expired; ask an admin for a new one")
+    return None
+
+
+def invitee_name(inv: Invitation, name: str | None) -> str:
+    """The user name an invitation's redeem creates: its fixed name, else the one chosen."""
+    if inv.name is not None:
+        if name and name != inv.name:
+            raise UserError(f"this invitation is for the user name {inv.name!r}")
+        return inv.name
+    if not name:
+        raise UserError("choose a user name")
+    check_id(name, "user name")
+    return name
+
+
+def sso_mismatch(user: User, issuer: str, subject: str) -> UserError | None:
+    """The refusal when `user` is bound to another SSO identity than (issuer, subject)."""
+    if user.sso_subject is None or (user.sso_issuer, user.sso_subject) == (issuer, subject):
+        return None
+    return UserError(f"the user name {user.id!r} belongs to another single sign-on account")
 
 
 @runtime_checkable
@@ -110,6 +157,59 @@ class Users(Protocol):
     def delete(self, uid: str) -> list[str]:
         """Remove a user with its tokens, codes and sessions, and what it owns; returns the
         places of the user's data removed. `UserError` for an unknown user."""
+        ...
+
+    def update(self, uid: str, *, workspaces: list[str] | None = None,
+               permissions: list[str] | None = None) -> User:
+        """Replace a user's workspaces and/or permissions (None: kept); returns the user.
+        `UserError` for an unknown user, no workspace or an unknown permission."""
+        ...
+
+    def restore(self, uid: str) -> None:
+        """Un-revoke a user (an admin's "re-enable"); its old tokens stay revoked. `UserError`
+        for an unknown user."""
+        ...
+
+    def revoke_token(self, uid: str, token_id: str) -> None:
+        """Revoke one API token of `uid` by its id. `UserError` for an unknown user or token."""
+        ...
+
+    def sync_sso(self, name: str, workspaces: list[str], permissions: list[str], *,
+                 issuer: str, subject: str) -> User:
+        """A single sign-on: the first one creates the user (no API token) or binds a
+        pre-created, never bound one; every one replaces its workspaces and permissions. A name
+        bound to another (issuer, subject) raises `UserError`; a revoked user is returned
+        unchanged (the caller refuses it). `UserError` for no workspace or unknown permission."""
+        ...
+
+    def last_login(self, uid: str) -> float | None:
+        """The time of `uid`'s last `record_login`, or None."""
+        ...
+
+    # -- invitations -------------------------------------------------------------------
+    def new_invitation(self, workspaces: list[str], permissions: list[str], ttl_s: float,
+                       created_by: str, name: str | None = None) -> tuple[str, Invitation]:
+        """A one-time invitation valid `ttl_s` seconds: (its secret code, shown once; the
+        invitation). `name` fixes the user name it creates. `UserError` for bad grants or a
+        name already taken."""
+        ...
+
+    def invitations(self) -> list[Invitation]:
+        """Every invitation, open, used, revoked and expired, newest first."""
+        ...
+
+    def peek_invitation(self, code: str) -> Invitation | None:
+        """The invitation of `code` in whatever state (the join page), or None if unknown."""
+        ...
+
+    def revoke_invitation(self, inv_id: str) -> None:
+        """Void an invitation by id. `UserError` for an unknown id."""
+        ...
+
+    def redeem_invitation(self, code: str, name: str | None) -> User:
+        """Consume an invitation and create its user (`name`, or its fixed name) with its
+        grants, no API token. Of two redeems at once exactly one wins; unknown, used, revoked
+        or expired codes and taken names raise `UserError` (a taken name leaves it open)."""
         ...
 
     # -- authentication ------------------------------------------------------------
