@@ -21,6 +21,7 @@ from datadesk import __version__
 from datadesk.api.controllers.artifacts import ArtifactController
 from datadesk.api.controllers.export import ExportController
 from datadesk.api.controllers.memory import MemoryController
+from datadesk.api.controllers.oidc import OIDCController  # issue 30: single sign-on
 from datadesk.api.controllers.people import people_router  # issue 30: people
 from datadesk.api.controllers.search import SearchController
 from datadesk.api.controllers.session import SessionController
@@ -94,6 +95,7 @@ def create_app(rt: Runtime) -> Litestar:
             SearchController,
             ExportController,
             WorkspaceController,
+            OIDCController,  # issue 30: single sign-on (/auth/oidc/*, /api/auth/options)
             people_router,  # issue 30: the admin people API and /join
             index,
             ready,  # readiness (api/readiness.py); /api/health is liveness
