@@ -168,7 +168,7 @@ class Runtime:
         self.query_slots = QuerySlots(limits.sql_queries_per_user, limits.sql_queries, limits.sql_queue_s,
                                       MemoryGuard(limits.app_memory_mb))
         register_sql_tool(self.tools, self.sources_for, settings.sql, settings.offload.threshold_chars,
-                          settings.offload.stream_timeout_s, self.query_slots)
+                          settings.offload.stream_timeout_s, self.query_slots, audit=self.audit)
         register_source_tools(self.tools, self.sources_for)
         register_artifact_tools(self.tools, self.requery)
         register_history_tools(self.tools)

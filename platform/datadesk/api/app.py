@@ -19,6 +19,7 @@ from litestar.static_files import create_static_files_router
 
 from datadesk import __version__
 from datadesk.api.controllers.artifacts import ArtifactController
+from datadesk.api.controllers.audit import AuditController  # issue 30: audit
 from datadesk.api.controllers.export import ExportController
 from datadesk.api.controllers.memory import MemoryController
 from datadesk.api.controllers.oidc import OIDCController  # issue 30: single sign-on
@@ -95,6 +96,7 @@ def create_app(rt: Runtime) -> Litestar:
             SearchController,
             ExportController,
             WorkspaceController,
+            AuditController,  # issue 30: the admin audit view
             OIDCController,  # issue 30: single sign-on (/auth/oidc/*, /api/auth/options)
             people_router,  # issue 30: the admin people API and /join
             index,

@@ -21,12 +21,13 @@ from typing import Annotated, Any, Callable, Iterator
 import msgspec
 import pyarrow as pa
 
+from datadesk.audit.queries import QueryEntry
 from datadesk.domain.records import ToolRecordMeta
 from datadesk.domain.tools import TabularStream, ToolError, ToolResult, ToolSpec
 from datadesk.settings import SQLSettings
 from datadesk.sources.errors import SQLError
 from datadesk.sources.query import QueryControl, QueryResult, interruptible, jsonable
-from datadesk.sources.registry import Source, SourceSet
+from datadesk.sources.registry import WAREHOUSE, Source, SourceSet
 from datadesk.store.admission import Busy, QuerySlots
 from datadesk.tools.arguments import ToolArguments
 from datadesk.tools.registry import ToolContext, ToolRegistry
@@ -113,7 +114,8 @@ HOLD_BYTES = 8 * 1024 * 1024
 
 
 def _first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_timeout_s: float,
-                control: QueryControl | None = None, on_end: Callable[[], None] | None = None) -> ToolResult:
+                control: QueryControl | None = None, on_end: Callable[[], None] | None = None,
+                entry: QueryEntry | None = None) -> ToolResult:
     """Run `sql` on `src` for `user`; small results come back inline, large ones as a stream for offload.
 
     One execution: the batches already read for the size check are chained
@@ -121,6 +123,7 @@ def _first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_t
     stream handed on keeps that hook (`TabularStream.interrupt`) for the offload writer.
     `on_end()` (the query slot's release) runs once the database work is over: the source
     read to its end (here, or by the offload writer's read-ahead thread), failed, or closed.
+    `entry` (its audit entry) is written then too, with the rows and bytes the source returned.
     """
     stream = src.record_batches(sql, user, control=control)  # the statement timeout covers the first rows
     try:
@@ -149,24 +152,35 @@ def _first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_t
                 content = render_result(result, sys.maxsize)
                 if len(content) <= threshold_chars and rows:
                     stream.close()
+                    _answered(entry, rows, held)
                     return ToolResult(content=content, data=result.to_dict(), meta=ToolRecordMeta(rows=rows))
                 if not rows:
                     stream.close()
+                    _answered(entry, 0, held)
                     return ToolResult(content=content, data=result.to_dict(), meta=ToolRecordMeta(rows=0))
             # every row is in `head` (too wide to inline, or read whole within HOLD_BYTES): the
             # database work is done, and the slot goes back before the writer is awaited
             stream.close()
             if on_end is not None:
                 on_end()
+            _answered(entry, rows, held)
             return ToolResult(content="", table=TabularStream(stream.schema, iter(head)))
-        table = TabularStream(stream.schema, _until_end(itertools.chain(head, it), on_end), stream.close,
-                              stream.interrupt)
+        batches = itertools.chain(head, it)
+        table = TabularStream(stream.schema, _until_end(entry.counting(batches) if entry else batches, on_end),
+                              stream.close, stream.interrupt)
         if on_end is not None:
             table.also_on_close(on_end)  # closed before it was read to its end
+        if entry is not None:
+            table.also_on_close(entry.closed)  # written already when it was read to its end
         return ToolResult(content="", table=table)
     except BaseException:
         stream.close()
         raise
+
+
+def _answered(entry: QueryEntry | None, rows: int, nbytes: int) -> None:
+    if entry is not None:
+        entry.done("ok", rows=rows, nbytes=nbytes)
 
 
 def _close_late(result: ToolResult) -> None:
@@ -193,23 +207,36 @@ def register_sql_tool(
     threshold_chars: int = 8_000,
     stream_timeout_s: float = 600.0,
     slots: QuerySlots | None = None,
+    audit: Any = None,
 ) -> None:
     """Register `sql_query`; `sources_for` gives the caller's workspace's sources (its warehouse
     and databases); `slots` bounds how many queries run per user and in the app (held until the
-    source is read to its end or closed: the database work, not the artifact's write)."""
+    source is read to its end or closed: the database work, not the artifact's write). `audit`
+    (the `AuditTrail`) gets one entry per call, whatever way it ends (audit/queries.py)."""
 
     async def handler(args: SqlQuery, ctx: ToolContext) -> ToolResult:
+        entry = QueryEntry(audit, ctx.user, ctx.workspace, ctx.thread.id, args.source or WAREHOUSE, args.sql)
+        try:
+            return await run(args, ctx, entry)
+        except BaseException as exc:  # cancelled, or failed: written now unless written already
+            entry.failed(exc)
+            raise
+
+    async def run(args: SqlQuery, ctx: ToolContext, entry: QueryEntry) -> ToolResult:
         sql = args.sql
         if not sql.strip():
+            entry.refused("no statement")
             raise ToolError(SQL_HINT)
         try:
             src = sources_for(ctx).get(args.source)
             src.check(sql)  # in its dialect, on the loop: before any thread, slot or connection
         except SQLError as exc:
+            entry.failed(exc, before_run=True)
             raise ToolError(str(exc)) from None
         try:  # waiting in line shows on the tool card ("waiting for a query slot: 3 ahead")
             slot = await slots.acquire(ctx.user, progress=ctx.report) if slots is not None else None
         except Busy as exc:
+            entry.failed(exc)
             raise ToolError(str(exc)) from None
         control = QueryControl()  # a cancelled call (Stop, tool timeout) interrupts the statement
         if slot is not None:
@@ -217,12 +244,13 @@ def register_sql_tool(
         release = slot.release if slot is not None else None
         try:
             result = await interruptible(control, _first_rows, src, ctx.user, sql, threshold_chars,
-                                         stream_timeout_s, control, release, late=_close_late,
+                                         stream_timeout_s, control, release, entry, late=_close_late,
                                          executor=slots.executor if slots is not None else None)
         except BaseException as exc:
             if slot is not None:
                 slot.release()
             if isinstance(exc, SQLError):  # includes SQLRefused, SQLTimeout and SQLLimit
+                entry.failed(exc)
                 raise ToolError(str(exc)) from None
             raise
         if slot is not None and result.table is None:

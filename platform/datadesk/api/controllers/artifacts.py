@@ -19,6 +19,7 @@ from litestar.exceptions import ClientException, HTTPException
 from litestar.params import FromPath, FromQuery
 from litestar.response import Response, Stream
 
+from datadesk.api.controllers.audit import client_of
 from datadesk.api.guards.access import find_artifact, find_thread
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import data_uri, markdown_html, report_page, sanitize
@@ -326,6 +327,9 @@ class ArtifactController(Controller):
             body, ext, media = await _parquet_csv(path, aid, keep), "csv", "text/csv; charset=utf-8"
         else:
             body, ext, media = _file_chunks(str(path)), Path(art.file).suffix.lstrip("."), art.media_type
+        rt.audit.record("download", user=user.id, workspace=art.origin.workspace, thread=handle.id, target=aid,
+                        rows=art.rows, bytes=None if format == "csv" else art.bytes, detail=format or art.format,
+                        client=client_of(request))
         return Stream(body, media_type=media, headers={
             "Content-Disposition": attachment_header(download_stem(handle.meta.title, art), ext, aid),
             "X-Content-Type-Options": "nosniff",
@@ -353,6 +357,9 @@ class ArtifactController(Controller):
         await _grid_csv_check(rt, user, path, columns, view, keep)
         rt.artifacts.touch(handle, [aid])
         stem = download_stem(handle.meta.title, art) + ("_view" if view.sort or view.filters else "")
+        rt.audit.record("download", user=user.id, workspace=art.origin.workspace, thread=handle.id, target=aid,
+                        rows=art.rows if not view.filters else None, client=client_of(request),
+                        detail="csv of the table view" + (" (filtered)" if view.filters else ""))
         return Stream(_csv_view(rt, user, path, columns, view, keep), media_type="text/csv; charset=utf-8",
                       headers={"Content-Disposition": attachment_header(stem, "csv", aid),
                                "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox",

@@ -21,11 +21,12 @@ import time
 import weakref
 from typing import Annotated, Any, AsyncIterator, Callable
 
-from litestar import Controller, Response, get
+from litestar import Controller, Request, Response, get
 from litestar.exceptions import ClientException, HTTPException
 from litestar.params import FromPath, QueryParameter
 from litestar.response import Stream
 
+from datadesk.api.controllers.audit import client_of
 from datadesk.api.guards.access import find_thread
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import code_html, markdown_html, plain_html, tool_html
@@ -204,12 +205,18 @@ def _file_chunks(path: str, release: Callable[[], None] = lambda: None) -> Async
     return it
 
 
+def _exported(rt: Any, request: Request, uid: str, handle: Any, fmt: str, size: int) -> None:
+    """The audit entry of one export (its format and size; never its content)."""
+    rt.audit.record("export", user=uid, workspace=getattr(handle.meta, "workspace", None), thread=handle.id,
+                    target=handle.id, bytes=size, detail=fmt, client=client_of(request))
+
+
 class ExportController(Controller):
     path = "/api/threads"
 
     @get("/{tid:str}/export")
     async def export_thread(
-        self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep,
+        self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep, request: Request,
         format: Annotated[str, QueryParameter(description="md, html (printable page), ipynb, or zip "
                                                           "(the notebook with the thread's data)")] = "md",
         download: Annotated[bool, QueryParameter(description="html: as a download, not shown")] = False,
@@ -230,11 +237,13 @@ class ExportController(Controller):
                 os.unlink(path)
                 release()
                 raise
+            _exported(rt, request, user.id, handle, format, os.path.getsize(path))
             return Stream(_file_chunks(path, release), media_type="application/zip", headers={
                 **headers, "Content-Disposition": f'attachment; filename="{name}.zip"',
                 "Content-Security-Policy": "sandbox"})
         if format == "html":
             body = await asyncio.to_thread(thread_html, doc)
+            _exported(rt, request, user.id, handle, format, len(body.encode()))
             disp = f'{"attachment" if download else "inline"}; filename="{name}.html"'
             return Response(body.encode(), media_type="text/html; charset=utf-8", headers={
                 **headers, "Content-Disposition": disp, "Content-Security-Policy": EXPORT_CSP})
@@ -243,6 +252,7 @@ class ExportController(Controller):
                 "application/x-ipynb+json", "ipynb"
         else:
             data, media, ext = (await asyncio.to_thread(doc.to_markdown)).encode(), "text/markdown; charset=utf-8", "md"
+        _exported(rt, request, user.id, handle, format, len(data))
         return Response(data, media_type=media, headers={
             **headers, "Content-Disposition": f'attachment; filename="{name}.{ext}"',
             "Content-Security-Policy": "sandbox"})

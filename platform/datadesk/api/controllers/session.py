@@ -16,6 +16,7 @@ from litestar.exceptions import ClientException, NotAuthorizedException, TooMany
 from litestar.response import Redirect, Response
 
 from datadesk import __version__
+from datadesk.api.controllers.audit import client_of
 from datadesk.api.guards.auth import SESSION_COOKIE, CurrentUser, RuntimeDep
 from datadesk.api.schemas import Login, MeOut
 from datadesk.api.guards.security import csrf_token
@@ -96,6 +97,8 @@ def _account_guard(request: Request, credential: str) -> str | None:
     refused = failures.account_refusal(account, failures.address(request.scope))
     if refused is not None:
         message, wait = refused
+        request.app.state.runtime.audit.record("sign_in_failed", user=account, outcome="refused",
+                                               detail="too many failed sign-ins", client=client_of(request))
         raise TooManyRequestsException(message, headers={"Retry-After": str(wait)})
     return account
 
@@ -116,11 +119,15 @@ class SessionController(Controller):
                                   "another user", status_code=409)
         if data.code:
             user = rt.users.redeem_login_code(data.code)
+        how = "token" if data.token else "code"
         if user is None:
             request.app.state.login_failures.failed_account(account)
+            rt.audit.record("sign_in_failed", user=account, outcome="refused",
+                            detail=f"invalid, used or expired {how}", client=client_of(request))
             raise NotAuthorizedException("invalid, used or expired login code or token")
         sid = rt.users.new_session(user.id, rt.settings.auth.session_ttl_s)
         rt.users.record_login(user.id)
+        rt.audit.record("sign_in", user=user.id, detail=how, client=client_of(request))
         return Response({"user": user.id, "csrf": csrf_token(request.app.state.csrf_key, sid)}, cookies=[session_cookie(rt, sid)])
 
     @get("/login", include_in_schema=False, opt={"login": True})  # redeems nothing; a bad code counts
@@ -134,6 +141,8 @@ class SessionController(Controller):
             return _already_signed_in(current, target)
         if target is None:
             request.app.state.login_failures.failed_account(account)
+            rt.audit.record("sign_in_failed", user=account, outcome="refused",
+                            detail="invalid, used or expired login link", client=client_of(request))
             return _bad_link_page()
         nonce = secrets.token_urlsafe(24)
         cookies = [Cookie(key=LOGIN_NONCE_COOKIE, value=nonce, httponly=True, samesite="strict", path="/login",
@@ -168,9 +177,12 @@ class SessionController(Controller):
         user = rt.users.redeem_login_code(code)
         if user is None:
             request.app.state.login_failures.failed_account(account)
+            rt.audit.record("sign_in_failed", user=account, outcome="refused",
+                            detail="invalid, used or expired login link", client=client_of(request))
             return _bad_link_page()
         sid = rt.users.new_session(user.id, rt.settings.auth.session_ttl_s)
         rt.users.record_login(user.id)
+        rt.audit.record("sign_in", user=user.id, detail="login link", client=client_of(request))
         gone = Cookie(key=LOGIN_NONCE_COOKIE, value="", max_age=0, path="/login", httponly=True, samesite="strict")
         return Redirect("/", status_code=303, cookies=[session_cookie(rt, sid), gone])
 
@@ -179,6 +191,7 @@ class SessionController(Controller):
         sid = request.cookies.get(SESSION_COOKIE)
         if sid:
             rt.users.end_session(sid)
+            rt.audit.record("sign_out", user=user.id, client=client_of(request))
         return Response({"logged_out": True},
                         cookies=[Cookie(key=SESSION_COOKIE, value="", max_age=0, path="/", httponly=True,
                                         samesite="strict")])
