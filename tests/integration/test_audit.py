@@ -59,8 +59,12 @@ def entries(h, **flt) -> list:
     return h.rt.audit.page(AuditFilter(**flt), None, 500).entries
 
 
-def log_text(home: Path) -> str:
-    return "".join(p.read_text() for p in sorted((home / "audit").glob("*.jsonl")))
+def log_text(h) -> str:
+    """Everything the set's audit log holds (day files or table), as text; with the day files' raw
+    lines too on the embedded set."""
+    text = json.dumps([e.public() for e in h.rt.audit.entries(AuditFilter())])
+    folder = h.rt.layout.home / "audit"
+    return text + "".join(p.read_text() for p in sorted(folder.glob("*.jsonl")))
 
 
 def one(found: list, what: str):
@@ -90,7 +94,7 @@ def test_each_query_outcome_is_one_entry_with_its_fields(harness_factory, home) 
     assert streamed.bytes > READINGS  # Arrow bytes of every row the source sent
     # never a result row: the cities the first query returned are nowhere in the log
     cities = {row[1] for row in json.loads(tools[0]["content"])["rows"]}
-    text = log_text(home)
+    text = log_text(h)
     assert cities and not [c for c in cities if c in text], cities
 
 
@@ -117,7 +121,7 @@ def test_a_configured_source_is_named_and_its_password_never_logged(harness_fact
     ledger = one(entries(h, source="ledger"), "ledger query")
     assert ledger.outcome == "error" and ledger.detail == "the source cannot be reached", ledger
     assert one(entries(h, source="nowhere"), "unknown source").outcome == "refused"
-    assert password not in log_text(home)
+    assert password not in log_text(h)
 
 
 def test_a_cancelled_query_is_written_once_as_cancelled(harness_factory, home) -> None:
@@ -192,7 +196,7 @@ def test_sign_in_sign_out_and_failures_are_entries_without_secrets(harness_facto
     assert [(e.user, e.outcome, e.detail) for e in failed] == [
         ("bob", "refused", "invalid, used or expired token"),
         ("alice", "refused", "invalid, used or expired code")], failed
-    text = log_text(home)
+    text = log_text(h)
     for secret in (code, link_code, h.tokens["bob"], code.split(".", 1)[1], "not-the-secret-xyz"):
         assert secret not in text, secret
 
@@ -280,17 +284,23 @@ def test_the_csv_has_every_entry_and_no_formula_cell(harness_factory) -> None:
             assert not cell or cell[0] not in "=+-@\t\r", row
 
 
-def test_retention_removes_old_days_at_start(harness_factory, home) -> None:
+def test_retention_removes_old_days_at_start(harness_factory) -> None:
+    from datadesk.composition import Runtime
     from datadesk.llm.scripted import ScriptedModel
 
-    folder = home / "audit"
-    folder.mkdir(parents=True, exist_ok=True)
-    old, recent = folder / "2001-01-01.jsonl", folder / time.strftime("%Y-%m-%d.jsonl", time.gmtime())
-    old.write_text('{"ts":978307200.0,"action":"sign_in","outcome":"ok","user":"old"}\n')
-    recent.write_text('{"ts":%f,"action":"sign_in","outcome":"ok","user":"recent"}\n' % time.time())
     h = harness_factory(ScriptedModel(then="ok"), audit={"retention_days": 30})
-    wait_until(lambda: not old.exists(), timeout=10)
-    assert recent.exists() and [e.user for e in entries(h)] == ["recent"]
+    now = time.time()
+    for user, age_days in (("old", 45), ("edge", 29), ("recent", 0)):
+        h.rt.audit.clock = lambda age=age_days: now - age * 86400
+        h.rt.audit.record("sign_in", user=user)
+    assert [e.user for e in entries(h)] == ["recent", "edge", "old"]
+    rt = Runtime(h.rt.settings, model=ScriptedModel(then="ok"))  # another start on this home / database
+    try:
+        wait_until(lambda: [e.user for e in entries(h)] == ["recent", "edge"], timeout=10)
+        assert not list((h.rt.layout.home / "audit").glob(time.strftime("%Y-%m-%d", time.gmtime(now - 45 * 86400)) + "*"))
+    finally:
+        if rt.cluster is not None:
+            rt.cluster.close()
 
 
 WORKER = r"""
