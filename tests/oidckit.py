@@ -112,20 +112,18 @@ class OIDCProvider:
         })
 
     def set_accounts(self, accounts: dict[str, dict[str, Any]]) -> None:
-        """`{login: {"password": ..., "sub": optional, "claims": {...}}}`; read at every sign-in."""
+        """`{login: {"password": ..., "claims": {...}}}`; read at every sign-in."""
         self.accounts = accounts
         self._write(self.accounts_file, accounts)
 
     def account(self, login: str, *, groups: list[str] | None = None, password: str = "pw",
-                sub: str | None = None, **claims: Any) -> None:
-        """Add or replace one account (its `preferred_username` defaults to `login`)."""
+                **claims: Any) -> None:
+        """Add or replace one account: its `sub` is `login` (the provider's account id), its
+        `preferred_username` defaults to `login`."""
         claims.setdefault("preferred_username", login)
         if groups is not None:
             claims["groups"] = groups
-        entry: dict[str, Any] = {"password": password, "claims": claims}
-        if sub:
-            entry["sub"] = sub
-        self.set_accounts({**self.accounts, login: entry})
+        self.set_accounts({**self.accounts, login: {"password": password, "claims": claims}})
 
     def set_groups(self, login: str, groups: list[str]) -> None:
         entry = json.loads(json.dumps(self.accounts[login]))
@@ -224,6 +222,7 @@ class Browser:
         self.app = app_base
         self.provider = provider
         self.http = httpx.Client(timeout=30, follow_redirects=False)
+        self.signed_in_as: str | None = None  # whose session the provider holds for this browser
 
     def close(self) -> None:
         self.http.close()
@@ -242,9 +241,10 @@ class Browser:
         raise AssertionError("too many redirects")
 
     def start(self, next_path: str | None = None) -> httpx.Response:
-        """GET the app's /auth/oidc/login and follow to the provider's login form."""
+        """GET the app's /auth/oidc/login and follow to the provider's login form, or (while the
+        provider's own session lasts) straight to the redirect to the app's callback."""
         params = {"next": next_path} if next_path is not None else {}
-        return self.follow(self.http.get(f"{self.app}/auth/oidc/login", params=params))
+        return self.follow(self.http.get(f"{self.app}/auth/oidc/login", params=params), stop_at="/auth/oidc/callback")
 
     def submit_login(self, form_page: httpx.Response, login: str, password: str = "pw") -> httpx.Response:
         action = unescape(re.search(r'<form method="post" action="([^"]+)"', form_page.text).group(1))
@@ -253,9 +253,13 @@ class Browser:
     def callback_url(self, login: str, password: str = "pw", next_path: str | None = None) -> str:
         """Sign in at the provider as `login`; the app's callback URL it sends the browser to."""
         form = self.start(next_path)
+        if hasattr(form, "next_url"):  # the provider's session signed the browser in without its form
+            assert self.signed_in_as == login, f"the provider's session is {self.signed_in_as}'s, not {login}'s"
+            return form.next_url  # type: ignore[attr-defined]
         assert "op-login" in form.text, f"expected the provider's login form, got {form.status_code}: {form.text[:500]}"
         done = self.follow(self.submit_login(form, login, password), stop_at="/auth/oidc/callback")
         assert hasattr(done, "next_url"), f"the provider did not send the browser back: {done.status_code} {done.text[:500]}"
+        self.signed_in_as = login
         return done.next_url  # type: ignore[attr-defined]
 
     def sign_in(self, login: str, password: str = "pw", next_path: str | None = None) -> httpx.Response:

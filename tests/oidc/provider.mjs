@@ -35,7 +35,7 @@ async function findAccount(ctx, id) {
   if (!account) return undefined;
   return {
     accountId: id,
-    async claims() { return { sub: account.sub || id, ...(account.claims || {}) }; },
+    async claims() { return { ...(account.claims || {}), sub: id }; },
   };
 }
 

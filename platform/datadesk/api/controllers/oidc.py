@@ -135,6 +135,9 @@ class OIDCController(Controller):
             client = oidc_client(request, rt)
             flow = open_flow(request.cookies.get(FLOW_COOKIE), request.app.state.csrf_key)
             check_state(flow, q.get("state"))
+            if q.get("iss") is not None and q.get("iss") != client.issuer:  # RFC 9207: no mix-up of providers
+                raise FlowRejected(f"The sign-in response names the issuer {q.get('iss')[:120]!r}, not the "
+                                   f"configured provider {client.issuer!r}.", "sso: response from another issuer")
             if q.get("error"):
                 said = f"{q.get('error')[:80]}" + (f": {q.get('error_description', '')[:300]}"
                                                    if q.get("error_description") else "")

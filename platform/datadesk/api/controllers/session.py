@@ -17,6 +17,7 @@ from litestar.response import Redirect, Response
 
 from datadesk import __version__
 from datadesk.api.controllers.audit import client_of
+from datadesk.api.controllers.oidc import code_login_off_page, refuse_code_login  # auth.code_login
 from datadesk.api.guards.auth import SESSION_COOKIE, CurrentUser, RuntimeDep
 from datadesk.api.schemas import Login, MeOut
 from datadesk.api.guards.security import csrf_token
@@ -109,6 +110,7 @@ class SessionController(Controller):
     @post("/api/login", status_code=200, opt={"login": True})
     async def login(self, request: Request, data: JSONBody[Login], rt: RuntimeDep) -> Response[dict[str, Any]]:
         """Exchange an API token or a one-time login code for a session cookie."""
+        refuse_code_login(rt)  # auth.code_login = false: single sign-on only (Bearer tokens still work)
         if bool(data.token) == bool(data.code):
             raise NotAuthorizedException("send exactly one of 'token' or 'code'")
         account = _account_guard(request, data.token or data.code or "")
@@ -134,6 +136,8 @@ class SessionController(Controller):
     async def login_link(self, request: Request, rt: RuntimeDep, code: FromQuery[str] = "") -> Response[Any]:
         """The printed login URL: a page that asks to confirm (POST); opening it changes nothing,
         and it never replaces the session of someone already signed in."""
+        if not rt.settings.auth.code_login:
+            return code_login_off_page()
         account = _account_guard(request, code)
         target = rt.users.peek_login_code(code)
         current = _signed_in(request, rt)
@@ -164,6 +168,8 @@ class SessionController(Controller):
     ) -> Response[Any]:
         """The confirm form: only from this site, from the browser that opened the link (its
         nonce cookie), and never while someone is signed in; then the code is redeemed."""
+        if not rt.settings.auth.code_login:
+            return code_login_off_page()
         nonce = request.cookies.get(LOGIN_NONCE_COOKIE) or ""
         sent = str(data.get("confirm") or "")
         if _cross_site(request) or not nonce or not hmac.compare_digest(sent, _confirm_token(request, nonce)):

@@ -29,7 +29,7 @@ from authlib.integrations.base_client.errors import OAuthError
 from authlib.integrations.httpx_client import AsyncOAuth2Client
 from joserfc.jwk import KeySet
 
-from datadesk.api.sso.errors import ProviderRefused, ProviderUnreachable, SSOError, TokenRejected
+from datadesk.api.sso.errors import FlowRejected, ProviderRefused, ProviderUnreachable, SSOError, TokenRejected
 from datadesk.api.sso.flow import FLOW_TTL_S, Flow
 from datadesk.api.sso.idtoken import LEEWAY_S, check_claims, check_signature, token_header
 from datadesk.settings import OIDCSettings
@@ -182,20 +182,23 @@ class OIDCClient:
 
     async def exchange(self, code: str, redirect_uri: str, verifier: str | None) -> dict[str, Any]:
         """The token endpoint's answer to the authorization code (with the PKCE verifier)."""
+        if not verifier:  # every code DataDesk asked for was bound to a verifier (PKCE, S256)
+            raise FlowRejected("This sign-in has no PKCE verifier, so its code is not exchanged: start again "
+                               "from the login page.", "sso: no PKCE verifier")
         meta = await self.metadata()
         methods = meta.token_endpoint_auth_methods_supported
         method = "client_secret_post" if "client_secret_basic" not in methods and "client_secret_post" in methods \
             else "client_secret_basic"
-        params: dict[str, Any] = {"code": code, "redirect_uri": redirect_uri}
-        if verifier:
-            params["code_verifier"] = verifier
+        params: dict[str, Any] = {"code": code, "redirect_uri": redirect_uri, "code_verifier": verifier}
         try:
             async with AsyncOAuth2Client(client_id=self.settings.client_id, client_secret=self.client_secret(),
                                          token_endpoint_auth_method=method, timeout=self.timeout_s) as client:
                 token = await client.fetch_token(meta.token_endpoint, grant_type="authorization_code", **params)
         except OAuthError as exc:
+            hint = (" (the code was already used or has expired, or the PKCE verifier or redirect URI does "
+                    "not match the ones it was issued for)" if exc.error == "invalid_grant" else "")
             raise ProviderRefused(f"The sign-in provider refused the sign-in code: {exc.error}"
-                                  f"{': ' + str(exc.description)[:300] if exc.description else ''}. "
+                                  f"{': ' + str(exc.description)[:300] if exc.description else ''}{hint}. "
                                   "Start again from the login page.", f"sso: code refused ({exc.error})") from None
         except SSOError:
             raise
