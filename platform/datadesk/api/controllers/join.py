@@ -26,13 +26,22 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body, FromQuery
 from litestar.response import Redirect, Response
 
-from datadesk.api.controllers.session import _cross_site, _page, session_cookie
+from datadesk.api.controllers.session import _cross_site, session_cookie
 from datadesk.api.guards.auth import SESSION_COOKIE, RuntimeDep
 from datadesk.domain.users import Invitation
 from datadesk.store.interfaces.users import UserError, invitation_problem
 
 JOIN_NONCE_COOKIE = "datadesk_join"
 JOIN_NONCE_TTL_S = 1800  # time to pick a name
+
+
+def _page(title: str, body: str, status: int = 200, cookies: list[Cookie] | None = None) -> Response[str]:
+    """A page in the login pages' look (app.css `.dd-login-page`); no icon to fetch."""
+    doc = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+           '<meta name="viewport" content="width=device-width,initial-scale=1"><link rel="icon" href="data:,">'
+           f'<link rel="stylesheet" href="/static/app.css"></head><body class="dd-login-page"><main>'
+           f'<h1>{html.escape(title)}</h1>{body}</main></body></html>')
+    return Response(doc, status_code=status, media_type="text/html", cookies=cookies or [])
 
 
 def join_url(code: str) -> str:
@@ -81,7 +90,7 @@ def _form(request: Request, code: str, inv: Invitation, nonce: str, error: str =
     else:
         who = "<p>Choose your user name: letters, digits, <code>-</code> and <code>_</code> (at most 64).</p>"
         field = ('<p><label>User name <input id="join-name" name="name" required maxlength="64" '
-                 f'pattern="[A-Za-z0-9_-]{{1,64}}" autocomplete="username" value="{html.escape(name)}"></label></p>')
+                 f'pattern="[A-Za-z0-9_\\-]{{1,64}}" autocomplete="username" value="{html.escape(name)}"></label></p>')
         label = "Join"
     shown_error = f'<p id="join-error" class="error" role="alert">{html.escape(error)}</p>' if error else ""
     return _page("Join DataDesk", (
