@@ -363,6 +363,14 @@ def test_logout_ends_the_session_and_the_providers(sso: SSO) -> None:
     assert form.status_code == 200 and "op-login" in form.text, form.text[:300]
 
 
+def test_logout_of_a_code_login_session_does_not_send_the_browser_to_the_provider(sso: SSO) -> None:
+    http = sso.browser.http
+    assert http.post(f"{sso.base}/api/login", json={"token": sso.h.tokens["alice"]}).status_code == 200
+    r = http.post(f"{sso.base}/auth/oidc/logout", headers={"X-CSRF-Token": sso.browser.csrf()})
+    assert r.status_code == 200 and r.json() == {"logged_out": True, "redirect": None}, r.text
+    assert sso.me().status_code == 401
+
+
 def test_logout_needs_the_csrf_token(sso: SSO) -> None:
     assert sso.browser.sign_in("dana").status_code == 303
     r = sso.browser.http.post(f"{sso.base}/auth/oidc/logout")

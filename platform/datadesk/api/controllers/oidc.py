@@ -29,7 +29,7 @@ from datadesk.api.sso.flow import FLOW_COOKIE, FLOW_PATH, FLOW_TTL_S, Flow, chec
 from datadesk.api.sso.oidc import OIDCClient
 from datadesk.api.sso.signin import SSOSignIn
 
-SSO_COOKIE = "datadesk_sso"  # the ID token, for the provider's logout (`id_token_hint`)
+SSO_COOKIE = "datadesk_sso"  # this session came from SSO; its ID token for the provider's logout (`id_token_hint`)
 MAX_HINT_CHARS = 3800  # a larger token (a long groups claim) is not kept: logout sends client_id alone
 CALLBACK_PATH = "/auth/oidc/callback"
 LOGGED_OUT_PATH = "/auth/oidc/logged-out"
@@ -158,9 +158,9 @@ class OIDCController(Controller):
         secure = rt.settings.auth.cookie_secure
         cookies = [Cookie(key=SESSION_COOKIE, value=sid, httponly=True, samesite="strict", path="/",
                           secure=secure, max_age=max_age), drop_flow]
-        if len(done.id_token) <= MAX_HINT_CHARS:
-            cookies.append(Cookie(key=SSO_COOKIE, value=done.id_token, httponly=True, samesite="strict",
-                                  path=FLOW_PATH, secure=secure, max_age=max_age))
+        hint = done.id_token if len(done.id_token) <= MAX_HINT_CHARS else "sso"  # "sso": too big to keep
+        cookies.append(Cookie(key=SSO_COOKIE, value=hint, httponly=True, samesite="strict", path=FLOW_PATH,
+                              secure=secure, max_age=max_age))
         return Redirect(flow.next, status_code=303, cookies=cookies, headers={"Cache-Control": "no-store"})
 
     @post("/auth/oidc/logout", status_code=200, include_in_schema=False)
@@ -173,10 +173,11 @@ class OIDCController(Controller):
         if user is not None:
             _audit(request, rt, "sign_out", user.id, detail="sso")
         out: dict[str, Any] = {"logged_out": True, "redirect": None}
-        if rt.settings.auth.oidc.issuer:
+        hint = request.cookies.get(SSO_COOKIE)  # set by an SSO sign-in: only then the provider's logout too
+        if rt.settings.auth.oidc.issuer and hint:
             try:
                 out["redirect"] = await oidc_client(request, rt).end_session_url(
-                    request.cookies.get(SSO_COOKIE), base_url(request, rt) + LOGGED_OUT_PATH)
+                    hint if hint.count(".") == 2 else None, base_url(request, rt) + LOGGED_OUT_PATH)
             except ProviderUnreachable as exc:
                 out["provider_error"] = exc.message  # DataDesk's session is over all the same
         return Response(out, cookies=[_gone(SESSION_COOKIE, "/"), _gone(SSO_COOKIE, FLOW_PATH)],
