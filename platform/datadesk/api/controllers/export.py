@@ -214,7 +214,7 @@ def _exported(rt: Any, request: Request, uid: str, handle: Any, fmt: str, size: 
 class ExportController(Controller):
     path = "/api/threads"
 
-    @get("/{tid:str}/export")
+    @get("/{tid:str}/export", opt={"strict_query": True})  # takes `request` (audit): unknown parameters stay 400s
     async def export_thread(
         self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep, request: Request,
         format: Annotated[str, QueryParameter(description="md, html (printable page), ipynb, or zip "

@@ -48,7 +48,7 @@ LOGIN_NONCE_TTL_S = 600
 
 def _page(title: str, body: str, status: int = 200, cookies: list[Cookie] | None = None) -> Response[str]:
     doc = (f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-           '<meta name="viewport" content="width=device-width,initial-scale=1">'
+           '<meta name="viewport" content="width=device-width,initial-scale=1"><link rel="icon" href="data:,">'
            f'<link rel="stylesheet" href="/static/app.css"></head><body class="dd-login-page"><main>'
            f'<h1>{html.escape(title)}</h1>{body}</main></body></html>')
     return Response(doc, status_code=status, media_type="text/html", cookies=cookies or [])
