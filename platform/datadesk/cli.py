@@ -121,7 +121,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if rt.model.is_demo:
         print("  demo model, no LLM configured: set DATADESK_LLM_BASE_URL / DATADESK_LLM_API_KEY / "
               "DATADESK_LLM_MODEL to use a real one", flush=True)
-    if admin is not None and not rt.users.has_logged_in(admin.id):  # else the log would hand out admin
+    if not settings.auth.code_login:  # login links are refused: single sign-on is the way in
+        print(f"  sign in with single sign-on: {base}/auth/oidc/login", flush=True)
+    elif admin is not None and not rt.users.has_logged_in(admin.id):  # else the log would hand out admin
         code = rt.users.new_login_code(admin.id, settings.auth.login_code_ttl_s)
         print(f"  open this one-time login URL (valid {settings.auth.login_code_ttl_s // 60} min):"
               f"\n\n    {base}/login?code={code}\n", flush=True)

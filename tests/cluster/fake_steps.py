@@ -28,7 +28,7 @@ from typing import Any
 
 from tests.fakes.openai_server import FakeOpenAIServer, FakeReply
 
-BIG_SQL = "SELECT building_id, ts, kwh FROM readings ORDER BY building_id, ts LIMIT {rows}"  # offloaded
+BIG_SQL = "SELECT building_id, ts, kwh FROM readings ORDER BY building_id, ts LIMIT 1000"  # offloaded
 SMALL_SQL = "SELECT building_id, round(sum(kwh), 1) AS kwh FROM readings GROUP BY 1 ORDER BY 1 LIMIT 3"
 STREAM_EVENTS = 4  # a one-piece answer streams as: role, the piece, the finish, [DONE]
 
@@ -49,7 +49,7 @@ def slow(spec: str) -> FakeReply:
     return FakeReply(text=" ".join(f"word{i}" for i in range(int(n))), chunks=int(n), delay_s=float(delay))
 
 
-def respond(req: dict[str, Any], step_delay: float, rows: int = 1000) -> FakeReply:
+def respond(req: dict[str, Any], step_delay: float) -> FakeReply:
     user, step = _user_and_step(req.get("messages") or [])
     kind, _, rest = user.partition(":")
     per_event = step_delay / STREAM_EVENTS
@@ -65,12 +65,11 @@ def respond(req: dict[str, Any], step_delay: float, rows: int = 1000) -> FakeRep
         return FakeReply(text="ran it", chunks=1)
     if user == "offload":
         if step == 0:
-            return FakeReply(tool_calls=[{"name": "sql_query", "arguments": {"sql": BIG_SQL.format(rows=1000)}}])
+            return FakeReply(tool_calls=[{"name": "sql_query", "arguments": {"sql": BIG_SQL}}])
         return FakeReply(text="offloaded", chunks=1)
     if user == "bench":
         if step == 0:
-            return FakeReply(tool_calls=[{"name": "sql_query", "arguments": {"sql": BIG_SQL.format(rows=rows)}}],
-                             delay_s=per_event)
+            return FakeReply(tool_calls=[{"name": "sql_query", "arguments": {"sql": BIG_SQL}}], delay_s=per_event)
         if step == 1:
             return FakeReply(tool_calls=[{"name": "sql_query", "arguments": {"sql": SMALL_SQL}}],
                              delay_s=per_event)
@@ -82,10 +81,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--step-delay", type=float, default=0.2)
-    parser.add_argument("--rows", type=int, default=1000, help="rows of the offloaded result of `bench`")
     args = parser.parse_args()
     server = FakeOpenAIServer(models=None)
-    server.responder = lambda req: respond(req, args.step_delay, args.rows)
+    server.responder = lambda req: respond(req, args.step_delay)
     server.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
