@@ -185,3 +185,19 @@ def test_a_cursor_deep_in_the_log_reads_on_from_there(hosts) -> None:
     first = trail.page(AuditFilter(), None, 100)
     second = trail.page(AuditFilter(), first.next_cursor, 100)
     assert [e.rows for e in second.entries] == list(range(199, 99, -1))
+
+
+def test_an_entry_the_database_cannot_take_is_kept_in_the_spill_files(hosts, caplog) -> None:
+    if hosts.kind == "embedded":
+        pytest.skip("the embedded set's log is the day files themselves")
+    from datadesk.cluster.audit import build_audit
+
+    trail = build_audit(hosts.database("host-b", max_size=2), 30, "h", hosts.home / "audit-spill")
+    trail.record("query", user="alice", sql="SELECT 1")
+    trail.store.db.close()  # the database is gone for this host
+    with caplog.at_level(logging.WARNING, logger="datadesk.audit.trail"):
+        trail.record("query", user="alice", source="crm", sql="SELECT 2")
+    assert "kept in this host's audit spill files" in caplog.text
+    (spilled,) = trail.fallback.page(AuditFilter()).entries
+    assert (spilled.user, spilled.source, spilled.sql) == ("alice", "crm", "SELECT 2")
+    assert [e.sql for e in hosts.trail().page(AuditFilter()).entries] == ["SELECT 1"]

@@ -2,7 +2,9 @@
 
 `record(...)` builds the entry, keeps secrets out of it and hands it to the set's log (the
 embedded day files or the cluster table). It never raises into the caller: an entry that cannot
-be written is logged (with its action, user and outcome, never its SQL) and the caller carries on.
+be written is logged (with its action, user and outcome, never its SQL) and the caller carries on;
+on the cluster set it is then kept in this host's `<home>/audit-spill/` day files (`fallback`), so
+a database that is down for a moment loses no entry (an admin reads them there).
 The retention sweep (`audit.retention_days`) runs at start and then at most once per
 `sweep_every_s`, in a short-lived background thread started by `record`, so no caller waits for it.
 """
@@ -49,8 +51,10 @@ class AuditTrail:
     """Records audited actions into `store` and reads them back for the admin view."""
 
     def __init__(self, store: AuditLog, retention_days: int = 0, *, host: str | None = None,
-                 clock: Callable[[], float] = time.time, sweep_every_s: float = SWEEP_EVERY_S) -> None:
+                 clock: Callable[[], float] = time.time, sweep_every_s: float = SWEEP_EVERY_S,
+                 fallback: AuditLog | None = None) -> None:
         self.store = store
+        self.fallback = fallback
         self.retention_days = retention_days
         self.host = host
         self.clock = clock
@@ -64,6 +68,7 @@ class AuditTrail:
                rows: int | None = None, bytes: int | None = None, duration_ms: float | None = None,
                target: str | None = None, detail: str | None = None, client: str | None = None) -> None:
         """Append one entry. Never raises: a failure is logged and the caller goes on."""
+        ev = None
         try:
             if action not in ACTIONS or outcome not in OUTCOMES:
                 log.warning("audit: unexpected action %r / outcome %r (recorded as given)", action, outcome)
@@ -75,7 +80,19 @@ class AuditTrail:
             self.store.append(ev)
         except Exception:
             log.exception("audit: could not record %s by %s (%s)", action, user, outcome)
+            self._spill(ev)
         self._maybe_sweep()
+
+    def _spill(self, ev: AuditEvent | None) -> None:
+        if ev is None or self.fallback is None:
+            return
+        try:
+            self.fallback.append(ev)
+            log.warning("audit: the %s entry of %s was kept in this host's audit spill files instead",
+                        ev.action, ev.user)
+        except Exception:
+            log.exception("audit: the %s entry of %s is lost (its spill file could not be written either)",
+                          ev.action, ev.user)
 
     def page(self, flt: AuditFilter, cursor: str | None = None, limit: int = 100) -> AuditPage:
         """Entries matching `flt`, newest first; `cursor` from the previous page. ValueError for
@@ -97,7 +114,10 @@ class AuditTrail:
         if self.retention_days <= 0:
             return None
         now = self.clock() if now is None else now
-        return self.store.remove_before(day_of(now - self.retention_days * 86400.0))
+        day = day_of(now - self.retention_days * 86400.0)
+        if self.fallback is not None:  # the spill files keep no entry longer than the log itself
+            self.fallback.remove_before(day)
+        return self.store.remove_before(day)
 
     def _maybe_sweep(self) -> None:
         if self.retention_days <= 0:

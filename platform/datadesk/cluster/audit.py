@@ -5,13 +5,14 @@ An entry is one INSERT in autocommit (a few hundred microseconds on a near datab
 queued in the process, so an entry the caller was told about is in the database. A page is
 `WHERE <filters> AND id < <cursor> ORDER BY id DESC LIMIT n`: each exact filter has an index that
 ends in id, so a page costs what it returns. Retention deletes old rows in batches, so the
-sweep never holds a long lock.
+sweep never holds a long lock. An INSERT waits at most APPEND_WAIT_S for a pooled connection.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from pathlib import Path
 from typing import Any
 
 from datadesk.audit.event import AuditEvent, AuditFilter, AuditPage
@@ -25,6 +26,7 @@ SELECT = """SELECT id, extract(epoch FROM ts)::float8 AS ts, action, outcome, us
 sql, rows, bytes, duration_ms, target, detail, client, host FROM audit_events"""
 DELETE_BATCH = """DELETE FROM audit_events WHERE id IN (SELECT id FROM audit_events WHERE ts < %s LIMIT %s)"""
 BATCH = 10_000
+APPEND_WAIT_S = 2.0
 _COLUMN = {"user": "user_name", "source": "source", "action": "action", "outcome": "outcome",
            "workspace": "workspace"}
 _CURSOR = re.compile(r"^\d{1,19}$")
@@ -40,8 +42,15 @@ class AuditTable:
         params: dict[str, Any] = {f: getattr(ev, f) for f in (
             "ts", "action", "outcome", "user", "workspace", "thread", "source", "sql", "rows", "bytes",
             "duration_ms", "target", "detail", "client", "host")}
-        with self.db.autocommit() as conn:
-            conn.execute(INSERT, params)
+        # a short wait for a pooled connection: the caller may be on the event loop, and an entry
+        # the database cannot take now goes to the spill files rather than hold the loop
+        with self.db.pool.connection(timeout=APPEND_WAIT_S) as conn:
+            conn.autocommit = True
+            try:
+                conn.execute(INSERT, params)
+            finally:
+                if not conn.closed:
+                    conn.autocommit = False  # the pool's other users expect a transaction
 
     def page(self, flt: AuditFilter, cursor: str | None = None, limit: int = 100) -> AuditPage:
         where, params = [], []
@@ -86,8 +95,10 @@ def _event(row: dict[str, Any]) -> AuditEvent:
                       target=row["target"], detail=row["detail"], client=row["client"], host=row["host"])
 
 
-def build_audit(db: Database, retention_days: int, host: str) -> Any:
-    """The cluster's `AuditTrail` on `audit_events`."""
+def build_audit(db: Database, retention_days: int, host: str, spill: Path) -> Any:
+    """The cluster's `AuditTrail` on `audit_events`; an entry the database cannot take goes to the
+    day files under `spill` (this host's `<home>/audit-spill/`)."""
+    from datadesk.audit.dayfiles import DayFiles
     from datadesk.audit.trail import AuditTrail
 
-    return AuditTrail(AuditTable(db), retention_days, host=host)
+    return AuditTrail(AuditTable(db), retention_days, host=host, fallback=DayFiles(spill))

@@ -80,7 +80,8 @@ class ClusterSet:
         from datadesk.cluster.audit import build_audit
 
         # the audit trail's table (audit_events), written by every host, read by any admin view
-        return self._once("audit", lambda: build_audit(self.db, self.settings.audit.retention_days, self.host_id))
+        return self._once("audit", lambda: build_audit(self.db, self.settings.audit.retention_days, self.host_id,
+                                                       self.layout.home / "audit-spill"))
 
     def locks(self) -> Any:
         from datadesk.cluster.locks import build_locks
