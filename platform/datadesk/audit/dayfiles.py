@@ -96,9 +96,9 @@ class DayFiles:
             if lo is not None and day < lo:
                 break
             end = start_off if day == start_day else None
-            for off, raw in self._lines(day, end):
-                scanned += len(raw) + 1
-                if all(n in raw for n in needles):
+            for off, raw, size in self._lines(day, end, needles):
+                scanned += size
+                if raw is not None and all(n in raw for n in needles):
                     ev = _decode_or_none(raw)
                     if ev is not None and flt.since is not None and ev.ts < flt.since - ORDER_SLACK_S:
                         break  # older than the window: the rest of this day is older still
@@ -110,13 +110,13 @@ class DayFiles:
                     return AuditPage(found, f"{day}:{off}")
         return AuditPage(found, None)
 
-    def _lines(self, day: str, end: int | None) -> Iterator[tuple[int, bytes]]:
+    def _lines(self, day: str, end: int | None, needles: list[bytes]) -> Iterator[tuple[int, bytes | None, int]]:
         try:
             fh = open(self.path(day), "rb")
         except FileNotFoundError:
             return
         with fh:
-            yield from lines_before(fh, end)
+            yield from lines_before(fh, end, BLOCK, needles)
 
     def remove_before(self, day: str) -> list[str]:
         """Delete the whole day files older than `day` (YYYY-MM-DD); the days removed."""
@@ -138,10 +138,14 @@ def _decode_or_none(raw: bytes) -> AuditEvent | None:
         return None  # a line this version cannot read is left out of the view, not fatal
 
 
-def lines_before(fh, end: int | None, block: int = BLOCK) -> Iterator[tuple[int, bytes]]:
-    """(offset, line) of the complete lines of the open file `fh` that start before `end`
-    (None: the end of the file), newest first. A torn last line is never returned: reading
-    starts at the last newline before `end` (which is `end` itself when it is a line's start)."""
+def lines_before(fh, end: int | None, block: int = BLOCK,
+                 needles: list[bytes] | None = None) -> Iterator[tuple[int, bytes | None, int]]:
+    """(offset, line, bytes passed) of the complete lines of the open file `fh` that start before
+    `end` (None: the end of the file), newest first. A torn last line is never returned: reading
+    starts at the last newline before `end` (which is `end` itself when it is a line's start).
+    With `needles`, only the lines that hold the first needle are returned (found by searching
+    the block, not by splitting it), and each block ends with (offset of its oldest line, None,
+    the bytes passed over): what a filter costs is its matches, not the lines it skips."""
     if end is None:
         fh.seek(0, os.SEEK_END)
         end = fh.tell()
@@ -152,18 +156,33 @@ def lines_before(fh, end: int | None, block: int = BLOCK) -> Iterator[tuple[int,
         fh.seek(start)
         buf = fh.read(pos - start) + buf
         pos = start
-        lines = buf.split(b"\n")
-        # `buf` ends with a newline on the first round and with a line's (carried) end after:
-        # either way the last element ends at `cur_end`, less the newline on the first round
-        cur_end = pos + len(buf)
-        if lines[-1] == b"":
-            lines.pop()
-            cur_end -= 1
-        if pos > 0:  # lines[0] may start in the block before: carried into the next round
-            buf = lines[0]
-            lines = lines[1:]
-        for raw in reversed(lines):
-            off = cur_end - len(raw)
-            cur_end = off - 1
-            if raw.strip():
-                yield off, raw
+        cut = buf.find(b"\n") + 1 if pos > 0 else 0  # where the block's oldest whole line starts
+        if pos > 0 and cut == 0:
+            continue  # one line longer than the block: read on to its start
+        yield from (_found(buf, pos, cut, needles[0]) if needles else _split(buf, pos, cut))
+        buf = buf[:cut - 1] if pos > 0 else b""  # the partial first line goes on with the next block
+
+
+def _split(buf: bytes, pos: int, cut: int) -> Iterator[tuple[int, bytes | None, int]]:
+    """Every line of buf[cut:] (its last one ends the buffer, with or without a newline), newest first."""
+    cur_end = pos + len(buf)
+    lines = buf[cut:].split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+        cur_end -= 1
+    for raw in reversed(lines):
+        off = cur_end - len(raw)
+        cur_end = off - 1
+        if raw.strip():
+            yield off, raw, len(raw) + 1
+
+
+def _found(buf: bytes, pos: int, cut: int, needle: bytes) -> Iterator[tuple[int, bytes | None, int]]:
+    """The lines of buf[cut:] that hold `needle`, newest first, then the rest of the block passed over."""
+    hi = len(buf)
+    while (i := buf.rfind(needle, cut, hi)) >= 0:
+        s = buf.rfind(b"\n", 0, i) + 1  # >= cut: buf[cut - 1] is a newline (or cut is 0)
+        e = buf.find(b"\n", i)
+        yield pos + s, buf[s:e if e >= 0 else len(buf)], hi - s
+        hi = s
+    yield pos + cut, None, hi - cut
