@@ -254,7 +254,9 @@ def test_the_admin_view_filters_and_pages_and_is_for_admins_only(harness_factory
                     headers=admin).json()
         assert len(day["entries"]) == 500 and day["entries"][0]["time"].startswith("2026-05-28T20:")
         for params, word in (({"limit": 501}, "limit"), ({"cursor": "nope"}, "cursor"),
-                             ({"action": "drop"}, "action"), ({"from": "yesterday"}, "from")):
+                             ({"action": "drop"}, "action"), ({"from": "yesterday"}, "from"),
+                             ({"lmit": 5}, "unknown query parameter 'lmit'"),
+                             ({"user": ["u1", "u2"]}, "more than once")):
             r = c.get("/api/admin/audit", params=params, headers=admin)
             assert r.status_code == 400 and word in r.json()["error"], (params, r.text)
 

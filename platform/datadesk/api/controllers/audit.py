@@ -74,6 +74,20 @@ def _admin(user: User) -> None:
         raise PermissionDeniedException("the audit trail is for admins")
 
 
+PAGE_PARAMS = ("user", "source", "action", "outcome", "workspace", "from", "to", "cursor", "limit")
+CSV_PARAMS = ("user", "source", "action", "outcome", "workspace", "from", "to")
+
+
+def _check_query(request: Request, allowed: tuple[str, ...]) -> None:
+    """What the API guard checks for handlers that read no query themselves (these read `user`,
+    `from` and `to`): an unknown or repeated parameter is a 400 naming it."""
+    for key in request.query_params:
+        if key not in allowed:
+            raise ClientException(f"unknown query parameter {key[:40]!r}: this endpoint takes {', '.join(allowed)}")
+        if len(request.query_params.getall(key)) > 1:
+            raise ClientException(f"query parameter {key[:40]!r} is given more than once: give it once")
+
+
 def csv_cell(value: Any) -> Any:
     """A CSV cell: text a spreadsheet would read as a formula gets a leading `'`."""
     if isinstance(value, str) and _FORMULA.match(value):
@@ -111,6 +125,7 @@ class AuditController(Controller):
         """A page of the audit trail, newest first (`user`, `from` and `to` are read from the query
         itself: `user` is the caller's dependency name, `from` a Python keyword)."""
         _admin(user)
+        _check_query(request, PAGE_PARAMS)
         if not 1 <= limit <= MAX_PAGE:
             raise ClientException(f"limit: {limit} is not between 1 and {MAX_PAGE}", extra={"param": "limit"})
         q = request.query_params
@@ -128,6 +143,7 @@ class AuditController(Controller):
                         workspace: FromQuery[str | None] = None) -> Stream:
         """Every entry the filters match, newest first, as CSV (streamed)."""
         _admin(user)
+        _check_query(request, CSV_PARAMS)
         q = request.query_params
         flt = _filter(q.get("user"), source, action, outcome, workspace, q.get("from"), q.get("to"))
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
