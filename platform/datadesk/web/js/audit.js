@@ -34,6 +34,7 @@ class AuditView {
     this.f = {
       user: h("input", { id: "audit-user", type: "text", placeholder: "user", "aria-label": "User" }),
       source: h("input", { id: "audit-source", type: "text", placeholder: "source", "aria-label": "Source" }),
+      workspace: h("input", { id: "audit-workspace", type: "text", placeholder: "workspace", "aria-label": "Workspace" }),
       action: select("audit-action", "Action", ACTIONS),
       outcome: select("audit-outcome", "Outcome", OUTCOMES),
       from: h("input", { id: "audit-from", type: "date", "aria-label": "From (UTC day)" }),
