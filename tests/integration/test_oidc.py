@@ -302,6 +302,18 @@ def test_a_forged_id_token_is_refused(provider: OIDCProvider) -> None:
         _verify(provider, f"{head}.{other}.{sig}", "n-altered")
 
 
+def test_a_token_naming_no_key_is_checked_against_the_providers_keys(provider: OIDCProvider) -> None:
+    from joserfc import jwt
+    from joserfc.jwk import RSAKey
+
+    def no_kid(key: dict[str, Any], nonce: str) -> str:
+        return jwt.encode({"alg": "RS256"}, _claims(provider, nonce), RSAKey.import_key(key))
+
+    assert _verify(provider, no_kid(provider.keys[0], "n-nokid"), "n-nokid")["sub"] == "dana"
+    with pytest.raises(TokenRejected, match="forged or was altered"):
+        _verify(provider, no_kid(new_key(), "n-nokid-forged"), "n-nokid-forged")
+
+
 def test_an_unsigned_id_token_is_refused(provider: OIDCProvider) -> None:
     import base64
     import json

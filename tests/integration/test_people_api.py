@@ -178,6 +178,8 @@ def test_delete_needs_confirming_like_the_cli(env) -> None:
     r = client.delete("/api/people/users/bob?yes=true", headers=admin)
     assert r.status_code == 200 and r.json()["deleted"] == "bob", r.text
     assert h.rt.users.get("bob") is None and client.get("/api/me", headers=h.auth("bob")).status_code == 401
+    r = client.delete("/api/people/users/alice?yse=true", headers=admin)
+    assert r.status_code == 400 and "unknown query parameter 'yse'" in r.json()["error"]
     assert client.delete("/api/people/users/bob?yes=true", headers=admin).status_code == 404
     assert admin_entries(h, target="bob")[0].detail.startswith("deleted bob: ")
 

@@ -96,8 +96,8 @@ def create_app(rt: Runtime) -> Litestar:
             SearchController,
             ExportController,
             WorkspaceController,
-            AuditController,  # issue 30: the admin audit view
             OIDCController,  # issue 30: single sign-on (/auth/oidc/*, /api/auth/options)
+            AuditController,  # issue 30: the admin audit view
             people_router,  # issue 30: the admin people API and /join
             index,
             ready,  # readiness (api/readiness.py); /api/health is liveness

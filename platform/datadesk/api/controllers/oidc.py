@@ -167,13 +167,13 @@ class OIDCController(Controller):
     async def logout(self, request: Request, rt: RuntimeDep) -> Response[dict[str, Any]]:
         """End this browser's session; `redirect` is the provider's logout, when it has one."""
         sid = request.cookies.get(SESSION_COOKIE)
+        hint = request.cookies.get(SSO_COOKIE)  # set by an SSO sign-in: only then the provider's logout too
         user = rt.users.by_session(sid) if sid else None
         if sid:
             rt.users.end_session(sid)
         if user is not None:
-            _audit(request, rt, "sign_out", user.id, detail="sso")
+            _audit(request, rt, "sign_out", user.id, detail="sso" if hint else None)
         out: dict[str, Any] = {"logged_out": True, "redirect": None}
-        hint = request.cookies.get(SSO_COOKIE)  # set by an SSO sign-in: only then the provider's logout too
         if rt.settings.auth.oidc.issuer and hint:
             try:
                 out["redirect"] = await oidc_client(request, rt).end_session_url(

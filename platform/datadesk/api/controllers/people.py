@@ -89,6 +89,7 @@ def _grants(wss: list[str], perms: list[str]) -> str:
 
 class PeopleController(Controller):
     path = "/api/people"
+    opt = {"strict_query": True}  # handlers take `request` for the audit only: unknown parameters are 400s
 
     @staticmethod
     def _admin(request: Request, user: User, rt: Any) -> User:

@@ -53,6 +53,8 @@ def check_signature(raw: str, keys: KeySet, algorithms: Iterable[str]) -> dict[s
         raise UnknownKey(f"The ID token is signed with a key ({str(kid)[:40]!r}) the provider does not "
                          "publish in its JWKS.", "sso: id token signed with an unknown key")
     try:
+        if kid is None:  # a token naming no key: any of the provider's keys of that type may verify it
+            return _without_kid(raw, keys, alg)
         return dict(jwt.decode(raw, keys, algorithms=[alg]).claims)
     except (jose_errors.BadSignatureError, jose_errors.InvalidKeyTypeError,
             jose_errors.UnsupportedKeyAlgorithmError):
@@ -108,6 +110,16 @@ def verify_id_token(raw: str, keys: KeySet, *, issuer: str, client_id: str, nonc
     claims = check_signature(raw, keys, algorithms)
     check_claims(claims, issuer=issuer, client_id=client_id, nonce=nonce, now=now, leeway=leeway)
     return claims
+
+
+def _without_kid(raw: str, keys: KeySet, alg: str) -> dict[str, Any]:
+    for key in keys:
+        try:
+            return dict(jwt.decode(raw, key, algorithms=[alg]).claims)
+        except (jose_errors.BadSignatureError, jose_errors.InvalidKeyTypeError,
+                jose_errors.UnsupportedKeyAlgorithmError):
+            continue
+    raise jose_errors.BadSignatureError()
 
 
 def _number(value: Any) -> bool:

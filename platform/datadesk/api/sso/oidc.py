@@ -18,7 +18,9 @@ answers nonsense is a `ProviderUnreachable` naming its issuer URL.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import ssl
 import time
 from typing import Any, Callable
 from urllib.parse import urlencode
@@ -27,6 +29,8 @@ import httpx
 import msgspec
 from authlib.integrations.base_client.errors import OAuthError
 from authlib.integrations.httpx_client import AsyncOAuth2Client
+from authlib.oauth2.rfc6749.parameters import prepare_grant_uri
+from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from joserfc.jwk import KeySet
 
 from datadesk.api.sso.errors import FlowRejected, ProviderRefused, ProviderUnreachable, SSOError, TokenRejected
@@ -54,6 +58,15 @@ def _http_errors() -> tuple[type[BaseException], ...]:
 
 
 HTTP_ERRORS = _http_errors()
+_TLS: list[ssl.SSLContext] = []
+
+
+async def tls_context() -> ssl.SSLContext:
+    """One TLS context for every call to the provider: the system's trusted CAs (`SSL_CERT_FILE`
+    and `SSL_CERT_DIR` add an organisation's own), read once, off the event loop."""
+    if not _TLS:
+        _TLS.append(await asyncio.to_thread(ssl.create_default_context))
+    return _TLS[0]
 
 
 class ProviderMetadata(msgspec.Struct):
@@ -116,7 +129,7 @@ class OIDCClient:
 
     async def _get_json(self, url: str, what: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
         try:
-            async with httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as http:
+            async with httpx.AsyncClient(timeout=self.timeout_s, verify=await tls_context()) as http:
                 r = await http.get(url, headers={"Accept": "application/json", **(headers or {})})
             if r.status_code != 200:
                 raise self._unreachable(what, f"HTTP {r.status_code} from {url}")
@@ -167,11 +180,11 @@ class OIDCClient:
     async def authorization_url(self, flow: Flow, redirect_uri: str) -> str:
         """Where the browser goes to sign in: the code flow with PKCE (S256), state and nonce."""
         meta = await self.metadata()
-        client = AsyncOAuth2Client(client_id=self.settings.client_id, scope=" ".join(self.settings.scopes),
-                                   redirect_uri=redirect_uri, code_challenge_method="S256")
-        url, _ = client.create_authorization_url(meta.authorization_endpoint, state=flow.state,
-                                                 code_verifier=flow.verifier, nonce=flow.nonce)
-        return url
+        return prepare_grant_uri(meta.authorization_endpoint, client_id=self.settings.client_id,
+                                 response_type="code", redirect_uri=redirect_uri,
+                                 scope=" ".join(self.settings.scopes), state=flow.state, nonce=flow.nonce,
+                                 code_challenge=create_s256_code_challenge(flow.verifier),
+                                 code_challenge_method="S256")
 
     def client_secret(self) -> str:
         try:
@@ -192,7 +205,8 @@ class OIDCClient:
         params: dict[str, Any] = {"code": code, "redirect_uri": redirect_uri, "code_verifier": verifier}
         try:
             async with AsyncOAuth2Client(client_id=self.settings.client_id, client_secret=self.client_secret(),
-                                         token_endpoint_auth_method=method, timeout=self.timeout_s) as client:
+                                         token_endpoint_auth_method=method, timeout=self.timeout_s,
+                                         verify=await tls_context()) as client:
                 token = await client.fetch_token(meta.token_endpoint, grant_type="authorization_code", **params)
         except OAuthError as exc:
             hint = (" (the code was already used or has expired, or the PKCE verifier or redirect URI does "

@@ -2,7 +2,7 @@
 
 The app, the API and the CLI type against `Users`; two sets implement it:
 `store.users.UserStore` (embedded: `users.json` and `sessions.json` under file locks) and
-`cluster.users.PgUserStore` (tables `users`, `user_tokens`, `login_codes`, `sessions`,
+`cluster.users.PgUserStore` (tables `users`, `user_tokens`, `login_codes`, `sessions`, `invitations`,
 `user_logins`). Both keep the same rules:
 
 - a user's name is its id, unique; it has at least one workspace and only known permissions;
