@@ -176,7 +176,8 @@ class Runtime:
         register_skill_tool(self.tools, self.skills)
         self.mcp = MCPManager(self.tools, save_image=self._save_tool_image,
                               result_max_bytes=limits.mcp_result_max_mb * 1024**2,
-                              min_free_bytes=settings.store.min_free_mb * 10**6)  # a spooled answer leaves it free
+                              min_free_bytes=settings.store.min_free_mb * 10**6,  # a spooled answer leaves it free
+                              audit=self.audit)
 
     def _upload_slots(self, settings: Settings) -> QuerySlots:
         limits = settings.limits

@@ -499,3 +499,29 @@ def test_streamable_http_server_and_reconnect(tmp_path: Path, monkeypatch: pytes
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_every_mcp_tool_call_is_one_audit_entry(tmp_path: Path) -> None:
+    """An MCP server reaches data like a source: each call is a "query" entry (source
+    `mcp:<server>`, the tool and its arguments as the text), whatever its outcome."""
+    from datadesk.audit.dayfiles import DayFiles
+    from datadesk.audit.event import AuditFilter
+    from datadesk.audit.trail import AuditTrail
+
+    trail = AuditTrail(DayFiles(tmp_path / "audit"), host="h")
+
+    async def main() -> None:
+        reg = ToolRegistry()
+        mgr = MCPManager(reg, audit=trail)
+        await mgr.start_workspace(WS, {"fake": MCPServerConfig(command=FAKE, timeout_s=1)}, tmp_path)
+        try:
+            assert (await call(reg, ctx(tmp_path), "fake__echo", text="hello")).is_error is False
+            assert (await call(reg, ctx(tmp_path), "fake__slow", seconds=5)).is_error
+        finally:
+            await mgr.stop()
+
+    asyncio.run(main())
+    got = sorted(trail.entries(AuditFilter(source="mcp:fake")), key=lambda e: e.ts)
+    assert [(e.action, e.outcome, e.workspace) for e in got] == [("query", "ok", WS), ("query", "error", WS)], got
+    assert '"tool": "fake__echo"' in (got[0].sql or "") and "hello" in (got[0].sql or ""), got[0]
+    assert got[1].duration_ms is not None and got[1].duration_ms >= 900, got[1]

@@ -39,6 +39,7 @@ from typing import Any, Callable
 import anyio
 import anyio.to_thread
 
+from datadesk.audit.queries import QueryEntry
 from datadesk.tools.mcp.config import (  # noqa: F401  (re-exported: the public names live here too)
     _ENV_REF, _SECRET_KEY, _BACKOFF_MAX_S, _HEALTHY_S, _MAX_DESCRIPTION, _MAX_STDERR_LINE, _PASSED_ENV, MCPConfigError, MCPServerConfig,
     _describe, exposed_tool_name, mask, masked_config, redact, resolve_values,
@@ -89,8 +90,9 @@ class MCPManager:
 
     def __init__(self, registry: ToolRegistry,
                  save_image: Callable[[ToolContext, bytes, str], str] | None = None,
-                 result_max_bytes: int = 256 * 1024**2, min_free_bytes: int = 0) -> None:
+                 result_max_bytes: int = 256 * 1024**2, min_free_bytes: int = 0, audit: Any = None) -> None:
         self.registry = registry
+        self.audit = audit  # one "query" entry per tool call (audit/queries.py): MCP servers reach data
         self.results = ResultReader(save_image)
         if result_max_bytes <= 0:
             raise ValueError("limits.mcp_result_max_mb must be > 0")
@@ -432,7 +434,15 @@ class MCPManager:
     # -- calls ---------------------------------------------------------------------------
     def _handler(self, srv: _Server, exposed: str):
         async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-            return await self._call(srv, exposed, args, ctx)
+            entry = QueryEntry(self.audit, ctx.user, ctx.workspace, ctx.thread.id, f"mcp:{srv.name}",
+                               json.dumps({"tool": exposed, "arguments": args}, ensure_ascii=False))
+            try:
+                result = await self._call(srv, exposed, args, ctx)
+            except BaseException as exc:
+                entry.failed(exc)
+                raise
+            entry.done("error" if result.is_error else "ok", detail=exposed)
+            return result
 
         return handler
 
