@@ -55,6 +55,7 @@ class Home:
     cleared: str = ""
     outputs: str = ""
     upload: tuple[str, str] = ("", "")  # (tid, aid) of an upload with a kept original
+    invitation: str = ""  # the code of an invitation still open when the home moves
 
     def thread(self, tid: str) -> Thread:
         ws, owner, _ = next(t for t in self.threads if t[2] == tid)
@@ -84,7 +85,11 @@ def build_home(root: Path) -> Home:
     users.record_login("ann")
     users.new_session("ann", 3600)
     users.new_session("bob", 3600)
+    invite, _ = users.new_invitation(["sales"], ["memory"], 3600, created_by="ann")  # still open after the move
+    used, _ = users.new_invitation(["demo"], [], 3600, created_by="ann")
+    users.redeem_invitation(used, "dan")
     home = Home(layout, tokens)
+    home.invitation = invite
     threads, arts = ThreadStore(layout), ArtifactStore(layout)
     for i in range(THREADS):
         ws, owner = (("demo", "sales")[i % 2], "ann") if i % 3 else ("demo", "bob")
@@ -156,7 +161,7 @@ def home(built_home, tmp_path) -> Home:
     root = tmp_path / "home"
     shutil.copytree(built_home.layout.home, root, symlinks=True)
     return Home(Layout(root), built_home.tokens, built_home.threads, built_home.torn, built_home.cleared,
-                built_home.outputs, built_home.upload)
+                built_home.outputs, built_home.upload, built_home.invitation)
 
 
 def blobs_of(s3, cache: Path, cache_bytes: int = 0) -> S3Blobs:
@@ -172,7 +177,8 @@ def test_migrate_verify_rerun_and_read_back(home, cluster_db, s3, tmp_path):
     took = time.monotonic() - started
     assert report.counts["threads"] == THREADS and report.counts["artifacts"] >= 200, report.summary()
     assert report.counts["tombstones"] == 13 and report.counts["outputs"] == 2
-    assert report.counts["users"] == 3 and report.counts["sessions"] == 2 and report.counts["memory docs"] == 2
+    assert report.counts["users"] == 4 and report.counts["sessions"] == 2 and report.counts["memory docs"] == 2
+    assert report.counts["invitations"] == 2
     assert seen[-1] == (THREADS, THREADS)
     assert any("torn last line" in n and home.torn in n for n in report.notes), report.notes
     assert any("bad name.txt" in n for n in report.notes)
@@ -229,6 +235,10 @@ def _read_back(home: Home, db, s3, tmp_path: Path) -> None:
     up_file, up = home.thread(tid), threads.get(tid, *_owner_ws(home, tid))
     art = arts.load(up, aid)
     assert arts.original_path(up, art).read_bytes() == files.original_path(up_file, art).read_bytes()
+    from datadesk.cluster.users import PgUserStore
+
+    joined = PgUserStore(db).redeem_invitation(home.invitation, "fay")  # the open invitation works there
+    assert (joined.workspaces, joined.permissions) == (["sales"], ["memory"])
 
 
 def _owner_ws(home: Home, tid: str) -> tuple[str, list[str]]:

@@ -313,6 +313,19 @@ class PgUserStore:
                 conn.execute("INSERT INTO user_logins (user_id, last_at) VALUES (%s, to_timestamp(%s))"
                              " ON CONFLICT (user_id) DO UPDATE SET last_at = EXCLUDED.last_at", (user.id, last_login))
 
+    def import_invitation(self, inv: Any) -> bool:
+        """Copy one invitation (a `store.users.StoredInvitation`: its code's hash, grants, times,
+        whether it was used or revoked) as it is; False when it was there already. Idempotent."""
+        row = self._one(
+            "INSERT INTO invitations (id, hash, workspaces, permissions, name, created_by, created_at, expires_at,"
+            " used_by, used_at, revoked) VALUES (%(id)s, %(hash)s, %(ws)s, %(perms)s, %(name)s, %(by)s,"
+            " to_timestamp(%(created)s), to_timestamp(%(expires)s), %(used_by)s, to_timestamp(%(used_at)s),"
+            " %(revoked)s) ON CONFLICT (id) DO NOTHING RETURNING id",
+            {"id": inv.id, "hash": inv.hash, "ws": inv.workspaces, "perms": inv.permissions, "name": inv.name,
+             "by": inv.created_by, "created": inv.created, "expires": inv.expires, "used_by": inv.used_by,
+             "used_at": inv.used_at, "revoked": inv.revoked})
+        return row is not None
+
     def import_session(self, digest: str, uid: str, created: float, expires: float) -> bool:
         """Copy one session by its stored hash; False (nothing copied) when its user is unknown
         or it has expired. Idempotent."""

@@ -45,8 +45,8 @@ from filelock import FileLock, Timeout
 from datadesk.cluster.database import Database, DatabaseError
 from datadesk.cluster.memory import PgMemoryDocs
 from datadesk.cluster.migration.filehome import (FileThread, artifact_problem, output_files, read_artifacts,
-                                                 read_memories, read_sessions, read_thread, read_users, sha256_bytes,
-                                                 thread_dirs)
+                                                 read_invitations, read_memories, read_sessions, read_thread,
+                                                 read_users, sha256_bytes, thread_dirs)
 from datadesk.cluster.migration.report import (MIGRATED_FILE, HomeInUse, Progress, Report, artifact_keys,
                                                artifact_row, same_user)
 from datadesk.cluster.threads import MANIFESTS_KEPT, jsonb_text
@@ -234,6 +234,10 @@ def copy_users(layout: Layout, db: Database, report: Report, fill: bool) -> None
         report.counts["sessions"] += 1
         if digest not in there and pg.import_session(digest, sess.user, sess.created, sess.expires):
             report.wrote("sessions")
+    for inv in read_invitations(layout):  # open ones keep working after the move; used ones are history
+        report.counts["invitations"] += 1
+        if pg.import_invitation(inv):
+            report.wrote("invitations")
 
 
 # -- threads -------------------------------------------------------------------------------------

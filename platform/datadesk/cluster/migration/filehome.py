@@ -31,7 +31,7 @@ from datadesk.store.interfaces.memory import AuditEvent, MemoryStoreError
 from datadesk.store.interfaces.threads import MANIFESTS, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE
 from datadesk.store.files import read_json
 from datadesk.store.layout import Layout
-from datadesk.store.users import Session, UsersDoc
+from datadesk.store.users import Session, StoredInvitation, UsersDoc
 
 # the file of each per-thread document and line set (as store/threads.py DOC_FILES names them)
 DOC_FILES = {SUMMARY: "summary.json", SUMMARY_STATUS: "summary.status.json", TASK_STATE: "task_state.json"}
@@ -64,6 +64,11 @@ def read_users(layout: Layout) -> tuple[list[User], dict[str, float]]:
     """The users of `users.json` (in its order) and the time of each one's last login."""
     doc = msgspec.convert(read_json(layout.users_file, {}), UsersDoc)
     return list(doc.users.values()), dict(doc.logins)
+
+
+def read_invitations(layout: Layout) -> list[StoredInvitation]:
+    """The invitations of `users.json` (with their codes' hashes), oldest first."""
+    return list(msgspec.convert(read_json(layout.users_file, {}), UsersDoc).invitations)
 
 
 def read_sessions(layout: Layout, now: float | None = None) -> dict[str, Session]:

@@ -19,7 +19,7 @@ import msgspec
 
 from datadesk.cluster.database import Database
 from datadesk.cluster.migration.filehome import (FileThread, artifact_problem, output_files, read_artifacts,
-                                       read_memories, read_sessions, read_thread, read_users, sha256_bytes, sha256_file,
+                                       read_invitations, read_memories, read_sessions, read_thread, read_users, sha256_bytes, sha256_file,
                                        thread_dirs)
 from datadesk.cluster.memory import PgMemoryDocs
 from datadesk.cluster.migration.report import Progress, Report, artifact_keys, artifact_row, same_user
@@ -103,6 +103,21 @@ def verify_users(layout: Layout, db: Database, report: Report) -> None:
         report.counts["sessions"] += 1
         if there.get(digest) != sess.user:
             report.differences.append(f"a session of user {sess.user} (hash {digest[:12]}...) is missing")
+    copied = {i.id: i for i in pg.invitations()}
+    for inv in read_invitations(layout):
+        report.counts["invitations"] += 1
+        have = copied.get(inv.id)
+        if have is None or not _same_invitation(have, inv.public()):
+            report.differences.append(f"invitation {inv.id} is missing or differs in the cluster database")
+
+
+def _same_invitation(a: Any, b: Any) -> bool:
+    """Equal invitations, their times to the microsecond the database keeps."""
+    times = ("created", "expires", "used_at")
+    if any((getattr(a, t) is None) != (getattr(b, t) is None) or abs((getattr(a, t) or 0) - (getattr(b, t) or 0)) > 1e-3
+           for t in times):
+        return False
+    return msgspec.structs.replace(a, **{t: None for t in times}) == msgspec.structs.replace(b, **{t: None for t in times})
 
 
 def _user_text(user: Any) -> str:
