@@ -6,15 +6,13 @@
   network namespaces `dd<pid>a`, `dd<pid>b`, `dd<pid>c` (app hosts) and `dd<pid>k` (kernels),
   each joined to the bridge by a veth pair; `Net.link(name, False)` takes a host off the
   network without a FIN (its veth goes down);
-- in the root namespace: PostgreSQL 15 (tests/clusterkit.py, restarted to listen on the bridge
-  address too, pg_hba for the /24), SeaweedFS (`weed server -s3`, tests/clusterkit.py) and
-  the fake model (tests/cluster/fake_steps.py) on loopback, each reached by the namespaces at
-  the bridge address through haproxy (`listen ... mode tcp`: the bytes, and so the Host header
-  of a presigned URL, unchanged); haproxy also serves the app on 127.0.0.1, hashing
-  `/api/threads/<tid>` over the three hosts (deploy/haproxy.cfg), and on a second port
-  in front of host A alone;
-- Jupyter Enterprise Gateway in `k` (the `.venv-eg` venv: it pins jupyter_client 6), with a
-  kernelspec running this interpreter's ipykernel, under its own tmpfs for the kernels' files;
+- in the root namespace: PostgreSQL 15 (tests/clusterkit.py; restarted to listen on the bridge
+  address too), SeaweedFS (`weed server -s3`, tests/clusterkit.py) and the fake model
+  (fake_steps.py) on loopback, the last two reached at the bridge address through haproxy
+  (`mode tcp`: the bytes, and so the Host header of a presigned URL, unchanged); haproxy also
+  serves the app on 127.0.0.1, hashing `/api/threads/<tid>` over the three hosts
+  (deploy/haproxy.cfg), and on a second port in front of host A alone;
+- Enterprise Gateway in `k` (tests/egkit.py) under a tmpfs for the kernels' files;
 - each app host: `datadesk serve` in its namespace under `unshare -m -u` (its own host name),
   with its own tmpfs mounted as DATADESK_HOME (a copy of one template home: the demo
   workspace), in a cpu cgroup of its own capped at HOST_CPUS.
@@ -41,7 +39,9 @@ from typing import Any
 import httpx
 
 from tests.clusterkit import ClusterPG, SeaweedS3, cluster_problem, start_cluster_postgres, start_seaweedfs
-from tests.dbkit import PG_BIN, _wait_port, free_port, pg_home
+from tests.cluster.test_operate_cluster import pg_down, pg_up
+from tests.dbkit import _wait_port, free_port
+from tests.cluster.hostclient import listening_ports
 from tests.egkit import EG_BIN, KERNEL_USER, start_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +93,12 @@ def topology_problem() -> str | None:
     return None
 
 
+def _cmdline(pid: int) -> bytes:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    return b""
+
+
 def _tool(name: str) -> str:
     return shutil.which(name) or name
 
@@ -116,10 +122,8 @@ class Net:
     made: list[str] = field(default_factory=list)
 
     def ns(self, name: str) -> str:
+        """Namespace `name`, and the root namespace's end of its veth pair (the peer: <this>p)."""
         return self.tag + name
-
-    def veth(self, name: str) -> str:
-        return self.tag + name  # the root namespace's end; the peer is <this>p in the namespace
 
     @property
     def bridge(self) -> str:
@@ -137,7 +141,7 @@ class Net:
         _ip("addr", "add", f"{self.addr('root')}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for name in (*APP_HOSTS, "k"):
-            ns, veth = self.ns(name), self.veth(name)
+            ns = veth = self.ns(name)
             _ip("netns", "add", ns)
             self.made.append("netns:" + ns)
             _ip("link", "add", veth, "type", "veth", "peer", "name", veth + "p", "netns", ns)
@@ -148,7 +152,7 @@ class Net:
 
     def link(self, name: str, up: bool) -> None:
         """Put host `name` on the network or take it off (no FIN reaches anyone)."""
-        _ip("link", "set", self.veth(name), "up" if up else "down")
+        _ip("link", "set", self.ns(name), "up" if up else "down")
 
     def pids(self, name: str) -> list[int]:
         """Every process in namespace `name` (`ip netns pids`)."""
@@ -189,11 +193,16 @@ class CpuCap:
         self.v2 = (root / "cgroup.controllers").exists()
         self.path = root / name
         self.path.mkdir()
+        if not self.v2:
+            (self.path / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
+        self.set(cpus)
+
+    def set(self, cpus: float) -> None:
+        self.cpus = cpus
         quota = int(cpus * self.PERIOD_US)
         if self.v2:
             (self.path / "cpu.max").write_text(f"{quota} {self.PERIOD_US}")
         else:
-            (self.path / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
             (self.path / "cpu.cfs_quota_us").write_text(str(quota))
 
     @staticmethod
@@ -213,19 +222,14 @@ class CpuCap:
     def procs(self) -> list[int]:
         return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
 
-    def throttled_s(self) -> float:
-        """Seconds the group was held back by its cap (cpu.stat)."""
-        stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines())
-        return int(stat.get("throttled_usec", 0)) / 1e6 if self.v2 else int(stat.get("throttled_time", 0)) / 1e9
-
     def remove(self) -> None:
         for _ in range(100):
-            with contextlib.suppress(FileNotFoundError):
-                try:
-                    self.path.rmdir()
-                    return
-                except OSError:
-                    time.sleep(0.05)  # its last process is still being reaped
+            try:
+                return self.path.rmdir()
+            except FileNotFoundError:
+                return None
+            except OSError:
+                time.sleep(0.05)  # its last process is still being reaped
         raise RuntimeError(f"cgroup {self.path} still holds {self.procs()}")
 
 
@@ -252,30 +256,43 @@ class Procs:
         return proc
 
     @staticmethod
-    def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, wait_s: float = 20) -> None:
-        """`sig` to the process group (a stopped group is continued first), SIGKILL after `wait_s`."""
+    def send(proc: subprocess.Popen, sig: int) -> None:
+        """`sig` to the process group (a stopped group is continued first)."""
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGCONT)
                 os.killpg(proc.pid, sig)
-            try:
-                proc.wait(wait_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        with contextlib.suppress(ProcessLookupError):  # what it left in its group
+
+    @staticmethod
+    def reap(proc: subprocess.Popen, wait_s: float = 20) -> None:
+        """Wait for `proc` (SIGKILL to its group after `wait_s`), then end what it left in its group."""
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
 
+    @classmethod
+    def stop(cls, proc: subprocess.Popen, sig: int = signal.SIGTERM, wait_s: float = 20) -> None:
+        cls.send(proc, sig)
+        cls.reap(proc, wait_s)
+
     def stop_all(self) -> None:
+        """SIGTERM to every group at once, then each waited for."""
+        for _, proc in self.started:
+            self.send(proc, signal.SIGTERM)
         for _, proc in reversed(self.started):
-            self.stop(proc)
+            self.reap(proc)
 
     def alive(self) -> list[str]:
         return [f"{name} (pid {p.pid})" for name, p in self.started if p.poll() is None]
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120, headers: dict | None = None) -> None:
+    """Until `url` answers 200 (fails with `proc`'s log when it exits or `timeout` passes)."""
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(httpx.HTTPError):
@@ -287,16 +304,20 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120, headers: d
         time.sleep(0.1)
 
 
-def listening_ports() -> set[int]:
-    """The TCP ports something listens on in this network namespace (/proc/net/tcp{,6})."""
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(FileNotFoundError), open(table) as f:
-            for line in f.readlines()[1:]:
-                cols = line.split()
-                if cols[3] == "0A":  # LISTEN
-                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
+def kill_child(pid: int, timeout: float = 10) -> bool:
+    """SIGKILL child `pid`'s group and reap it (tests/clusterkit.py keeps no Popen of SeaweedFS,
+    and SeaweedFS takes over 10 s to stop on SIGTERM); whether it is gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        if not Path(f"/proc/{pid}").exists():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 # --------------------------------------------------------------------------- an app host
@@ -311,7 +332,6 @@ class Host:
     port: int = 0
     proc: subprocess.Popen | None = None
     cap: CpuCap | None = None
-    starts: int = 0
 
     @property
     def addr(self) -> str:
@@ -323,8 +343,7 @@ class Host:
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        return self.proc.pid  # type: ignore[union-attr]
 
     def launch(self) -> subprocess.Popen:
         """Start the host (a fresh tmpfs home: what a host that comes back has); not waited for."""
@@ -335,13 +354,11 @@ class Host:
                   '&& cp -a "$DD_TEMPLATE"/. "$DATADESK_HOME"/ && exec "$DD_PYTHON" -m datadesk.cli serve')
         cmd = [_tool("ip"), "netns", "exec", t.net.ns(self.name), _tool("unshare"), "-m", "-u",
                "--propagation", "private", "/bin/sh", "-c", script]
-        self.starts += 1
         self.proc = t.procs.spawn(f"host-{self.name}", cmd, env, cap=self.cap)
         return self.proc
 
     def wait(self, timeout: float = 120) -> None:
-        assert self.proc is not None
-        wait_http(f"{self.base}/api/health", self.proc, timeout)
+        wait_http(f"{self.base}/api/health", self.proc, timeout)  # type: ignore[arg-type]
 
     def kill(self) -> None:
         """SIGKILL the host's process group (nothing of it runs on)."""
@@ -364,7 +381,7 @@ class Topology:
     """The hosts, the shared services and the balancer (see the module doc)."""
 
     def __init__(self, demo_warehouse: Path, max_turns: int = 3, max_kernels: int = 2,
-                 step_delay: float = 0.2) -> None:
+                 step_delay: float = 0.2, bench_rows: int = 1000) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="datadesk-multihost-"))
         self.root.chmod(0o711)  # PostgreSQL's own user reaches its folder under it
         (self.root / "logs").mkdir()
@@ -372,11 +389,12 @@ class Topology:
         self.net = Net()
         self.limits = {"turns": max_turns, "kernels": max_kernels}
         self.step_delay = step_delay
+        self.bench_rows = bench_rows  # rows of the offloaded result of a `bench` turn (fake_steps.py)
         self.demo_warehouse = demo_warehouse
         self.home = self.root / "home"  # every host's DATADESK_HOME: a tmpfs of its own over this path
         self.kernel_files = self.root / "kernel-files"  # a tmpfs in k's mount namespace
         self.eg: Any = None
-        self.gateway = self.gateway_token = ""
+        self.gateway = ""
         self.pg: ClusterPG | None = None
         self.weed: SeaweedS3 | None = None
         self.caps: list[CpuCap] = []
@@ -411,23 +429,21 @@ class Topology:
     def _postgres(self) -> None:
         """The cluster test's PostgreSQL, restarted to listen on the bridge address too."""
         self.pg = pg = start_cluster_postgres(self.root / "pg")
-        home = pg_home(pg.root)
-        with (home.data / "postgresql.conf").open("a") as f:
+        with (pg.root / "pgdata" / "postgresql.conf").open("a") as f:
             f.write(f"listen_addresses = '127.0.0.1,{self.net.addr('root')}'\nmax_connections = 400\n")
-        with (home.data / "pg_hba.conf").open("a") as f:
+        with (pg.root / "pgdata" / "pg_hba.conf").open("a") as f:
             f.write(f"host all all {self.net.subnet}.0/24 scram-sha-256\n")
-        home.run([str(PG_BIN / "pg_ctl"), "-D", str(home.data), "-l", str(pg.root / "log"), "-w", "-t", "30",
-                  "-m", "fast", "restart"])
-        pg.pid = int((home.data / "postmaster.pid").read_text().split()[0])
+        pg_down(pg)
+        pg_up(pg)
         self.ports["postgres"] = pg.port
         self.db_url = pg.new_database()
-        self.db_name = self.db_url.rsplit("/", 1)[1]
 
     def _fake_model(self) -> None:
         port_file = self.root / "fake.port"
         env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
         proc = self.procs.spawn("fake-model", [sys.executable, "-m", "tests.cluster.fake_steps", "--port-file",
-                                               str(port_file), "--step-delay", str(self.step_delay)], env)
+                                               str(port_file), "--step-delay", str(self.step_delay),
+                                               "--rows", str(self.bench_rows)], env)
         deadline = time.monotonic() + 60
         while not port_file.exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.log.read_text()[-2000:]
@@ -469,7 +485,6 @@ class Topology:
         self.ports["gateway"] = free_port()
         self.eg = start_gateway(self.root / "eg", self.net.addr("k"), self.ports["gateway"], prefix)
         self.gateway = self.eg.url
-        self.gateway_token = self.eg.token
 
     @property
     def gateway_headers(self) -> dict[str, str]:
@@ -480,7 +495,6 @@ class Topology:
         from datadesk.store.layout import Layout
         from datadesk.store.workspaces import ensure_demo_workspace
 
-        assert self.pg is not None
         template = self.root / "template"
         layout = Layout(template)
         data = layout.workspace_data_dir("demo")
@@ -498,7 +512,7 @@ class Topology:
                   "AWS_ACCESS_KEY_ID": store["AWS_ACCESS_KEY_ID"], "AWS_REGION": store["AWS_REGION"],
                   "AWS_SECRET_ACCESS_KEY": store["AWS_SECRET_ACCESS_KEY"], "DATADESK_STORAGE_URL": self.bucket.url,
                   "DATADESK_LLM_API_KEY": "sk-test", "DATADESK_LLM_MODEL": "fake-model",
-                  "DATADESK_GATEWAY_TOKEN": self.gateway_token}
+                  "DATADESK_GATEWAY_TOKEN": self.eg.token}
         self.host_env = {**common, "DD_TEMPLATE": str(template), "DD_PYTHON": sys.executable,
                          "DATADESK_HOME": str(self.home), "DATADESK_CONFIG": str(self.home / "datadesk.toml"),
                          "DATADESK_CLUSTER_DATABASE_URL": self.db_url.replace("@127.0.0.1:", f"@{bridge}:"),
@@ -541,14 +555,10 @@ class Topology:
 
     def kernel_pids(self) -> list[int]:
         """The kernel processes the gateway runs now (namespace k)."""
-        found = []
-        for pid in self.net.pids("k"):
-            with contextlib.suppress(OSError):
-                if b"ipykernel_launcher" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(pid)
-        return found
+        return [pid for pid in self.net.pids("k") if b"ipykernel_launcher" in _cmdline(pid)]
 
     def restart(self, name: str) -> None:
+        """Host `name` back: its link up, a fresh process on a fresh home."""
         host = self.hosts[name]
         host.kill()
         self.net.link(name, True)
@@ -570,11 +580,13 @@ class Topology:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         left += self.procs.alive()
-        if self.weed is not None:
-            self.weed.stop()
-            left += [f"seaweedfs (pid {self.weed.pid})"] if self.weed.pid else []
-        if self.pg is not None:
+        if self.weed is not None and self.weed.pid:  # nothing of it is kept: no need to wait for its stop
+            left += [] if kill_child(self.weed.pid) else [f"seaweedfs (pid {self.weed.pid})"]
+            self.weed.pid = 0
+        if self.pg is not None and self.pg.pid:
+            pid = self.pg.pid
             self.pg.stop()
+            left += [f"postgres (pid {pid})"] if Path(f"/proc/{pid}").exists() else []
         for cap in self.caps:
             try:
                 cap.remove()
