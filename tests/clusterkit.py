@@ -18,6 +18,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.dbkit import PG_BIN, _stop_pid, _wait_port, free_port, pg_home
 
@@ -136,6 +137,7 @@ class SeaweedS3:
     root: Path
     pid: int = 0
     buckets: list[str] = field(default_factory=list)
+    proc: Any = None  # the Popen, waited for at stop (no zombie left)
 
     @property
     def endpoint(self) -> str:
@@ -157,11 +159,16 @@ class SeaweedS3:
 
     def stop(self) -> None:
         if self.pid:
+            # weed ignores SIGTERM for longer than a teardown should wait, and a test store's
+            # data is thrown away: SIGKILL the group at once
             try:
-                os.killpg(self.pid, signal.SIGTERM)
+                os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            _stop_pid(self.pid, signal.SIGTERM, timeout=10)
+            if self.proc is not None:
+                self.proc.wait(10)
+            else:
+                _stop_pid(self.pid, signal.SIGKILL, timeout=5)
             self.pid = 0
 
 
@@ -185,7 +192,7 @@ def start_seaweedfs(root: Path) -> SeaweedS3:
            "-filer.localSocket=" + str(root / "filer.sock")]
     log = open(root / "log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
-    srv.pid = proc.pid
+    srv.pid, srv.proc = proc.pid, proc
     try:
         _wait_port(srv.port, 60, lambda: proc.poll() is None)
         deadline = time.monotonic() + 60
