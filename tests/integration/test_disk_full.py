@@ -16,7 +16,7 @@ from litestar.testing import TestClient
 
 from datadesk.llm.scripted import ScriptedModel
 from datadesk.store.threadlog import ThreadLog
-from tests.conftest import make_harness, parse_sse
+from tests.conftest import make_harness, parse_sse, wait_until
 
 pytestmark = pytest.mark.faults
 ANSWER = "A long answer. " * (352_000 // 15)  # 352,000 characters
@@ -71,6 +71,9 @@ def test_an_answer_on_a_full_disk_ends_with_an_error_naming_the_disk_and_loses_n
     with TestClient(h.app()) as c:
         tid = c.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
         log = ThreadLog(h.rt.threads.get(tid, "alice", ["demo"]).dir / "log.jsonl")
+        # the start-up sweep builds the artifact ledger (~100 KB of SQLite WAL) in the background:
+        # filled before it is done, the disk would be too full for the question itself
+        wait_until(h.rt.quota.ledger.built, timeout=10)
         filler = fill(small_disk, 40 * 1024)  # 40 KB free: room for the question, not for the answer
         events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "tell me everything"},
                                   headers=h.auth("alice")).text)
