@@ -50,7 +50,9 @@ from tests.cluster.test_takeover import client
 from tests.cluster.test_two_hosts import Cluster
 from tests.conftest import parse_sse, wait_until
 
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
+# its own group: the topology starts its own PostgreSQL, SeaweedFS and gateway, so it need not
+# wait behind the other cluster tests on their worker (it is the longest module of the run)
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("multihost")]
 
 FRESH = "a new Python kernel was started"  # sandbox/sessions.py fresh_kernel_notice
 SLOW = "slow:100:0.05"  # 100 pieces, 0.05 s apart (tests/cluster/fake_steps.py)
