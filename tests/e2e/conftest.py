@@ -168,9 +168,13 @@ def browser():
             b.close()
 
 
-@pytest.fixture
-def page(browser, server):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 860}, accept_downloads=True)
+@contextlib.contextmanager
+def open_page(browser, prepare=None, **context_options):
+    """A page in a fresh browser context (1280x860, 30 s timeouts), its uncaught JS errors in
+    `page.js_errors`; `prepare(context)` runs before the page opens (routes, permissions)."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860}, **context_options)
+    if prepare is not None:
+        prepare(ctx)
     pg = ctx.new_page()
     pg.set_default_timeout(30_000)
     errors: list[str] = []
@@ -180,6 +184,12 @@ def page(browser, server):
         yield pg
     finally:
         ctx.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    with open_page(browser, accept_downloads=True) as pg:
+        yield pg
 
 
 def shot(page, name: str, full_page: bool = False) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from datadesk.llm.scripted import ScriptedModel
 from tests.conftest import make_harness, serve_app
-from tests.e2e.conftest import shot
+from tests.e2e.conftest import open_page, shot
 from tests.oidckit import OIDCProvider, oidc_provider  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.oidc]
@@ -38,19 +38,11 @@ def sso_server(home, provider: OIDCProvider, **auth: Any) -> Iterator[str]:
 
 @pytest.fixture
 def page(browser):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 860})
     # only this machine's servers: nothing a page refers to elsewhere is fetched
-    ctx.route("**/*", lambda route: route.continue_() if urlsplit(route.request.url).hostname == "127.0.0.1"
-              else route.abort())
-    pg = ctx.new_page()
-    pg.set_default_timeout(30_000)
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.js_errors = errors  # type: ignore[attr-defined]
-    try:
+    local_only = lambda ctx: ctx.route("**/*", lambda route: route.continue_()  # noqa: E731
+                                       if urlsplit(route.request.url).hostname == "127.0.0.1" else route.abort())
+    with open_page(browser, local_only) as pg:
         yield pg
-    finally:
-        ctx.close()
 
 
 def test_sign_in_with_the_sso_button_lands_in_the_groups_workspace_and_logout_signs_out_at_the_provider(

@@ -13,7 +13,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from tests.e2e.conftest import login, shot
+from tests.e2e.conftest import login, open_page, shot
 from tests.e2e.test_web import ask, new_chat, until, wait_idle
 
 pytestmark = pytest.mark.browser
@@ -38,17 +38,9 @@ ANSWER_SQL = "SELECT building_id, sum(kwh) AS kwh\nFROM readings\nGROUP BY 1\nOR
 @pytest.fixture
 def cpage(browser, server):
     """A page whose clipboard the test may read."""
-    ctx = browser.new_context(viewport={"width": 1280, "height": 860}, accept_downloads=True)
-    ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=server.base)
-    pg = ctx.new_page()
-    pg.set_default_timeout(30_000)
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.js_errors = errors  # type: ignore[attr-defined]
-    try:
+    grant = lambda ctx: ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=server.base)  # noqa: E731
+    with open_page(browser, grant, accept_downloads=True) as pg:
         yield pg
-    finally:
-        ctx.close()
 
 
 def clipboard(page) -> str:
