@@ -20,12 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 from typing import Awaitable, Protocol, TypeVar
 
 from datadesk.sandbox.base import ExecutionResult, OnOutput, OnStatus
 from datadesk.sandbox.execution import INTERRUPT_GRACE_S, tell_status
-from datadesk.sandbox.files import sync_data_links
 from datadesk.sandbox.kerneltable import SessionKey
 from datadesk.sandbox.sessions import KernelSession, SeenOutputs
 
@@ -66,14 +64,12 @@ class KernelRecovery:
         self.registry = registry
 
     async def run(self, key: SessionKey, session: KernelSession, code: str, timeout: float,
-                  artifacts_dir: Path | None, on_output: OnOutput | None = None,
-                  on_status: OnStatus | None = None) -> ExecutionResult:
-        """One execution on the session's kernel (caller holds it); after a timeout, a death, a
-        cancel or a kernel left unusable, the kernel is made usable again or shut down."""
+                  on_output: OnOutput | None = None, on_status: OnStatus | None = None) -> ExecutionResult:
+        """One execution on the session's kernel (caller holds it, its /data already handed over:
+        `Kernel.receive_files`); after a timeout, a death, a cancel or a kernel left unusable, the
+        kernel is made usable again or shut down."""
         if isinstance(session.seen_outputs, SeenOutputs):
             session.seen_outputs.reload()
-        if artifacts_dir is not None:
-            sync_data_links(artifacts_dir, session.placement.data_dir)
         kernel = session.kernel
         session.last_used = time.time()
         try:

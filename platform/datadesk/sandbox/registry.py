@@ -69,7 +69,7 @@ from datadesk.sandbox.sessions import (
 from datadesk.settings import SandboxSettings
 from datadesk.store.interfaces.kernels import KernelCapReached, KernelCaps, WorkerRegistry
 from datadesk.store.interfaces.kernels import KernelTable as KernelTableProtocol
-from datadesk.store.interfaces.kernelfiles import KernelFiles
+from datadesk.store.interfaces.kernelfiles import KernelFiles, LocalKernelFiles
 
 log = logging.getLogger(__name__)
 
@@ -555,9 +555,11 @@ class KernelRegistry:
         async with self._hold(key, self._busy_wait_s):
             session, notices = await self._warm_session(key)
             async with session.lock:
+                if files is None and artifacts_dir is not None:
+                    files = LocalKernelFiles(artifacts_dir)
                 if files is not None:
                     notices += await session.kernel.receive_files(files)
-                result = await self.recovery.run(key, session, code, timeout, artifacts_dir, on_output, on_status)
+                result = await self.recovery.run(key, session, code, timeout, on_output, on_status)
                 report = ExecutionReport(result=result, notices=notices)
                 if self.sessions.get(key) is session:
                     await self._read_outputs(session, report, files)

@@ -28,7 +28,7 @@ from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.ids import check_id, new_id
 from datadesk.offload.artifacts.ledger import LEDGER_FILE, ArtifactLedger, Row, ThreadKey
 from datadesk.store.interfaces.artifacts import ArtifactNotFound  # noqa: F401 (its home was here)
-from datadesk.store.interfaces.kernelfiles import KernelDownload, KernelFilesUnavailable, KernelUpload
+from datadesk.store.interfaces.kernelfiles import LocalKernelFiles
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
 from datadesk.store.threadlog import LogClosed
@@ -224,7 +224,7 @@ class ArtifactStore:
         """The folder a kernel's /data is linked from: the artifacts folder itself."""
         return thread.artifacts_dir
 
-    def kernel_handoff(self, thread: Thread, ttl_s: int = 300) -> "LocalKernelFiles":
+    def kernel_handoff(self, thread: Thread, ttl_s: int = 300) -> LocalKernelFiles:
         """The thread's files as a kernel gets them (store/interfaces/kernelfiles.py): local only."""
         return LocalKernelFiles(thread.artifacts_dir)
 
@@ -313,29 +313,3 @@ class ArtifactStore:
             if not tdir.name.startswith(".") and tdir.is_dir() and not tdir.is_symlink():
                 yield Thread(tdir)
 
-
-class LocalKernelFiles:
-    """The embedded set's `KernelFiles`: the artifacts folder, no presigned URLs (there is no
-    object store to sign them)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def local_dir(self) -> Path:
-        return self.folder
-
-    def _none(self) -> KernelFilesUnavailable:
-        return KernelFilesUnavailable('kernels without a shared volume (sandbox.gateway_files = "presigned") '
-                                      "need the object store: set storage.url and cluster.database_url")
-
-    def downloads(self) -> list[KernelDownload]:
-        raise self._none()
-
-    def upload(self, relpath: str, size: int) -> KernelUpload:
-        raise self._none()
-
-    def take(self, upload: KernelUpload) -> bytes:
-        raise self._none()
-
-    def discard(self, upload: KernelUpload) -> None:
-        return None

@@ -7,8 +7,8 @@ artifact (a presigned GET URL for that one object, its size and sha256), and eac
 wrote under /outputs goes back through a `KernelUpload` (a presigned PUT whose key and content
 length the app fixed) that the app then `take`s. Kernels never see store credentials.
 
-Two implementations: `offload/artifacts/store.py LocalKernelFiles` (the embedded set: the
-artifacts folder itself; no presigned URLs) and `cluster/objects/artifacts.py PresignedKernelFiles`.
+Two implementations: `LocalKernelFiles` below (a folder of this host: the embedded set's
+artifacts folder, or what a caller links /data from; no presigned URLs) and `cluster/objects/artifacts.py PresignedKernelFiles`.
 """
 
 from __future__ import annotations
@@ -70,3 +70,30 @@ class KernelFiles(Protocol):
     def discard(self, upload: KernelUpload) -> None:
         """Remove a staged object that will not be taken (nothing when it is not there)."""
         ...
+
+
+class LocalKernelFiles:
+    """`KernelFiles` of a local folder (the embedded set's artifacts folder): no presigned URLs
+    (there is no object store to sign them)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def local_dir(self) -> Path:
+        return self.folder
+
+    def _none(self) -> KernelFilesUnavailable:
+        return KernelFilesUnavailable('kernels without a shared volume (sandbox.gateway_files = "presigned") '
+                                      "need the object store: set storage.url and cluster.database_url")
+
+    def downloads(self) -> list[KernelDownload]:
+        raise self._none()
+
+    def upload(self, relpath: str, size: int) -> KernelUpload:
+        raise self._none()
+
+    def take(self, upload: KernelUpload) -> bytes:
+        raise self._none()
+
+    def discard(self, upload: KernelUpload) -> None:
+        return None
