@@ -44,10 +44,16 @@ class AttachOwner(Protocol):
     def _save_gone(self, rec: KernelRecord | None, reason: str, key: SessionKey | None = None) -> None: ...
 
 
+def outlives_owner(backend: SandboxBackend, rec: KernelRecord) -> bool:
+    """Whether the kernel of `rec` lives on without its worker (any host reaches it: adopt it,
+    never end it as an orphan)."""
+    return backend.shared_across_hosts and rec.backend == backend.name
+
+
 async def reach_kernel(reg: AttachOwner, key: SessionKey, rec: KernelRecord) -> KernelSession | None:
     """The session of the thread's kernel that another worker started (attached or adopted);
     None, with the reason saved for the fresh kernel's notice, when it cannot be used."""
-    shared = reg.backend.shared_across_hosts and rec.backend == reg.backend.name
+    shared = outlives_owner(reg.backend, rec)
     owner_alive = reg.workers.owner_alive(rec.owner, reg.settings.owner_stale_s)
     if not owner_alive and not shared:
         log.info("kernel %s of %s is an orphan (worker %s is gone): ending it", rec.kernel_id, key, rec.owner)

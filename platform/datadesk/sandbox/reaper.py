@@ -22,6 +22,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from datadesk.sandbox.attach import outlives_owner
 from datadesk.sandbox.kerneltable import KernelRecord, SessionKey
 from datadesk.sandbox.ownership import pid_alive, try_lock
 from datadesk.sandbox.sessions import ORPHAN_NOTICE, KernelSession
@@ -108,8 +109,7 @@ class KernelReaper:
             key = rec.key
             if not rec.kernel_id or key is None:
                 continue
-            reachable = reg.backend.shared_across_hosts and rec.backend == reg.backend.name
-            if not reachable and not reg.workers.owner_alive(rec.owner, s.owner_stale_s):
+            if not outlives_owner(reg.backend, rec) and not reg.workers.owner_alive(rec.owner, s.owner_stale_s):
                 # (a kernel any host reaches outlives its worker: the next execution adopts it)
                 reason, notice = "its worker is gone", ORPHAN_NOTICE
             elif rec.pid and rec.host == reg.worker.host and not pid_alive(rec.pid, rec.pid_start):

@@ -179,6 +179,16 @@ def status_problem(cfg: GatewayConfig, response: httpx.Response, what: str) -> s
 
 # --------------------------------------------------------------------------- the probe
 
+# how every setup cell ends (this one and transfer.py's): cwd = the outputs dir, plain tracebacks
+ENTER_OUTPUTS = """    os.chdir(outputs)
+    ip = get_ipython()
+    for magic, arg in (("xmode", "Plain"), ("colors", "nocolor")):
+        try:
+            ip.run_line_magic(magic, arg)
+        except Exception:
+            pass
+"""
+
 SETUP_CODE = """
 def _datadesk_setup(data, outputs, probe, expected):
     import os
@@ -191,14 +201,7 @@ def _datadesk_setup(data, outputs, probe, expected):
         raise RuntimeError("%s is not the app's slot directory (the probe file differs)" % data)
     if not os.path.isdir(outputs) or not os.access(outputs, os.W_OK):
         raise RuntimeError("the kernel cannot write to %s" % outputs)
-    os.chdir(outputs)
-    ip = get_ipython()
-    for magic, arg in (("xmode", "Plain"), ("colors", "nocolor")):
-        try:
-            ip.run_line_magic(magic, arg)
-        except Exception:
-            pass
-_datadesk_setup({data!r}, {outputs!r}, {probe!r}, {expected!r})
+""" + ENTER_OUTPUTS + """_datadesk_setup({data!r}, {outputs!r}, {probe!r}, {expected!r})
 del _datadesk_setup
 """
 

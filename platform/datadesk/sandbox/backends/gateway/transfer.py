@@ -29,6 +29,7 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
+from datadesk.sandbox.backends.gateway.config import ENTER_OUTPUTS
 from datadesk.sandbox.base import SandboxUnavailable
 from datadesk.sandbox.files import OutputFile, plan_outputs
 from datadesk.store.interfaces.kernelfiles import KernelFiles, KernelFilesUnavailable, KernelUpload
@@ -180,14 +181,7 @@ def _datadesk_setup(data, outputs, source):
     module = types.ModuleType("_datadesk_files")
     exec(compile(source, "<datadesk files>", "exec"), module.__dict__)
     sys.modules["_datadesk_files"] = module
-    os.chdir(outputs)
-    ip = get_ipython()
-    for magic, arg in (("xmode", "Plain"), ("colors", "nocolor")):
-        try:
-            ip.run_line_magic(magic, arg)
-        except Exception:
-            pass
-_datadesk_setup({data!r}, {outputs!r}, {source!r})
+""" + ENTER_OUTPUTS + """_datadesk_setup({data!r}, {outputs!r}, {source!r})
 del _datadesk_setup
 """
 
