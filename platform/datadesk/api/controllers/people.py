@@ -71,6 +71,11 @@ def bad_input(exc: ValueError) -> ClientException:
     return ClientException(text, extra={"field": field} if field else None)
 
 
+def _user_now(rt: Any, name: str) -> dict[str, Any]:
+    """User `name` as the list shows it, read after a change."""
+    return user_out(rt.users.get(name), rt.users.last_login(name))
+
+
 def user_out(u: User, last_login: float | None) -> dict[str, Any]:
     return {"id": u.id, "name": u.name, "workspaces": u.workspaces, "permissions": u.permissions,
             "revoked": u.revoked, "created": u.created, "last_login": last_login,
@@ -168,7 +173,7 @@ class PeopleController(Controller):
         self._keeps_an_admin(rt, admin, name, "revoke")
         rt.users.revoke(name)
         self._record(request, rt, admin, name, f"revoked {name}: all tokens and sessions stopped working")
-        return {"user": user_out(rt.users.get(name), rt.users.last_login(name))}
+        return {"user": _user_now(rt, name)}
 
     @post("/users/{name:str}/restore", status_code=200)
     async def restore(self, request: Request, name: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
@@ -176,7 +181,7 @@ class PeopleController(Controller):
         self._need(rt, name)
         rt.users.restore(name)
         self._record(request, rt, admin, name, f"restored {name} (old tokens stay revoked)")
-        return {"user": user_out(rt.users.get(name), rt.users.last_login(name))}
+        return {"user": _user_now(rt, name)}
 
     @post("/users/{name:str}/tokens", status_code=201)
     async def new_token(self, request: Request, name: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
@@ -198,7 +203,7 @@ class PeopleController(Controller):
         except UserError as exc:
             raise ClientException(str(exc), status_code=404) from None
         self._record(request, rt, admin, name, f"revoked token id {token_id} of {name}")
-        return {"user": user_out(rt.users.get(name), rt.users.last_login(name))}
+        return {"user": _user_now(rt, name)}
 
     @post("/users/{name:str}/login-link", status_code=201)
     async def login_link(self, request: Request, name: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
