@@ -478,3 +478,62 @@ def test_the_other_workers_reaper_ends_a_dead_workers_kernels(kset):
             await a.stop()
 
     asyncio.run(body())
+
+
+def test_a_host_bound_kernel_of_another_host_is_treated_as_reclaimed(kset):
+    """A docker or local kernel lives on the host that started it: another host (cluster set)
+    cannot reach it, so the thread gets a fresh kernel and the model is told why; another worker
+    of the same host (embedded set) attaches to it."""
+    cloud = FakeCloud()
+    a, b = (_registry(kset, cloud, n) for n in ("a", "b"))
+    key = ("demo", "u", "t-bound")
+
+    async def body() -> None:
+        await a.start()
+        await b.start()
+        try:
+            await a.execute(key, "0", artifacts_dir=None)
+            first = b.table.load(key).kernel_id
+            report = await b.execute(key, "0", artifacts_dir=None)
+            if kset.kind == "cluster":
+                assert report.notices and "ran on another server (host-a)" in report.notices[0], report.notices
+                assert b.table.load(key).kernel_id != first and b.table.load(key).owner == b.worker.id
+            else:
+                assert not report.notices and b.table.load(key).kernel_id == first
+        finally:
+            await b.stop()
+            await a.stop()
+
+    asyncio.run(body())
+
+
+class SharedBackend(FakeBackend):
+    """Kernels any host reaches (as the gateway's): they outlive the worker that started them."""
+
+    shared_across_hosts = True
+
+
+def test_a_kernel_any_host_reaches_is_adopted_when_its_worker_is_gone(kset):
+    cloud = FakeCloud()
+    a, b = (_registry(kset, cloud, n) for n in ("a", "b"))
+    b.backend = a.backend = SharedBackend(cloud)
+    key = ("demo", "u", "t-shared")
+
+    async def body() -> None:
+        await a.start()
+        await b.start()
+        try:
+            await a.execute(key, "0", artifacts_dir=None)
+            first = b.table.load(key).kernel_id
+            a.workers._task.cancel()  # a's host is gone; its kernel is not
+            kset.age_heartbeat(a.workers, 5)
+            assert await b.reap_once() == []  # not an orphan: no reaper ends it
+            report = await b.execute(key, "0", artifacts_dir=None)
+            rec = b.table.load(key)
+            assert not report.notices and rec.kernel_id == first and rec.owner == b.worker.id, (report.notices, rec)
+            assert len(cloud.alive) == 1
+        finally:
+            await b.stop()
+            await a.stop()
+
+    asyncio.run(body())
