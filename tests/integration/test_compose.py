@@ -92,6 +92,42 @@ def test_compose_file_validates_and_takes_llm_settings_from_an_env_file(tmp_path
     assert once.get("restart") in ("no", None)
 
 
+
+CLUSTER = ROOT / "docker-compose.cluster.yml"
+CLUSTER_SECRETS = {"DATADESK_SECRET_KEY": "k" * 40, "POSTGRES_PASSWORD": "pg-secret",
+                   "S3_ACCESS_KEY": "s3-access", "S3_SECRET_KEY": "s3-secret"}
+
+
+def _cluster_config(tmp_path: Path, variables: dict[str, str]) -> subprocess.CompletedProcess:
+    env_file = tmp_path / "cluster.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in variables.items()))
+    return subprocess.run([*compose_tool(), "--env-file", str(env_file), "-f", str(COMPOSE),
+                           "-f", str(CLUSTER), "config"],
+                          capture_output=True, text=True, cwd=ROOT, env=_clean_env(), timeout=120)
+
+
+def test_cluster_file_runs_two_hosts_on_one_database_and_store(tmp_path: Path) -> None:
+    out = _cluster_config(tmp_path, CLUSTER_SECRETS)
+    assert out.returncode == 0, f"compose rejected docker-compose.cluster.yml:\n{out.stderr}"
+    services = yaml.safe_load(out.stdout)["services"]
+    assert {"postgres", "objects", "app-a", "app-b", "balancer", "sandbox-image"} <= set(services)
+    a, b = services["app-a"]["environment"], services["app-b"]["environment"]
+    assert a["DATADESK_HOME"] != b["DATADESK_HOME"]  # separate, unshared homes
+    for env in (a, b):
+        assert env["DATADESK_CLUSTER_DATABASE_URL"] == "postgresql://datadesk:pg-secret@postgres:5432/datadesk"
+        assert env["DATADESK_STORAGE_URL"].startswith("s3://")
+        assert env["DATADESK_SECRET_KEY"] == "k" * 40
+        assert env["AWS_ACCESS_KEY_ID"] == "s3-access" and env["AWS_SECRET_ACCESS_KEY"] == "s3-secret"
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == "pg-secret"
+    assert set(services["balancer"]["depends_on"]) == {"app-a", "app-b"}
+
+
+@pytest.mark.parametrize("missing", sorted(CLUSTER_SECRETS))
+def test_cluster_file_refuses_a_missing_secret_by_name(tmp_path: Path, missing: str) -> None:
+    out = _cluster_config(tmp_path, {k: v for k, v in CLUSTER_SECRETS.items() if k != missing})
+    assert out.returncode != 0
+    assert f"set {missing} in .env" in out.stderr
+
 # -- the app image, run as the compose file says ------------------------------------------------
 
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
