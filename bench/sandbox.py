@@ -150,24 +150,7 @@ class Probe:
 
         self._patch(owner, name, wrapper)
 
-    def wrap_sync(self, owner: Any, name: str, label: str) -> None:
-        orig = getattr(owner, name)
-        probe = self
-
-        @functools.wraps(orig)
-        def wrapper(*a: Any, **kw: Any) -> Any:
-            if not probe._mine():
-                return orig(*a, **kw)
-            t0 = time.perf_counter()
-            try:
-                return orig(*a, **kw)
-            finally:
-                probe.add(label, (time.perf_counter() - t0) * 1000)
-
-        self._patch(owner, name, wrapper)
-
     def install(self, backend: str) -> None:
-        import datadesk.sandbox.recovery as registry_mod  # the registry's execution step (data-link sync)
         from datadesk.tools.requery import RequeryService
         from datadesk.sandbox.messaging import KernelChannel
         from datadesk.sandbox.registry import KernelRegistry
@@ -191,8 +174,10 @@ class Probe:
         self.wrap_async(KernelRegistry, "_launch", "kernel start (_launch)")
         self.wrap_async(KernelRegistry, "_take", "take from pool / start (_take)")
         self.wrap_async(RequeryService, "ensure_available", "re-query check")
-        self.wrap_sync(registry_mod, "sync_data_links", "sync_data_links")
         from datadesk.sandbox.base import Kernel
+
+        # the thread's files into the kernel's /data before each call (data-link sync)
+        self.wrap_async(Kernel, "receive_files", "receive files (/data links)")
 
         # the local kernel reads /outputs with the base class's method
         self.wrap_async(kernel_cls if "read_outputs" in kernel_cls.__dict__ else Kernel, "read_outputs",
