@@ -236,6 +236,7 @@ class TurnLoop:
 
     async def _run_tools(self, calls: list[ToolCall], cap: OffloadCapability) -> None:
         recorded: set[str] = set()
+        printed: dict[str, list[str]] = {}  # what each call printed live, kept if it is stopped
         facts = TurnFacts(user_seq=self.user_seq, after_tool_output=self.tool_output_seen, user_asked=True,
                           project=self.thread.meta.project)
 
@@ -243,6 +244,7 @@ class TurnLoop:
             self.turn.emit(ToolStarted(call_id=call.id, name=call.name, arguments=call.arguments))
             started = time.perf_counter()
             def progress(**fields: Any) -> None:
+                _keep_printed(printed.setdefault(call.id, []), fields)
                 elapsed = round(time.perf_counter() - started, 1)
                 self.turn.emit(ToolProgress(call_id=call.id, name=call.name, elapsed_s=elapsed, **fields))
 
@@ -307,8 +309,34 @@ class TurnLoop:
             for call in calls:
                 if call.id not in recorded:
                     self._append(role="tool", tool_call_id=call.id, name=call.name, status="cancelled",
-                                 content="cancelled: the user stopped the turn before this call finished")
+                                 content=cancelled_content(printed.get(call.id)))
             raise
+
+
+STOPPED_CONTENT = "cancelled: the user stopped the turn before this call finished"
+PRINTED_KEEP_CHARS = 20_000  # of a stopped call's live output, the newest (as the card shows it)
+
+
+def _keep_printed(parts: list[str], fields: dict[str, Any]) -> None:
+    """Add a progress event's printed text (stdout, stderr) to `parts`, keeping the newest chars."""
+    for stream in ("stdout", "stderr"):
+        text = fields.get(stream)
+        if isinstance(text, str) and text:
+            parts.append(text)
+    total = sum(len(p) for p in parts)
+    if total > 2 * PRINTED_KEEP_CHARS:
+        joined = "".join(parts)[-PRINTED_KEEP_CHARS:]
+        parts[:] = [joined]
+
+
+def cancelled_content(parts: list[str] | None) -> str:
+    """The record of a stopped call: the notice, then what it printed before the Stop (if any)."""
+    text = "".join(parts or ())
+    if not text:
+        return STOPPED_CONTENT
+    if len(text) > PRINTED_KEEP_CHARS:
+        text = f"… [{len(text) - PRINTED_KEEP_CHARS:,} chars cut]\n" + text[-PRINTED_KEEP_CHARS:]
+    return f"{STOPPED_CONTENT}; printed before the stop:\n{text}"
 
 
 def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:

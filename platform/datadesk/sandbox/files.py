@@ -120,6 +120,10 @@ def read_new_outputs(root: str, seen: dict[str, tuple[int, int]], max_bytes: int
             if len(data) > budget:
                 problems.append(_grew(rel))
                 continue
+            if not data:  # emptied between the stat and the read
+                problems.append(_empty(rel))
+                seen[rel] = stamp
+                continue
             budget -= len(data)
             seen[rel] = stamp
             found.append(OutputFile(rel, len(data), st.st_mtime_ns, data))
@@ -137,6 +141,10 @@ def _to_fetch(rel: str, stamp: tuple[int, int], budget: int, seen: dict[str, tup
     (`stamp` = size, mtime_ns), nor when larger than what is left of the quota (reported once)."""
     if seen.get(rel) == stamp:
         return False
+    if stamp[0] == 0:  # an empty file is never offered as a deliverable (reported once)
+        problems.append(_empty(rel))
+        seen[rel] = stamp
+        return False
     if stamp[0] > budget:
         problems.append(_over_quota(rel, stamp[0]))
         seen[rel] = stamp
@@ -146,6 +154,10 @@ def _to_fetch(rel: str, stamp: tuple[int, int], budget: int, seen: dict[str, tup
 
 def _not_regular(rel: str) -> str:
     return f"/outputs/{rel} is not a regular file (link, pipe or device): ignored"
+
+
+def _empty(rel: str) -> str:
+    return f"/outputs/{rel} is empty (0 bytes): not saved, not offered as a file; write its content first"
 
 
 def _over_quota(rel: str, size: int) -> str:
@@ -288,6 +300,10 @@ def read_outputs_tar(chunks: Iterable[bytes], wanted: list[PlannedOutput], seen:
                 data = fileobj.read(member.size) if fileobj is not None else b""
                 if len(data) != member.size:
                     break  # the stream ended inside the file
+                if not data:
+                    problems.append(_empty(rel))
+                    seen[rel] = (plan.size, plan.mtime_ns)
+                    continue
                 budget -= len(data)
                 seen[rel] = (plan.size, plan.mtime_ns)
                 found.append(OutputFile(rel, len(data), plan.mtime_ns, data))
