@@ -20,6 +20,7 @@ from litestar.static_files import create_static_files_router
 from datadesk import __version__
 from datadesk.api.controllers.artifacts import ArtifactController
 from datadesk.api.controllers.audit import AuditController  # issue 30: audit
+from datadesk.api.controllers.branches import BranchController  # issue 31: edit, regenerate
 from datadesk.api.controllers.export import ExportController
 from datadesk.api.controllers.memory import MemoryController
 from datadesk.api.controllers.oidc import OIDCController  # issue 30: single sign-on
@@ -90,6 +91,7 @@ def create_app(rt: Runtime) -> Litestar:
         route_handlers=[
             SessionController,
             ThreadController,
+            BranchController,  # issue 31: edit a question, regenerate an answer, branches
             TaskStateController,
             ArtifactController,
             MemoryController,

@@ -18,6 +18,7 @@ class NewMessage(msgspec.Struct, forbid_unknown_fields=True):
     content: str
     # the turn always outlives its client (chat.finish_in_background); false: leaving cancels it
     background: bool | None = None
+    edit_of: int | None = None  # the seq of the user's question this message replaces (a new branch)
 
 
 class ThreadPatch(msgspec.Struct, forbid_unknown_fields=True):

@@ -93,15 +93,15 @@ class TurnLoop:
         return append_fenced(self.thread, self.turn, lambda seq: Record(seq=seq, ts=time.time(), **fields),
                              self.epoch)
 
-    async def run(self, text: str) -> None:
+    async def run(self, text: str, user_meta: dict[str, Any] | None = None) -> None:
         with timed_turn() as outcome:  # /metrics: running now, then finished by outcome
-            outcome[0] = await self._run(text)
+            outcome[0] = await self._run(text, user_meta)
 
-    async def _run(self, text: str) -> str:
+    async def _run(self, text: str, user_meta: dict[str, Any] | None = None) -> str:
         """The turn; returns its outcome for the metrics (ok, cancelled, or the error's kind)."""
         status = outcome = "ok"
         try:
-            user_rec = self._append(role="user", content=text)
+            user_rec = self._append(role="user", content=text, meta=user_meta)  # meta: a branch (domain/branches.py)
             self.user_seq = user_rec.seq
             if self.thread.meta.title == "New chat":
                 await asyncio.to_thread(self.services.threads.touch, self.thread,
@@ -361,7 +361,7 @@ def append_fenced(thread: Thread, turn: RunningTurn, make: Any, epoch: int | Non
 
 
 async def start_turn(services: TurnServices, turns: TurnRegistry, thread: Thread, user: User, text: str,
-                     background: bool) -> RunningTurn:
+                     background: bool, user_meta: dict[str, Any] | None = None) -> RunningTurn:
     """Reserve the thread (409/429 if not possible, 507 with too little disk) and start the turn task."""
     if services.disk is not None:
         services.disk.check("a new turn")
@@ -372,7 +372,7 @@ async def start_turn(services: TurnServices, turns: TurnRegistry, thread: Thread
     async def runner() -> None:
         with turn_context(turn.turn_id, thread.id):  # every log line of the turn names it (api/logs.py)
             try:
-                await loop.run(text)
+                await loop.run(text, user_meta)
             finally:
                 turns.release(turn)
 

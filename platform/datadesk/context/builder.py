@@ -42,6 +42,7 @@ from datadesk.context.calibration import Calibration
 from datadesk.context.compaction import GONE, Form, expired_mark, form_for, gone_marks, render_tool_result
 from datadesk.context.manifest import ContextManifest, last_manifest, seq_ranges
 from datadesk.context.profiles import ModelProfile, profile_for
+from datadesk.domain.branches import active_records
 from datadesk.domain.records import CUT_OFF_KINDS, Record
 from datadesk.llm.tokens import count_message
 from datadesk.settings import ContextSettings
@@ -327,7 +328,7 @@ class ContextBuilder:
         while True:
             records = log.tail(want)
             whole_log = len(records) < want
-            units = _units(records)
+            units = _units(active_records(records))  # an earlier branch's records never go in
             for age, unit in enumerate(reversed(units)):
                 unit.age = age
                 self._render(unit, thread, profile, shown)

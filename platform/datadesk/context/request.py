@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from datadesk.domain.branches import abandoned_since
 from datadesk.context.builder import BuiltContext, ContextBuilder, Coverage, Preamble
 from datadesk.context.calibration import Calibration
 from datadesk.context.manifest import append_manifest, last_manifest
@@ -118,6 +119,9 @@ class RequestAssembler:
         notice: tuple[int, str] | None = None  # (gap through seq, text) once history was dropped
         for attempt in range(4):
             summary = self.summaries.store.load_current(turn.thread, turn.epoch) if summaries_on else None
+            if summary is not None and abandoned_since(turn.thread.log.since(summary.covers_through_seq + 1),
+                                                       summary.covers_through_seq):
+                summary = None  # it holds an earlier branch (an edit rewound past it): re-derived later
             tasks = self.tasks.merge_summary(turn.thread, turn.epoch, summary)
             preamble = self.preamble(render_task_state(tasks), summary, memory, notice[1] if notice else None)
             coverage = Coverage(covered_through=summary.covers_through_seq if summary else 0,

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from filelock import Timeout
 
+from datadesk.domain.branches import abandoned_since, active_records
 from datadesk.settings import SummarySettings
 from datadesk.store.interfaces.locks import LockService
 from datadesk.store.threads import Thread
@@ -185,6 +186,9 @@ class SummaryService:
         if upto_seq <= covers:
             return previous if synchronous else None  # an earlier job already covers it
         records = thread.log.since(covers + 1, upto_seq)
+        if previous is not None and abandoned_since(records, covers):
+            previous, records = None, thread.log.since(1, upto_seq)  # a branch rewound past it: re-derive
+        records = active_records(records)  # an earlier branch's records are never summarised
         if not records:
             return None
         summary = await self.summarizer.summarize(previous, records, epoch, focus)

@@ -173,10 +173,14 @@ class ThreadController(Controller):
         text = data.content.strip()
         if not text:
             raise ClientException("message content is empty")
+        meta = None
+        if data.edit_of is not None:  # edit a question: the thread continues from it (a new branch)
+            from datadesk.api.controllers.branches import branch_meta
+            meta = (await run_off_loop(user.id, branch_meta, handle, data.edit_of, "edit"))[1]
         # too long for the model: never sent raw (a pasted table becomes an artifact, else a 413)
         text = await rt.attachments.message_text(handle, user, text)
         background = rt.settings.chat.finish_in_background if data.background is None else data.background
-        turn = await start_turn(rt.turn_services, rt.turns, handle, user, text, background)
+        turn = await start_turn(rt.turn_services, rt.turns, handle, user, text, background, meta)
         assert turn.journal is not None
         attached = Attachment(turn.journal.subscribe(), turn.turn_id, 0)
         sub = await _subscribe(rt, attached, _artifact_ids(rt, handle), user.id)

@@ -1,0 +1,111 @@
+"""Edit a question, regenerate an answer, and the branches they leave (issue 31, item 3).
+
+- `POST /api/threads/{tid}/messages` with `"edit_of": <seq>`: the question at user record
+  `seq` gets new text and the thread continues from there (threads.py calls `branch_meta`);
+- `POST /api/threads/{tid}/regenerate` (`{"seq": <user seq>}`, default: the last question):
+  the same question asked again, a new answer;
+- `GET /api/threads/{tid}/branches`: every branch point and its branches ("‹ 2 / 2 ›");
+- `GET /api/threads/{tid}/branches/{seq}`: the records of the branch that starts at user
+  record `seq`, read-only (an earlier branch as it stood).
+Both writes start a normal turn (the same lock: a running turn answers 409). The log stays
+append-only: the record format is in domain/branches.py and docs/internals.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, get, post
+from litestar.exceptions import ClientException, NotFoundException
+from litestar.params import FromPath, JSONBody
+from litestar.response import Stream
+
+from datadesk.api.controllers.threads import _artifact_ids, _sse, _stream, _subscribe, record_views
+from datadesk.api.guards.access import find_thread
+from datadesk.api.guards.auth import CurrentUser, RuntimeDep
+from datadesk.api.offloop import run_off_loop
+from datadesk.chat.loop import start_turn
+from datadesk.chat.turns import Attachment
+from datadesk.domain.branches import active_newest_first, branch_points, branch_records
+from datadesk.domain.records import Record
+
+
+class Regenerate(msgspec.Struct, forbid_unknown_fields=True):
+    seq: int | None = None  # the user record whose answer is made again (default: the last one)
+    background: bool | None = None
+
+
+def branch_meta(handle: Any, seq: int, kind: str) -> tuple[Record, dict[str, Any]]:
+    """The question at user record `seq` of the active branch and the new user record's meta
+    (`kind`, `rewinds_to`: the active record before it, `branch_of`). 4xx with a clear message
+    for an unknown seq, a record that is not the user's question, or one of an earlier branch."""
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+        raise ClientException(f"seq must be a positive integer, got {seq!r}")
+    found = [r for r in handle.log.since(seq, seq) if r.seq == seq]
+    if not found:
+        raise NotFoundException(f"no record #{seq} in thread {handle.id}")
+    rec = found[0]
+    if rec.role != "user" or (rec.meta or {}).get("kind") == "upload":
+        raise ClientException(f"record #{seq} is not a question (it is a {rec.role} record): "
+                              "only the user's own questions can be edited or regenerated")
+    before, on_active = 0, False
+    for r in active_newest_first(handle.log.newest_first()):
+        if r.seq == seq:
+            on_active = True
+        elif r.seq < seq:
+            before = r.seq
+            break
+    if not on_active:
+        raise ClientException(f"record #{seq} belongs to an earlier branch: continue on the newest branch")
+    return rec, {"kind": kind, "rewinds_to": before, "branch_of": seq}
+
+
+def last_question(handle: Any) -> int:
+    """The seq of the active branch's last question (400 when the thread has none)."""
+    for r in active_newest_first(handle.log.newest_first()):
+        if r.role == "user" and (r.meta or {}).get("kind") != "upload":
+            return r.seq
+    raise ClientException("the thread has no question to regenerate")
+
+
+def _branches(handle: Any) -> dict[str, Any]:
+    return {"thread": handle.id, "points": branch_points(list(handle.log))}
+
+
+def _branch(rt: Any, handle: Any, seq: int) -> dict[str, Any]:
+    records = branch_records(list(handle.log), seq)
+    if records is None:
+        raise NotFoundException(f"no branch starts at record #{seq} in thread {handle.id}")
+    views = record_views(records, [a.id for a in rt.artifacts.list(handle)])
+    return {"thread": handle.id, "seq": seq, "records": views}
+
+
+class BranchController(Controller):
+    path = "/api/threads/{tid:str}"
+
+    @post("/regenerate", status_code=200, opt={"stream": True, "strict_query": True})
+    async def regenerate(self, tid: FromPath[str], data: JSONBody[Regenerate], user: CurrentUser, rt: RuntimeDep,
+                         request: Request) -> Stream:
+        """The question asked again from where it stood: a new answer; the old one is kept."""
+        handle = find_thread(rt, user, tid)
+        seq = data.seq if data.seq is not None else await run_off_loop(user.id, last_question, handle)
+        rec, meta = await run_off_loop(user.id, branch_meta, handle, seq, "regenerate")
+        background = rt.settings.chat.finish_in_background if data.background is None else data.background
+        turn = await start_turn(rt.turn_services, rt.turns, handle, user, rec.content, background, meta)
+        assert turn.journal is not None
+        attached = Attachment(turn.journal.subscribe(), turn.turn_id, 0)
+        sub = await _subscribe(rt, attached, _artifact_ids(rt, handle), user.id)
+        return _sse(_stream(sub, None if background else turn))
+
+    @get("/branches")
+    async def list_branches(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
+        """Every branch point (`at`: the last seq its branches share) and its branches, oldest first."""
+        handle = find_thread(rt, user, tid)
+        return await run_off_loop(user.id, _branches, handle)
+
+    @get("/branches/{seq:int}")
+    async def get_branch(self, tid: FromPath[str], seq: FromPath[int], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
+        """The records of the branch starting at user record `seq` (read-only)."""
+        handle = find_thread(rt, user, tid)
+        return await run_off_loop(user.id, _branch, rt, handle, seq)

@@ -1,0 +1,86 @@
+"""Edit a question, regenerate an answer (issue 31, item 3) through the real HTTP API and the real
+OpenAI client against the fake OpenAI-compatible server: the model's request after an edit holds
+the new question and neither the old question nor the old answer; the earlier branch stays
+listed and readable; regenerate gives a new answer and keeps the old one."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.conftest import parse_sse, serve_app
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.test_turn_openai import llm
+
+
+def _texts(request: dict) -> str:
+    return json.dumps([m.get("content") for m in request["messages"]])
+
+
+def _ask(c: httpx.Client, tid: str, body: dict, path: str = "messages") -> list:
+    resp = c.post(f"/api/threads/{tid}/{path}", json=body)
+    assert resp.status_code == 200, resp.text
+    events = parse_sse(resp.text)
+    assert events[-1][0] == "done" and events[-1][1]["status"] == "ok", events[-1]
+    return events
+
+
+def test_edit_and_regenerate_keep_the_old_branch_out_of_the_model_request(harness_factory) -> None:
+    with FakeOpenAIServer() as fake:
+        for text in ("Answer one: 20 buildings.", "Answer two: Tuesday peaks.",
+                     "Answer edited: 42 sites.", "Answer regenerated: 42 sites, checked."):
+            fake.add_text(text)
+        h = harness_factory(llm(fake), summary={"enabled": False})
+        with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=30) as c:
+            tid = c.post("/api/threads", json={"title": "branches"}).json()["id"]
+            _ask(c, tid, {"content": "How many buildings?"})
+            _ask(c, tid, {"content": "Which weekday peaks?"})
+            # edit the second question (seq 3): the thread continues from the first answer
+            _ask(c, tid, {"content": "How many sites in total?", "edit_of": 3})
+            edited_request = fake.requests[-1]
+            _ask(c, tid, {}, path="regenerate")  # the last question, asked again
+            regen_request = fake.requests[-1]
+            points = c.get(f"/api/threads/{tid}/branches").json()["points"]
+            old = c.get(f"/api/threads/{tid}/branches/3").json()["records"]
+            first_regen = c.get(f"/api/threads/{tid}/branches/5").json()["records"]
+            log_records = c.get(f"/api/threads/{tid}").json()["records"]
+
+    sent = _texts(edited_request)
+    assert "How many sites in total?" in sent and "How many buildings?" in sent
+    assert "Which weekday peaks?" not in sent and "Tuesday peaks" not in sent
+    regen = _texts(regen_request)
+    assert regen.count("How many sites in total?") == 1  # the question once, not the old answer
+    assert "Answer edited" not in regen and "Tuesday peaks" not in regen
+    # on disk: append-only, every record kept (user, assistant x 4 turns)
+    assert [r["seq"] for r in log_records] == list(range(1, 9))
+    assert [r["content"] for r in old] == ["Which weekday peaks?", "Answer two: Tuesday peaks."]
+    assert [r["content"] for r in first_regen] == ["How many sites in total?", "Answer edited: 42 sites."]
+    # one branch point (after the first answer): the question, its edit, and the edit regenerated
+    assert [p["at"] for p in points] == [2]
+    assert [(b["seq"], b["kind"], b["active"]) for b in points[0]["branches"]] == [
+        (3, "original", False), (5, "edit", False), (7, "regenerate", True)]
+
+def test_a_bad_seq_is_refused_with_a_clear_message(harness_factory) -> None:
+    with FakeOpenAIServer() as fake:
+        fake.add_text("first answer")
+        fake.add_text("edited answer")
+        h = harness_factory(llm(fake), summary={"enabled": False})
+        with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=30) as c:
+            tid = c.post("/api/threads", json={"title": "bad"}).json()["id"]
+            empty = c.post(f"/api/threads/{tid}/regenerate", json={})
+            _ask(c, tid, {"content": "q one"})
+            unknown = c.post(f"/api/threads/{tid}/messages", json={"content": "x", "edit_of": 99})
+            answer = c.post(f"/api/threads/{tid}/regenerate", json={"seq": 2})
+            negative = c.post(f"/api/threads/{tid}/regenerate", json={"seq": 0})
+            no_branch = c.get(f"/api/threads/{tid}/branches/2")
+            _ask(c, tid, {"content": "q one, edited", "edit_of": 1})
+            abandoned = c.post(f"/api/threads/{tid}/messages", json={"content": "y", "edit_of": 1})
+            other = httpx.get(f"{base}/api/threads/{tid}/branches", headers=h.auth("bob"))
+    assert empty.status_code == 400 and "no question" in empty.json()["detail"]
+    assert unknown.status_code == 404 and "#99" in unknown.json()["detail"]
+    assert answer.status_code == 400 and "not a question" in answer.json()["detail"]
+    assert negative.status_code == 400 and "positive" in negative.json()["detail"]
+    assert no_branch.status_code == 404
+    assert abandoned.status_code == 400 and "earlier branch" in abandoned.json()["detail"]
+    assert other.status_code in (403, 404)
