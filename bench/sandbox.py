@@ -75,6 +75,8 @@ from sandbox_recovery import bench_recovery  # noqa: E402
 GOAL_WARM_MS = 15.0
 GOAL_POOL_FIRST_MS = 300.0
 GOAL_IDLE_MIB = 100.0
+ANALYST_IMPORTS = ("import scipy.stats, statsmodels.api, sklearn.linear_model, seaborn, tabulate, openpyxl, altair\n"
+                   "import gc; gc.collect(); None")
 COLD_FIRST_REFERENCE_MS = 1200.0  # what a first execution without the pool costs, roughly
 
 KEY_WS, KEY_USER = "demo", "bench"
@@ -379,7 +381,7 @@ class Bench:
         rt = self.make_rt("cold", pool_size=0)
         await self.start(rt)
         reg = rt.kernels
-        times, profs, bare, loaded, raw = [], [], [], [], []
+        times, profs, bare, loaded, raw, analyst = [], [], [], [], [], []
         try:
             for i in range(runs):
                 c = self.ctx(rt, f"c{i}")
@@ -394,6 +396,11 @@ class Bench:
                 await asyncio.sleep(0.5)
                 m1 = await asyncio.to_thread(self.kernel_memory, backend)
                 bare.append(m0["mib"]); loaded.append(m1["mib"]); raw.append({"bare": m0, "loaded": m1})
+                if self.backend == "docker":  # the image's analyst packages (imported on demand only)
+                    res = await self.py(rt, c, ANALYST_IMPORTS)
+                    assert not res.is_error, res.content
+                    await asyncio.sleep(0.5)
+                    analyst.append((await asyncio.to_thread(self.kernel_memory, backend))["mib"])
                 await reg.shutdown_thread(key)
         finally:
             await rt.stop()
@@ -404,6 +411,8 @@ class Bench:
         grp = "3. idle kernel memory"
         self.row(grp, "bare kernel", bare, "MiB", None, note=how)
         self.row(grp, "after import pandas, duckdb", loaded, "MiB", GOAL_IDLE_MIB, note=how)
+        if analyst:
+            self.row(grp, "after the analyst packages too", analyst, "MiB", None, note=ANALYST_IMPORTS.split("\n")[0])
         self.info["memory_samples"] = raw[:3]
 
     def kernel_memory(self, backend: Any) -> dict[str, Any]:

@@ -354,10 +354,17 @@ export class Conversation {
     const state = endState(ok, status, meta, preview);
     card.el.classList.add(ok ? "ok" : "failed");
     card.el.dataset.state = state.replace(" ", "-");
-    if (card.liveBox) {
+    if (card.liveBox && !html && !ok) { // stopped (or cut off): what it printed stays shown
+      card.liveBox.querySelector(".label").textContent = "printed before it stopped";
+      card.liveBox.classList.remove("live");
+      card.live.classList.add("stopped-output");
+      card.liveBox = card.live = null;
+    } else if (card.liveBox) {
       card.liveBox.remove(); // the result below has the output
       card.liveBox = card.live = null;
     }
+    // a failed python step opens with its error (a stopped one stays as the user left it)
+    if (card.name === "python" && (state === "error" || state === "timed out")) card.el.open = true;
     const parts = [state];
     if (meta.rows !== undefined && meta.rows !== null) parts.push(`${num(meta.rows)} rows`);
     else if (meta.artifact && meta.artifact.rows !== undefined && meta.artifact.rows !== null) parts.push(`${num(meta.artifact.rows)} rows`);
