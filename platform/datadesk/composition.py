@@ -44,6 +44,7 @@ from datadesk.summary.store import SummaryStore
 from datadesk.summary.summarizer import Summarizer
 from datadesk.threads.attachments import Attachments
 from datadesk.threads.lifecycle import ThreadLifecycle
+from datadesk.threads.refresh import ThreadRefresh
 from datadesk.threads.requery import UserRequery
 from datadesk.tools.artifacts import register_artifact_tools
 from datadesk.tools.history import register_compact_tool, register_history_tools
@@ -153,6 +154,9 @@ class Runtime:
                                        settings.context.max_message_tokens, self.policy.offload_capability,
                                        self.query_slots.guard, self._upload_slots(settings), self.disk)
         self.user_requery = UserRequery(self.requery, self.turns, self.disk)
+        # issue 31: refresh an analysis (re-run its queries and the python that used them)
+        self.refresh = ThreadRefresh(self.requery, self.tools, self.artifacts, self.turns, self.kernels,
+                                     settings.chat.tool_timeout_s, self.disk)
         self.lifecycle = ThreadLifecycle(self.threads, self.turns, self.kernels,  # clear chat, delete thread
                                         self.artifacts)
 

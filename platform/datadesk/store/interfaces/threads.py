@@ -41,7 +41,8 @@ from datadesk.domain.records import Record, ThreadMeta
 SUMMARY = "summary"
 SUMMARY_STATUS = "summary.status"
 TASK_STATE = "task_state"
-DOCUMENTS = frozenset({SUMMARY, SUMMARY_STATUS, TASK_STATE})
+REFRESH = "refresh"  # the last refresh of the thread and its comparison (threads/refresh.py)
+DOCUMENTS = frozenset({SUMMARY, SUMMARY_STATUS, TASK_STATE, REFRESH})
 
 # line sets: append-only JSON lines (summary.revisions.jsonl, context.jsonl)
 SUMMARY_REVISIONS = "summary.revisions"

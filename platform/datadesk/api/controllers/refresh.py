@@ -1,0 +1,51 @@
+"""Refresh a thread's analysis (threads/refresh.py).
+
+- `POST /api/threads/{tid}/refresh`: start a refresh; the answer is its event stream (SSE, as
+  `POST /messages`: `refresh.started`, `refresh.step`, `refresh.completed`, `done`), which any
+  tab can follow again with `GET /api/threads/{tid}/events`. A running turn or refresh: 409;
+  nothing to refresh (no saved query result): 400.
+- `GET /api/threads/{tid}/refresh`: the last refresh's report (rows, schema and sum changes per
+  step, the new versions of the files under /outputs); 404 when the thread was never refreshed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from litestar import Controller, get, post
+from litestar.exceptions import ClientException, NotFoundException
+from litestar.params import FromPath
+from litestar.response import Stream
+
+from datadesk.api.controllers.threads import _artifact_ids, _sse, _stream, _subscribe
+from datadesk.api.guards.access import find_thread
+from datadesk.api.guards.auth import CurrentUser, RuntimeDep
+from datadesk.chat.turns import Attachment
+from datadesk.threads.refresh import NothingToRefresh, last_report
+
+
+class RefreshController(Controller):
+    path = "/api/threads/{tid:str}/refresh"
+
+    @post("/", status_code=200, opt={"stream": True, "strict_query": True})
+    async def start_refresh(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> Stream:
+        """Re-run the thread's queries and the python that used them; stream the progress."""
+        handle = find_thread(rt, user, tid)
+        try:
+            turn = await rt.refresh.start(handle, user)
+        except NothingToRefresh as exc:
+            raise ClientException(str(exc)) from None
+        assert turn.journal is not None
+        attached = Attachment(turn.journal.subscribe(), turn.turn_id, 0)
+        sub = await _subscribe(rt, attached, _artifact_ids(rt, handle), user.id)
+        return _sse(_stream(sub, None))
+
+    @get("/")
+    async def get_refresh(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
+        """The last refresh's report."""
+        handle = find_thread(rt, user, tid)
+        report = await asyncio.to_thread(last_report, handle)
+        if report is None:
+            raise NotFoundException(f"thread {handle.id} has not been refreshed yet")
+        return report
