@@ -33,3 +33,16 @@ def test_analyst_packages_import_and_df_to_markdown_works(tmp_path) -> None:
     assert "|   x |" in r.content and "|----:|----:|" in r.content, r.content
     assert "slope 1.94" in r.content and "coef 1.94" in r.content, r.content
     assert "xlsx 5" in r.content and "chart dict" in r.content, r.content
+
+
+HEAVY = ("pandas", "numpy", "pyarrow", "duckdb", "matplotlib", "scipy", "statsmodels", "sklearn", "seaborn",
+         "altair", "openpyxl", "tabulate")
+
+
+def test_a_fresh_kernel_imports_none_of_them_at_start(tmp_path) -> None:
+    """The idle kernel stays small (docs: ~37 MiB): the packages load when a cell imports them."""
+    rt = runtime_with_sandbox(tmp_path / "var", sandbox_settings("docker"))
+    c = ctx(rt, tid="idle")
+    r = run_with(rt, lambda: py(rt, c, f"import sys\nprint('loaded:', [m for m in {HEAVY!r} if m in sys.modules])"))
+    assert not r.is_error, r.content
+    assert "loaded: []" in r.content, r.content
