@@ -44,7 +44,8 @@ def test_edit_and_regenerate_keep_the_old_branch_out_of_the_model_request(harnes
             points = c.get(f"/api/threads/{tid}/branches").json()["points"]
             old = c.get(f"/api/threads/{tid}/branches/3").json()["records"]
             first_regen = c.get(f"/api/threads/{tid}/branches/5").json()["records"]
-            log_records = c.get(f"/api/threads/{tid}").json()["records"]
+            view = c.get(f"/api/threads/{tid}").json()["records"]
+            exported = c.get(f"/api/threads/{tid}/export", params={"format": "md"}).text
 
     sent = _texts(edited_request)
     assert "How many sites in total?" in sent and "How many buildings?" in sent
@@ -52,8 +53,10 @@ def test_edit_and_regenerate_keep_the_old_branch_out_of_the_model_request(harnes
     regen = _texts(regen_request)
     assert regen.count("How many sites in total?") == 1  # the question once, not the old answer
     assert "Answer edited" not in regen and "Tuesday peaks" not in regen
-    # on disk: append-only, every record kept (user, assistant x 4 turns)
-    assert [r["seq"] for r in log_records] == list(range(1, 9))
+    # the thread view and the export show the active branch only
+    assert [r["content"] for r in view] == ["How many buildings?", "Answer one: 20 buildings.",
+                                            "How many sites in total?", "Answer regenerated: 42 sites, checked."]
+    assert "Answer regenerated" in exported and "Tuesday peaks" not in exported and "Answer edited" not in exported
     assert [r["content"] for r in old] == ["Which weekday peaks?", "Answer two: Tuesday peaks."]
     assert [r["content"] for r in first_regen] == ["How many sites in total?", "Answer edited: 42 sites."]
     # one branch point (after the first answer): the question, its edit, and the edit regenerated

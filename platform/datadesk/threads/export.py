@@ -31,6 +31,7 @@ from typing import Any, Iterable
 import msgspec
 
 from datadesk.domain.artifacts import Artifact
+from datadesk.domain.branches import active_records
 from datadesk.domain.records import Record, ToolCall
 from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.store.threads import Thread
@@ -85,7 +86,8 @@ class ThreadDocument:
     def read(cls, thread: Thread, store: ArtifactStore, records: Iterable[Record] | None = None) -> "ThreadDocument":
         entries: list[Entry] = []
         calls: dict[str, Entry] = {}
-        for rec in (records if records is not None else thread.log):
+        # the active branch: an edited question's earlier branch is not exported (domain/branches.py)
+        for rec in (records if records is not None else active_records(list(thread.log))):
             if rec.role == "user":
                 entries.append(Entry("user", rec))
             elif rec.role == "assistant":

@@ -25,6 +25,7 @@ from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut,
 from datadesk.chat.journal import Cursor, JournalEvent
 from datadesk.chat.loop import start_turn
 from datadesk.chat.turns import Attachment, RunningTurn
+from datadesk.domain.branches import active_newest_first
 from datadesk.domain.records import ThreadMeta
 from datadesk.context.manifest import last_manifest
 
@@ -208,7 +209,8 @@ class ThreadController(Controller):
 
 def _thread_detail(rt: RuntimeDep, handle: Any, limit: int, before: int | None) -> ThreadDetail:
     """A page of the thread: its newest `limit` records (before `before`), rendered."""
-    records = handle.log.tail(limit + 1) if before is None else _before(handle, before, limit + 1)
+    # the active branch (an edited question's earlier branch: GET .../branches/{seq})
+    records = _before(handle, before or (1 << 62), limit + 1)
     has_more_before = len(records) > limit
     page = records[-limit:]
     records = _newest_within(page, PAGE_CHARS)  # at least one record; the older ones: load earlier
@@ -231,7 +233,7 @@ def _newest_within(records: list[Any], chars: int) -> list[Any]:
 def _before(handle: Any, seq: int, n: int) -> list[Any]:
     """The newest `n` records older than `seq`, oldest first (read from the end of the log)."""
     found = []
-    for rec in handle.log.newest_first():
+    for rec in active_newest_first(handle.log.newest_first()):
         if rec.seq < seq:
             found.append(rec)
             if len(found) >= n:

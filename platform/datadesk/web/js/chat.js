@@ -6,6 +6,7 @@ import { $, bytes, h, num, setHtml, toast } from "./dom.js";
 import { addCopyButtons, chartViewer, collapsible, modelNotes } from "./code.js";
 import { GRID_FORMATS, gridButton } from "./grid.js";
 import { uploadCard } from "./upload.js";
+import { branchControls } from "./branches.js";
 
 // what GET /api/artifacts/{id}/view shows in the browser (never SVG)
 export const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
@@ -464,6 +465,7 @@ export async function loadThread(conv, tid, replay = true) {
   ]);
   conv.render(detail.records, artifacts, replay ? detail.thread.turn : null);
   conv.summaryState(tid); // a notice when the summary failed or history left the model's request
+  branchControls(conv, tid, detail.records); // branches.js: Edit, Regenerate, "‹ n / m ›"
   if (detail.has_more) $("#messages").prepend(earlierButton(conv, tid)); // history.js
   return detail.thread;
 }
