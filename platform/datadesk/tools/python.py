@@ -39,7 +39,9 @@ MAX_CODE_CHARS = 100_000
 _DATA_REF = re.compile(r"/data/([A-Za-z0-9_-]{1,64})\.(?:parquet|txt|png|jpg|gif|webp)")
 
 DESCRIPTION = (
-    "Run Python code in this thread's Jupyter kernel (pandas, numpy, pyarrow, duckdb, matplotlib). "
+    "Run Python code in this thread's Jupyter kernel (pandas, numpy, pyarrow, duckdb, matplotlib; "
+    "the docker kernel image also has scipy, statsmodels, scikit-learn, seaborn, altair, openpyxl "
+    "and tabulate for df.to_markdown()). "
     "Variables persist between calls while the kernel is warm. Offloaded results and uploads are "
     "files under /data (read-only), e.g. pd.read_parquet('/data/<artifact>.parquet') or "
     "duckdb.sql(\"SELECT ... FROM '/data/<artifact>.parquet'\"). Compute statistics over the full "
