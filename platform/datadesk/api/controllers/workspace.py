@@ -7,12 +7,13 @@ import asyncio
 from typing import Any
 
 import msgspec
-from litestar import Controller, get
-from litestar.exceptions import PermissionDeniedException
-from litestar.params import FromQuery
+from litestar import Controller, get, post
+from litestar.exceptions import ClientException, PermissionDeniedException, ServiceUnavailableException
+from litestar.params import FromQuery, JSONBody
 
 from datadesk.api.guards.access import member_workspace
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
+from datadesk.sources import datacatalog
 from datadesk.sources.config import MASK, SourceConfig, masked_config
 from datadesk.sources.errors import SQLError
 
@@ -33,6 +34,20 @@ def shown_config(name: str, raw: dict[str, Any]) -> dict[str, Any]:
             rest = f"{auth.split(':', 1)[0]}:{MASK}@{host}"
         out["url"] = scheme + sep + rest
     return out
+
+
+class SampleRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """`POST /api/workspace/catalog/sample`: a table of the catalogue ("" source: the warehouse)."""
+
+    table: str
+    source: str = ""
+
+
+async def _panel_sources(user: Any, rt: Any, ws: str) -> list[dict[str, Any]]:
+    """The catalogue entries this user may query: the warehouse and databases only with `sql_query`."""
+    if datacatalog.SQL_TOOL not in {s.name for s in rt.policy.permitted_tools(user, ws)}:
+        return []
+    return await datacatalog.catalog_for(rt.sources).sources(ws, rt.sources.get(ws))
 
 
 class WorkspaceController(Controller):
@@ -68,3 +83,39 @@ class WorkspaceController(Controller):
             "tools": [{"name": s.name, "source": s.source, "read_only": s.read_only, "permission": s.permission}
                       for s in rt.tools.permitted(frozenset({"code_execution", "memory", "admin"}), ws)],
         }
+
+    @get("/catalog")
+    async def catalog(self, user: CurrentUser, rt: RuntimeDep,
+                      workspace: FromQuery[str | None] = None) -> dict[str, Any]:
+        """The data panel (any member): sources with tables, columns, comments, estimates, state;
+        MCP servers with the tools this user may call. Only what the user may query."""
+        ws = member_workspace(user, workspace)
+        permitted = {s.name for s in rt.policy.permitted_tools(user, ws)}
+        return {"workspace": ws, "name": rt.workspaces.config(ws).name,
+                "sources": await _panel_sources(user, rt, ws),
+                "mcp": datacatalog.permitted_mcp(rt.mcp_status(ws), permitted),
+                "sample_rows": datacatalog.SAMPLE_ROWS}
+
+    @post("/catalog/sample", status_code=200)
+    async def catalog_sample(self, user: CurrentUser, rt: RuntimeDep, data: JSONBody[SampleRequest],
+                             workspace: FromQuery[str | None] = None) -> dict[str, Any]:
+        """A few rows of one catalogue table, through the limits, checks and audit of `sql_query`."""
+        ws = member_workspace(user, workspace)
+        name = data.source or "warehouse"
+        entry = next((e for e in await _panel_sources(user, rt, ws) if e["name"] == name), None)
+        if entry is None:
+            raise ClientException(f"there is no source {name!r} you may query in workspace {ws!r}")
+        if not data.table.strip():
+            raise ClientException("'table' must name a table of the source")
+        try:
+            table = datacatalog.find_table(entry, data.table)
+        except datacatalog.CatalogRequestError as exc:
+            raise ClientException(str(exc)) from None
+        try:
+            src = rt.sources.get(ws).get(data.source)
+            return await datacatalog.sample(src, table, user.id, ws, rt.query_slots, rt.audit,
+                                            rt.settings.offload.stream_timeout_s)
+        except datacatalog.Busy as exc:
+            raise ServiceUnavailableException(str(exc)) from None
+        except SQLError as exc:
+            raise ClientException(f"the sample of {table['name']!r} failed: {exc}") from None
