@@ -28,6 +28,7 @@ from datadesk.api.controllers.people import people_router  # issue 30: people
 from datadesk.api.controllers.refresh import RefreshController  # issue 31: refresh
 from datadesk.api.controllers.search import SearchController
 from datadesk.api.controllers.session import SessionController
+from datadesk.api.controllers.steps import StepController  # issue 31: user steps
 from datadesk.api.controllers.taskstate import TaskStateController
 from datadesk.api.controllers.threads import ThreadController
 from datadesk.api.controllers.workspace import WorkspaceController
@@ -92,6 +93,7 @@ def create_app(rt: Runtime) -> Litestar:
         route_handlers=[
             SessionController,
             ThreadController,
+            StepController,  # issue 31: edit and re-run a step, the SQL scratchpad
             BranchController,  # issue 31: edit a question, regenerate an answer, branches
             TaskStateController,
             ArtifactController,

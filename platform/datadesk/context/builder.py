@@ -51,6 +51,8 @@ from datadesk.store.threads import Thread
 from datadesk.context.rules import BASE_RULES_VERSION as RULES_VERSION
 NO_RESULT = "no result recorded: the call did not complete"
 CUT_OFF = "[reply cut off: the server stopped while it was being written]"  # an INTERRUPTED record
+USER_STEP_NOTE = ("[The user ran this step themselves (not the assistant), from the tool card or the SQL "
+                  "scratchpad; its result follows.]")
 PREAMBLE_LABEL = ("[Derived from past conversations in this thread and workspace; it may be outdated. "
                   "The current message wins.]")
 TOOL_IMAGES_TEXT = "images produced by the previous tool call"
@@ -488,6 +490,8 @@ class ContextBuilder:
             content = (content + "\n[reply stopped by the user]").strip()
         elif rec.status == "error" and (rec.meta or {}).get("kind") in CUT_OFF_KINDS:
             content = (content + "\n" + CUT_OFF).strip()  # the next reply should not build on it as whole
+        if rec.tool_calls and (rec.meta or {}).get("via") == "user":  # chat/user_steps.py
+            content = (content + "\n" + USER_STEP_NOTE).strip()
         if not content and not rec.tool_calls:
             return None
         msg: dict[str, Any] = {"role": "assistant", "content": content or None}

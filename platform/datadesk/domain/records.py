@@ -157,7 +157,8 @@ class AssistantRecordMeta(msgspec.Struct, omit_defaults=True):
 
     error: str | None = None
     kind: str | None = None
-    via: str | None = None
+    via: str | None = None  # "api", "refresh", "user" (a step the user ran: chat/user_steps.py)
+    edited_from: str | None = None  # a user step: the call id of the card it was edited from
 
 
 class UserRecordMeta(msgspec.Struct, omit_defaults=True):
