@@ -2,7 +2,7 @@
 views, its configured database sources and its MCP servers, each with its description
 (`workspace.toml` and the database's own comments), columns and types, catalogue row estimates
 (never a COUNT) and state; and a sample of a table's rows on demand
-(`POST /api/workspace/catalog/sample`).
+(`POST /api/workspace/catalog/sample`, run by `tools/sqlsample.py`).
 
 Introspection reuses each source's `describe()` (the same catalogue `describe_source` and the
 system message read; a database's is cached there for `catalog_ttl_s`), runs in worker threads
@@ -19,7 +19,6 @@ read-only session and one audit entry.
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
 import weakref
@@ -27,12 +26,9 @@ from typing import Any
 
 import msgspec
 
-from datadesk.audit.queries import QueryEntry
-from datadesk.sources.config import WAREHOUSE
 from datadesk.sources.errors import SQLError
-from datadesk.sources.query import QueryControl, TableInfo, interruptible
+from datadesk.sources.query import TableInfo
 from datadesk.sources.registry import Source, SourceSet
-from datadesk.store.admission import Busy, QuerySlots
 
 CACHE_TTL_S = 30.0  # the panel's view of a workspace is reused this long
 DESCRIBE_TIMEOUT_S = 10.0  # one source's introspection; a slower one is listed as "slow"
@@ -126,41 +122,6 @@ def sample_sql(table: dict[str, Any], dialect: str | None, rows: int = SAMPLE_RO
     if table.get("schema"):
         name = f"{quote_ident(table['schema'], dialect)}.{name}"
     return f"SELECT * FROM {name} LIMIT {int(rows)}"
-
-
-async def sample(src: Source, table: dict[str, Any], user: str, ws: str, slots: QuerySlots | None,
-                 audit: Any, stream_timeout_s: float = 600.0) -> dict[str, Any]:
-    """Up to SAMPLE_ROWS rows of `table` through the `sql_query` path: check, slot, read-only
-    session, audit. SQLError/Busy raise with the reason (the audit entry written either way)."""
-    from datadesk.tools.sql import _first_rows  # the one query path of sql_query
-
-    sql = sample_sql(table, src.dialect)
-    entry = QueryEntry(audit, user, ws, PANEL_THREAD, src.name or WAREHOUSE, sql)
-    try:
-        try:
-            src.check(sql)
-        except SQLError as exc:
-            entry.failed(exc, before_run=True)
-            raise
-        slot = await slots.acquire(user) if slots is not None else None
-        control = QueryControl()
-        if slot is not None:
-            slot.on_pressure = control.cancel
-        try:
-            result = await interruptible(control, _first_rows, src, user, sql, sys.maxsize, stream_timeout_s,
-                                         control, None, entry,
-                                         executor=slots.executor if slots is not None else None)
-        finally:
-            if slot is not None:
-                slot.release()
-    except (SQLError, Busy, asyncio.CancelledError) as exc:
-        entry.failed(exc)
-        raise
-    data = result.data or {"columns": [], "types": [], "rows": [], "row_count": 0}
-    rows = data.get("rows", [])[:SAMPLE_ROWS]
-    return {"source": src.name, "table": table["name"], "schema": table.get("schema"), "sql": sql,
-            "columns": data.get("columns", []), "types": data.get("types", []), "rows": rows,
-            "row_count": len(rows)}
 
 
 _CATALOGS: "weakref.WeakKeyDictionary[Any, DataCatalog]" = weakref.WeakKeyDictionary()

@@ -16,6 +16,8 @@ from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.sources import datacatalog
 from datadesk.sources.config import MASK, SourceConfig, masked_config
 from datadesk.sources.errors import SQLError
+from datadesk.store.admission import Busy
+from datadesk.tools.sqlsample import sample
 
 
 _KNOWN_KEYS = set(SourceConfig.__struct_fields__)
@@ -113,9 +115,9 @@ class WorkspaceController(Controller):
             raise ClientException(str(exc)) from None
         try:
             src = rt.sources.get(ws).get(data.source)
-            return await datacatalog.sample(src, table, user.id, ws, rt.query_slots, rt.audit,
+            return await sample(src, table, user.id, ws, rt.query_slots, rt.audit,
                                             rt.settings.offload.stream_timeout_s)
-        except datacatalog.Busy as exc:
+        except Busy as exc:
             raise ServiceUnavailableException(str(exc)) from None
         except SQLError as exc:
             raise ClientException(f"the sample of {table['name']!r} failed: {exc}") from None
