@@ -7,6 +7,7 @@ import { addCopyButtons, chartViewer, collapsible, modelNotes } from "./code.js"
 import { GRID_FORMATS, gridButton } from "./grid.js";
 import { uploadCard } from "./upload.js";
 import { branchControls } from "./branches.js";
+import { stepControls } from "./steps.js";
 
 // what GET /api/artifacts/{id}/view shows in the browser (never SVG)
 export const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
@@ -109,6 +110,7 @@ export class Conversation {
     this.clear();
     this.artifacts = new Map(artifacts.map((a) => [a.id, a]));
     if (!records.length) this.empty("Ask a question about your data to start.");
+    if (!records.length && this.root.id === "messages" && this.app && this.app.onEmptyChat) this.app.onEmptyChat(this.root);
     for (const rec of records) {
       if (runningTurn && rec.turn_id === runningTurn && rec.role !== "user") continue;
       this.renderRecord(rec);
@@ -466,6 +468,7 @@ export async function loadThread(conv, tid, replay = true) {
   conv.render(detail.records, artifacts, replay ? detail.thread.turn : null);
   conv.summaryState(tid); // a notice when the summary failed or history left the model's request
   branchControls(conv, tid, detail.records); // branches.js: Edit, Regenerate, "‹ n / m ›"
+  stepControls(conv, tid, detail.records); // steps.js: Edit and re-run a step, the SQL scratchpad
   if (detail.has_more) $("#messages").prepend(earlierButton(conv, tid)); // history.js
   return detail.thread;
 }
