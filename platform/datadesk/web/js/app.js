@@ -4,6 +4,7 @@ import { ApiError, api, attachStream, postStream, setCsrf, upload } from "./api.
 import { Conversation, loadThread } from "./chat.js";
 import { $, confirmDialog, h, promptDialog, toast } from "./dom.js";
 import { artifactsPanel, contextPanel, memoryPanel } from "./panels.js";
+import { dataPanel, yourData } from "./datapanel.js";
 import { initDemo } from "./demo.js";
 import { initExport } from "./export.js";
 import { revealSeq } from "./history.js";
@@ -12,7 +13,7 @@ import { initSearch, renderThreadList } from "./search.js";
 const enc = encodeURIComponent;
 const REATTACH_TRIES = 5; // a stream that breaks before `done` is re-attached this many times
 const WATCH_EVERY_MS = 3000; // an idle open thread is checked this often for a turn started elsewhere
-const PANELS = { artifacts: ["Artifacts", artifactsPanel], memory: ["Memory", memoryPanel], context: ["Context inspector", contextPanel] };
+const PANELS = { data: ["Data", dataPanel], artifacts: ["Artifacts", artifactsPanel], memory: ["Memory", memoryPanel], context: ["Context inspector", contextPanel] };
 
 const app = {
   me: null,
@@ -24,6 +25,8 @@ const app = {
   conv: null,
 };
 window.datadesk = app; // for debugging from the console
+app.onEmptyChat = (root) => yourData(root, app, () => showPanel("data")); // datapanel.js: "your data"
+app.closePanel = () => closePanel();
 
 // ---- start -------------------------------------------------------------------------------
 async function boot() {
