@@ -45,6 +45,7 @@ from datadesk.summary.summarizer import Summarizer
 from datadesk.threads.attachments import Attachments
 from datadesk.threads.lifecycle import ThreadLifecycle
 from datadesk.threads.refresh import ThreadRefresh
+from datadesk.threads.scheduler import RefreshScheduler
 from datadesk.threads.requery import UserRequery
 from datadesk.tools.artifacts import register_artifact_tools
 from datadesk.tools.history import register_compact_tool, register_history_tools
@@ -157,6 +158,10 @@ class Runtime:
         # issue 31: refresh an analysis (re-run its queries and the python that used them)
         self.refresh = ThreadRefresh(self.requery, self.tools, self.artifacts, self.turns, self.kernels,
                                      settings.chat.tool_timeout_s, self.disk)
+        # one host runs a due schedule: the cluster's locks, or lock files
+        locks = self.cluster.locks() if self.cluster else FileLocks(self.layout.home / "locks")
+        self.scheduler = RefreshScheduler(self.threads, self.users, self.workspaces.names, self.refresh, locks,
+                                          settings.refresh)
         self.lifecycle = ThreadLifecycle(self.threads, self.turns, self.kernels,  # clear chat, delete thread
                                         self.artifacts)
 
@@ -227,12 +232,14 @@ class Runtime:
                 await self.mcp.start_workspace(ws, servers, self.layout.workspace_dir(ws))
         # each [sources.*] tried once in the background: one that is down shows with its reason
         self._spawn(asyncio.to_thread(self.sources.probe, self.workspaces.names()), "sources-probe")
+        await self.scheduler.start()  # scheduled refreshes (threads/scheduler.py)
 
     def _open_thread(self, key: Any) -> Thread:
         """The thread an artifact row names (cluster artifacts' `find` and `walk`)."""
         return self.threads.get(key.thread, key.user, [key.workspace])
 
     async def stop(self) -> None:
+        await self.scheduler.stop()
         await self.turns.cancel_all()
         self.sources.close()
         await self.summaries.drain()

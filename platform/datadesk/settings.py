@@ -270,6 +270,16 @@ class AuditSettings(msgspec.Struct, forbid_unknown_fields=True):
     retention_days: int = 400  # entries older than this are removed (0: kept forever)
 
 
+class RefreshSettings(msgspec.Struct, forbid_unknown_fields=True):
+    """Scheduled refreshes of threads (`[refresh]`, threads/scheduler.py)."""
+
+    schedules: bool = True  # the scheduler loop runs in the server (false: schedules are kept, not run)
+    schedule_tick_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # how often due schedules are looked for
+    # how often every thread is looked at for schedules set elsewhere (another host, a restore)
+    schedule_rescan_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    scheduled_max: Annotated[int, msgspec.Meta(ge=1)] = 2  # at once in one server process (one per user)
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
     home: Path = Path("var")
     llm: LLMSettings = msgspec.field(default_factory=LLMSettings)
@@ -287,6 +297,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     storage: StorageSettings = msgspec.field(default_factory=StorageSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
     audit: AuditSettings = msgspec.field(default_factory=AuditSettings)
+    refresh: RefreshSettings = msgspec.field(default_factory=RefreshSettings)
 
     @property
     def clustered(self) -> bool:

@@ -1,11 +1,15 @@
 """Refresh an analysis (threads/refresh.py, api/controllers/refresh.py): a real analysis thread
 (the demo's offloaded SQL + python writing a report, run by the local sandbox); the warehouse
 changes underneath; Refresh re-runs the query and the python in a fresh kernel, reports the row
-and sum changes, keeps the old data and writes a new version of the report."""
+and sum changes, keeps the old data and writes a new version of the report. Scheduled refreshes
+(threads/scheduler.py) run on a faked clock: the test moves time and ticks the scheduler on the
+app's own event loop, never sleeping."""
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
+from datetime import datetime, timezone
 
 import duckdb
 import pyarrow.parquet as pq
@@ -21,8 +25,10 @@ REPORT = "energy_through_the_year.md"
 @pytest.fixture
 def analysed(home):
     """alice's thread with the demo's first analysis (one SQL step, one python step writing a report)."""
+    # the scheduler's own loop stays off: the scheduler tests tick it themselves, on a faked clock
     h = make_harness(home, demo_model(), sandbox={"backend": "local", "pool_size": 0, "exec_timeout_s": 90,
-                                                  "memory_mb": 2048, "run_dir": tempfile.mkdtemp(prefix="ddr-")})
+                                                  "memory_mb": 2048, "run_dir": tempfile.mkdtemp(prefix="ddr-")},
+                     refresh={"schedules": False})
     with h.client(timeout=300) as api:
         events = api.turn(PLANS[0].question)
         assert events[-1][1]["status"] == "ok", events[-3:]
@@ -129,3 +135,96 @@ def test_a_user_who_lost_the_permission_gets_a_failed_refresh_with_the_reason(an
     assert report["steps"][0]["ok"] and not report["steps"][1]["ok"]
     assert "code_execution" in report["steps"][1]["error"] and "code_execution" in report["error"]
     assert any(e == "error" and d["kind"] == "refresh" for e, d in events)
+
+
+def _utc(hh: int, mm: int) -> float:
+    return datetime(2026, 12, 3, hh, mm, tzinfo=timezone.utc).timestamp()
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _tick(api) -> list[str]:
+    """One scheduler tick on the app's loop, then wait for the refreshes it started."""
+    sched = api.h.rt.scheduler
+
+    async def tick_and_wait() -> list[str]:
+        started = await sched.tick()
+        await asyncio.gather(*(task for _, task in sched.running.values()))
+        return started
+
+    return api.client.blocking_portal.call(tick_and_wait)
+
+
+def test_schedule_validation_and_lifecycle(analysed) -> None:
+    api, h = analysed, analysed.h
+    h.rt.scheduler.clock = FakeClock(_utc(6, 0))
+    url = f"/api/threads/{api.tid}/schedule"
+    assert api.client.get(url).status_code == 404
+    r = api.client.put(url, json={"at": "7:75"})
+    assert r.status_code == 400 and r.json()["error"].startswith("at: ")
+    r = api.client.put(url, json={"cron": "0 7 * *"})
+    assert r.status_code == 400 and "cron: has 4 fields" in r.json()["error"]
+    r = api.client.put(url, json={"at": "07:30", "tz": "Nowhere/City"})
+    assert r.status_code == 400 and r.json()["error"].startswith("tz: ")
+    r = api.client.put(url, content=b"not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "body" in r.json()["error"]
+    r = api.client.put(url, json={"cron": "0 7 * * 1-5", "tz": "UTC"})
+    assert r.status_code == 200, r.text
+    assert r.json()["cron"] == "0 7 * * 1-5" and r.json()["next_run"] == "2026-12-03T07:00+00:00"  # a Thursday
+    assert api.client.put(url, json={"at": "07:30"}, headers=h.auth("bob")).status_code == 404
+    assert api.client.delete(url).status_code == 204
+    assert api.client.get(url).status_code == 404 and api.client.delete(url).status_code == 404
+
+
+def test_a_scheduled_refresh_runs_once_when_due_as_the_owner(analysed, home) -> None:
+    api, h = analysed, analysed.h
+    clock = h.rt.scheduler.clock = FakeClock(_utc(7, 0))
+    r = api.client.put(f"/api/threads/{api.tid}/schedule", json={"at": "07:30", "tz": "UTC"})
+    assert r.status_code == 200 and r.json()["next_run"] == "2026-12-03T07:30+00:00"
+    _change_warehouse(h, home)
+    assert _tick(api) == []  # 07:00: not due yet
+    clock.now = _utc(7, 31)
+    assert _tick(api) == [api.tid]
+    report = api.client.get(f"/api/threads/{api.tid}/refresh").json()
+    assert report["trigger"] == "schedule" and report["status"] == "ok" and report["changes"] == 1
+    sched = api.client.get(f"/api/threads/{api.tid}/schedule").json()
+    assert sched["last_status"] == "ok" and sched["last_changes"] == 1
+    assert sched["next_run"] == "2026-12-04T07:30+00:00"
+    assert _tick(api) == []  # handled: not again today
+    # a lock another host holds for this thread: that host runs it, this one does not
+    clock.now = _utc(7, 31) + 86400
+    lease = h.rt.scheduler.locks.try_acquire(f"refresh-schedule-{api.tid}")
+    try:
+        assert _tick(api) == [api.tid]
+        assert api.client.get(f"/api/threads/{api.tid}/refresh").json()["id"] == report["id"]
+    finally:
+        lease.release()
+    # missed days while the server was down are one run, not a burst
+    clock.now = _utc(7, 31) + 5 * 86400
+    assert _tick(api) == [api.tid] and _tick(api) == []
+    sched = api.client.get(f"/api/threads/{api.tid}/schedule").json()
+    assert sched["next_run"] == "2026-12-09T07:30+00:00"
+
+
+def test_a_scheduled_refresh_of_a_user_who_lost_access_fails_with_the_reason(analysed) -> None:
+    api, h = analysed, analysed.h
+    clock = h.rt.scheduler.clock = FakeClock(_utc(7, 0))
+    assert api.client.put(f"/api/threads/{api.tid}/schedule", json={"at": "07:30", "tz": "UTC"}).status_code == 200
+    h.rt.users.update("alice", permissions=[])  # code_execution taken away
+    clock.now = _utc(7, 31)
+    assert _tick(api) == [api.tid]
+    sched = api.client.get(f"/api/threads/{api.tid}/schedule").json()
+    assert sched["last_status"] == "failed" and "code_execution" in sched["last_error"]
+    h.rt.users.update("alice", workspaces=["sales"])  # the thread's workspace taken away
+    clock.now = _utc(7, 31) + 86400
+    assert _tick(api) == [api.tid]
+    thread = h.rt.threads.get(api.tid, "alice", ["demo"])
+    from datadesk.threads.scheduler import read_schedule
+    sched = read_schedule(thread)
+    assert sched.last_status == "failed" and "no longer has access to workspace demo" in sched.last_error

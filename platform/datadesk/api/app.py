@@ -25,7 +25,7 @@ from datadesk.api.controllers.export import ExportController
 from datadesk.api.controllers.memory import MemoryController
 from datadesk.api.controllers.oidc import OIDCController  # issue 30: single sign-on
 from datadesk.api.controllers.people import people_router  # issue 30: people
-from datadesk.api.controllers.refresh import RefreshController  # issue 31: refresh
+from datadesk.api.controllers.refresh import RefreshController, ScheduleController  # issue 31: refresh
 from datadesk.api.controllers.search import SearchController
 from datadesk.api.controllers.session import SessionController
 from datadesk.api.controllers.steps import StepController  # issue 31: user steps
@@ -104,6 +104,7 @@ def create_app(rt: Runtime) -> Litestar:
             OIDCController,  # issue 30: single sign-on (/auth/oidc/*, /api/auth/options)
             AuditController,  # issue 30: the admin audit view
             RefreshController,  # issue 31: refresh a thread's analysis
+            ScheduleController,  # issue 31: scheduled refreshes
             people_router,  # issue 30: the admin people API and /join
             index,
             ready,  # readiness (api/readiness.py); /api/health is liveness

@@ -16,8 +16,9 @@ from filelock import FileLock
 
 from datadesk.domain.ids import check_id, new_id
 from datadesk.domain.records import ThreadMeta
-from datadesk.store.interfaces.threads import (MANIFESTS, REFRESH, SUMMARY, SUMMARY_REVISIONS, SUMMARY_STATUS,
-                                    TASK_STATE, RecordLog, ThreadNotFound, TooManyThreads, check_document, check_line_set)
+from datadesk.store.interfaces.threads import (MANIFESTS, REFRESH, SCHEDULE, SUMMARY, SUMMARY_REVISIONS,
+                                    SUMMARY_STATUS, TASK_STATE, RecordLog, ThreadNotFound, TooManyThreads,
+                                    check_document, check_line_set)
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
 from datadesk.store.search import indexed_append, indexed_reset
@@ -33,7 +34,8 @@ META_FILE = "meta.json"
 LOCK_FILE = "thread.lock"
 # the file of each per-thread document and line set (store/interfaces/threads.py names them)
 DOC_FILES = {SUMMARY: "summary.json", SUMMARY_STATUS: "summary.status.json", TASK_STATE: "task_state.json",
-             REFRESH: "refresh.json", SUMMARY_REVISIONS: "summary.revisions.jsonl", MANIFESTS: "context.jsonl"}
+             REFRESH: "refresh.json", SCHEDULE: "schedule.json", SUMMARY_REVISIONS: "summary.revisions.jsonl",
+             MANIFESTS: "context.jsonl"}
 
 
 class ThreadReads:
@@ -453,7 +455,8 @@ class ThreadStore:
             removed["records"] = sum(1 for _ in thread.log)
             for path in (thread.log.path, thread.log.path.with_name("log.torn"), thread.summary_path,
                          thread.summary_revisions_path, thread.manifests_path, thread.events_path,
-                         thread.summary_status_path, thread.task_state_path, thread.dir / DOC_FILES[REFRESH]):
+                         thread.summary_status_path, thread.task_state_path,
+                         thread.dir / DOC_FILES[REFRESH], thread.dir / DOC_FILES[SCHEDULE]):
                 if path.is_file():
                     removed["bytes"] += path.stat().st_size
                     path.unlink()

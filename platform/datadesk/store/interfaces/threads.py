@@ -42,7 +42,8 @@ SUMMARY = "summary"
 SUMMARY_STATUS = "summary.status"
 TASK_STATE = "task_state"
 REFRESH = "refresh"  # the last refresh of the thread and its comparison (threads/refresh.py)
-DOCUMENTS = frozenset({SUMMARY, SUMMARY_STATUS, TASK_STATE, REFRESH})
+SCHEDULE = "schedule"  # when the thread refreshes itself (threads/schedule.py)
+DOCUMENTS = frozenset({SUMMARY, SUMMARY_STATUS, TASK_STATE, REFRESH, SCHEDULE})
 
 # line sets: append-only JSON lines (summary.revisions.jsonl, context.jsonl)
 SUMMARY_REVISIONS = "summary.revisions"
