@@ -111,7 +111,6 @@ export class Conversation {
     this.artifacts = new Map(artifacts.map((a) => [a.id, a]));
     if (!records.length) this.empty("Ask a question about your data to start.");
     if (!records.length && this.root.id === "messages" && this.app && this.app.onEmptyChat) this.app.onEmptyChat(this.root);
-    if (!records.length && this.root.id === "messages" && this.app && this.app.onEmptyChat) this.app.onEmptyChat(this.root);
     for (const rec of records) {
       if (runningTurn && rec.turn_id === runningTurn && rec.role !== "user") continue;
       this.renderRecord(rec);
