@@ -87,3 +87,34 @@ def test_a_bad_seq_is_refused_with_a_clear_message(harness_factory) -> None:
     assert no_branch.status_code == 404
     assert abandoned.status_code == 400 and "earlier branch" in abandoned.json()["detail"]
     assert other.status_code in (403, 404)
+
+
+def test_a_summary_of_the_earlier_branch_is_left_out_of_the_edited_request(harness_factory) -> None:
+    import asyncio
+
+    from datadesk.llm.scripted import ScriptedModel
+    from tests.conftest import wait_until
+    from tests.unit.test_summary import faithful
+
+    model = ScriptedModel(then="ok")
+    h = harness_factory(model, summary_model=ScriptedModel(then=faithful), summary={"enabled": True})
+    with h.client("bob", served=True, timeout=60) as api:
+        c, tid = api.client, api.tid
+        c.post(f"/api/threads/{tid}/messages", json={"content": "Monthly consumption per city."})
+        c.post(f"/api/threads/{tid}/messages", json={"content": "Plot it with OLDWORD colours."})
+        wait_until(lambda: h.rt.summaries.pending == 0)
+        thread = h.rt.threads.get(tid, "bob", ["demo"])
+        asyncio.run(h.rt.summaries.refresh(thread, 4, thread.meta.epoch, synchronous=True))
+        assert "OLDWORD" in json.dumps(msgspec_builtins(h.rt.summaries.store.load_current(thread, thread.meta.epoch)))
+        before = json.dumps(model.calls[-1])
+        c.post(f"/api/threads/{tid}/messages", json={"content": "Plot it as bars.", "edit_of": 3})
+    edited = json.dumps(model.calls[-1])
+    assert "Plot it as bars." in edited and "Monthly consumption per city." in edited
+    assert "OLDWORD" not in edited  # neither the old question nor a summary holding it
+    assert "OLDWORD" in before
+
+
+def msgspec_builtins(obj):
+    import msgspec
+
+    return msgspec.to_builtins(obj)

@@ -16,6 +16,7 @@ from litestar import Controller, Request, Response, delete, get, patch, post
 from litestar.exceptions import ClientException, NotFoundException
 from litestar.response import Stream
 
+from datadesk.api.branch_checks import branch_meta
 from datadesk.api.guards.access import find_thread, member_workspace
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.offloop import run_off_loop
@@ -176,7 +177,6 @@ class ThreadController(Controller):
             raise ClientException("message content is empty")
         meta = None
         if data.edit_of is not None:  # edit a question: the thread continues from it (a new branch)
-            from datadesk.api.controllers.branches import branch_meta
             meta = (await run_off_loop(user.id, branch_meta, handle, data.edit_of, "edit"))[1]
         # too long for the model: never sent raw (a pasted table becomes an artifact, else a 413)
         text = await rt.attachments.message_text(handle, user, text)
