@@ -63,3 +63,16 @@ def test_an_edited_card_runs_as_the_users_step_and_reaches_the_model(server, pag
     sent = json.dumps(req["messages"])
     assert EDITED in sent and json.dumps(USER_STEP_NOTE)[1:-1] in sent and "n_buildings" in sent
     assert not page.js_errors, page.js_errors
+
+
+def test_python_steps_run_in_the_threads_warm_kernel(server) -> None:
+    from tests.conftest import parse_sse
+    with api(server, server.token()) as c:
+        tid = c.post("/api/threads", json={"title": "python steps"}).json()["id"]
+        first = c.post(f"/api/threads/{tid}/steps", json={"tool": "python", "arguments": {"code": "x = 6 * 7"}})
+        assert first.status_code == 200, first.text
+        assert parse_sse(first.text)[-1][1]["status"] == "ok"
+        second = parse_sse(c.post(f"/api/threads/{tid}/steps",
+                                  json={"tool": "python", "arguments": {"code": "print(x)"}}).text)
+        finished = next(d for e, d in second if e == "tool.finished")
+        assert finished["ok"] and "42" in finished["preview"]
