@@ -83,6 +83,20 @@ class InvalidTwice:
         return FakeReply(text=summary_json(req))
 
 
+class Wrapped:
+    """Answers wrapped three ways in turn: `{"summary": {...}}`, a JSON string holding the
+    object, and `{"result": "<the object as a JSON string>"}`."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, req: dict[str, Any]) -> FakeReply:
+        self.calls += 1
+        obj = fake_fields(req["messages"])
+        forms = [json.dumps({"summary": obj}), json.dumps(json.dumps(obj)), json.dumps({"result": json.dumps(obj)})]
+        return FakeReply(text=forms[(self.calls - 1) % 3])
+
+
 def never_a_summary(req: dict[str, Any]) -> FakeReply:
     return FakeReply(text="I would rather not summarise this conversation.")
 
@@ -174,6 +188,15 @@ def test_a_fenced_answer_with_a_sentence_before_it_is_read(server, harness_facto
     out = run_seed(server, harness_factory, fenced_with_sentence)
     assert out["summaries"][0]["response_format"] == {"type": "json_object"}  # generic server: JSON mode
     assert_carried_by_the_summary(out)
+
+
+def test_a_wrapped_answer_is_unwrapped_before_validation(server, harness_factory) -> None:
+    summarizer = Wrapped()
+    out = run_seed(server, harness_factory, summarizer)
+    assert_carried_by_the_summary(out)
+    # each wrapped answer validated at once: no retry call showing the model an error
+    assert summarizer.calls == len(out["summaries"]) and summarizer.calls >= 2
+    assert not any("error" in json.dumps(r["messages"][2:]).lower() for r in out["summaries"])
 
 
 def test_invalid_json_twice_then_valid(server, harness_factory) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from datadesk.domain.records import Record
 from datadesk.llm.scripted import ScriptedModel, ScriptStep
-from datadesk.memory.extraction import ExtractionResult, MemoryExtractor
+from datadesk.memory.extraction import ExtractionResult, MemoryExtractor, parse_output
 from datadesk.domain.memory import Fact, Provenance, contradicts, normalise, render_memory_block, text_hash
 from datadesk.memory.secrets import contains_secret, find_secrets
 from datadesk.memory.store import (
@@ -810,3 +810,11 @@ def test_a_job_racing_a_hard_delete_does_not_bring_the_fact_back(store: MemorySt
 def test_fact_struct_round_trips() -> None:
     f = Fact(id="f1", text="x", supersedes=["f0"])
     assert msgspec.json.decode(msgspec.json.encode(f), type=Fact) == f
+
+
+def test_a_wrapped_extraction_answer_is_unwrapped() -> None:
+    fact = {"text": "prefers blue bars", "kind": "preference", "importance": 3}
+    for reply in (json.dumps({"result": {"facts": [fact]}}), json.dumps(json.dumps({"facts": [fact]}))):
+        assert [f.text for f in parse_output(reply)] == ["prefers blue bars"]
+    with pytest.raises(ValueError, match="facts"):
+        parse_output(json.dumps({"result": {"items": [fact]}}))

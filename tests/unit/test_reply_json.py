@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from datadesk.llm.reply_json import extract_json
+from datadesk.llm.reply_json import extract_json, unwrap_object
 
 OBJ = {"facts": [{"text": "Reports in English", "kind": "preference"}], "n": {"a": 1}}
 
@@ -30,3 +30,27 @@ def test_a_broken_object_is_handed_to_the_decoder_and_no_object_is_an_error() ->
     assert extract_json('{"facts": [') == '{"facts": ['
     with pytest.raises(ValueError, match="no JSON object"):
         extract_json("I could not summarize this.")
+
+
+@pytest.mark.parametrize("reply", [
+    '{"summary": {"a": 1}}', '{"result": {"a": 1}}', '```json\n{"anything": {"a": 1},}\n```',
+    json.dumps(json.dumps({"a": 1})), json.dumps({"result": json.dumps({"a": 1})}),
+    '{"outer": {"summary": {"a": 1}}}',
+])
+def test_a_wrapped_object_is_unwrapped(reply: str) -> None:
+    assert unwrap_object(reply, _decode_a) == {"a": 1}
+
+
+def test_an_object_that_validates_is_not_unwrapped_and_the_first_error_is_kept() -> None:
+    assert unwrap_object('{"a": {"a": 2}}', lambda s: json.loads(s)) == {"a": {"a": 2}}
+    with pytest.raises(ValueError, match="no key a"):
+        unwrap_object('{"x": 1, "y": {"a": 1}}', _decode_a)  # two keys: not a wrapper
+    with pytest.raises(ValueError, match="no key a"):
+        unwrap_object('{"summary": {"b": 1}}', _decode_a)  # the wrapped object fails too
+
+
+def _decode_a(text: str) -> dict:
+    value = json.loads(text)
+    if not isinstance(value, dict) or "a" not in value or not isinstance(value["a"], int):
+        raise ValueError("no key a")
+    return value

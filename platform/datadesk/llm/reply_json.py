@@ -10,12 +10,20 @@ Where it looks, in order: the contents of each fenced block, then the whole repl
 in each, every `{` (up to a limit) as the start of an object, as written and then
 with trailing commas removed (outside strings). Nothing else is "repaired": a
 reply that is not JSON stays an error the caller can show the model.
+
+`unwrap_object` adds the wrappers some models put around the object they were asked
+for: `{"summary": {...}}`, `{"result": {...}}` (a single key of any name), or a JSON
+string holding the object. The caller's decoder is tried on the object as given
+first, so an answer that validates is never unwrapped.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_-]*[ \t]*\r?\n?(.*?)```", re.DOTALL)
@@ -90,3 +98,55 @@ def extract_json(text: str) -> str:
             return found
     last = text.rfind("}")
     return text[start : last + 1] if last > start else text[start:]
+
+
+def _loads(body: str) -> object:
+    try:
+        return json.loads(body)
+    except ValueError:
+        try:
+            return json.loads(strip_trailing_commas(body))
+        except ValueError:
+            return None
+
+
+def _unwrapped(body: str) -> str | None:
+    """The object inside a single-key wrapper (as an object or a JSON string), else None."""
+    value = _loads(body)
+    if not isinstance(value, dict) or len(value) != 1:
+        return None
+    inner = next(iter(value.values()))
+    if isinstance(inner, dict):
+        return json.dumps(inner)
+    if isinstance(inner, str) and "{" in inner:
+        try:
+            return extract_json(inner)
+        except ValueError:
+            return None
+    return None
+
+
+def unwrap_object(text: str, decode: Callable[[str], T]) -> T:
+    """`decode(extract_json(text))`; when that fails, `decode` of the object inside a wrapper.
+
+    Wrappers: the whole reply is a JSON string holding the object; the object is the only
+    value of a single-key object (`{"summary": {...}}`, any key), given as an object or as
+    a JSON string; at most two levels. `decode` raises ValueError (msgspec's errors are
+    ValueErrors); when no unwrapped form decodes, the first error is raised."""
+    whole = _loads(text.strip())
+    if isinstance(whole, str) and "{" in whole:
+        text = whole  # the reply is a JSON string with the object in it
+    body = extract_json(text)
+    try:
+        return decode(body)
+    except ValueError as exc:
+        first = exc
+    for _ in range(2):
+        inner = _unwrapped(body)
+        if inner is None:
+            break
+        try:
+            return decode(inner)
+        except ValueError:
+            body = inner
+    raise first

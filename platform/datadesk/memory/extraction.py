@@ -40,7 +40,7 @@ import msgspec
 
 from datadesk.domain.records import Record
 from datadesk.llm.base import ChatModel, ModelReply
-from datadesk.llm.reply_json import extract_json
+from datadesk.llm.reply_json import unwrap_object
 from datadesk.domain.memory import KINDS, Fact, Provenance
 from datadesk.memory.secrets import PLACEHOLDER, contains_secret, redact_secrets
 from datadesk.memory.store import FactNotFound, MemoryInputError, MemoryStore
@@ -82,6 +82,9 @@ class _ExtractionOutput(msgspec.Struct):
     facts: list[_ExtractedFact]
 
 
+_output_decoder = msgspec.json.Decoder(_ExtractionOutput)
+
+
 @dataclass
 class ExtractionResult:
     """What a job did: facts added (all candidates), and why others were skipped (reasons only)."""
@@ -112,7 +115,7 @@ def user_texts(messages: Iterable[Record | dict[str, Any]]) -> list[tuple[int | 
 def parse_output(content: str) -> list[_ExtractedFact]:
     """The facts of the model's answer; raises ValueError when it is not the expected JSON."""
     try:
-        return msgspec.json.decode(extract_json(content).encode("utf-8"), type=_ExtractionOutput).facts
+        return unwrap_object(content, _output_decoder.decode).facts  # {"result": {"facts": ...}} too
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ValueError(f"not {{'facts': [...]}} JSON: {str(exc)[:120]}") from None
 

@@ -36,7 +36,7 @@ import msgspec
 
 from datadesk.domain.records import Record, ToolCall, arguments_text
 from datadesk.llm.base import ChatModel, ModelError, ModelReply
-from datadesk.llm.reply_json import extract_json
+from datadesk.llm.reply_json import unwrap_object
 from datadesk.llm.tokens import count_tokens as default_count_tokens
 from datadesk.settings import SummarySettings
 from datadesk.summary.model import (
@@ -197,9 +197,8 @@ def build_request(previous: ThreadSummary | None, records: Sequence[Record], foc
 
 def parse_fields(text: str) -> SummaryFields:
     """Validate a reply against `SummaryFields` (ValueError with the reason otherwise)."""
-    body = extract_json(text)
-    try:
-        fields = _fields_decoder.decode(body)
+    try:  # a wrapped answer ({"summary": {...}}, a JSON string) is unwrapped first
+        fields = unwrap_object(text, _fields_decoder.decode)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ValueError(str(exc)) from None
     active = clean_list(fields.active_constraints)
