@@ -8,7 +8,11 @@ app's own event loop, never sleeping."""
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import re
 import tempfile
+import zipfile
 from datetime import datetime, timezone
 
 import duckdb
@@ -228,3 +232,36 @@ def test_a_scheduled_refresh_of_a_user_who_lost_access_fails_with_the_reason(ana
     from datadesk.threads.scheduler import read_schedule
     sched = read_schedule(thread)
     assert sched.last_status == "failed" and "no longer has access to workspace demo" in sched.last_error
+
+
+def _demo_results(texts) -> list[dict]:
+    return [json.loads(m.group(1)) for t in texts for m in re.finditer(r"DEMO_RESULT (\{.*\})", t or "")]
+
+
+def test_the_exported_notebook_rerun_on_the_changed_warehouse_gives_the_refresh_numbers(analysed, home,
+                                                                                         tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    api, h = analysed, analysed.h
+    r = api.client.get(f"/api/threads/{api.tid}/export", params={"format": "zip"})
+    assert r.status_code == 200
+    zipfile.ZipFile(io.BytesIO(r.content)).extractall(tmp_path)
+    folder = next(p for p in tmp_path.iterdir() if p.is_dir())
+    _change_warehouse(h, home)
+    report = parse_sse(api.client.post(f"/api/threads/{api.tid}/refresh").text)[-2][1]["report"]
+    assert report["status"] == "ok"
+    records = api.client.get(f"/api/threads/{api.tid}").json()["records"]
+    refreshed = _demo_results([rec["content"] for rec in records if rec["role"] == "tool"
+                               and (rec.get("meta") or {}).get("via") == "refresh"])
+    original = _demo_results([rec["content"] for rec in records if rec["role"] == "tool"
+                              and (rec.get("meta") or {}).get("via") != "refresh"])
+    assert len(refreshed) == 1 and refreshed[0]["rows"] == original[0]["rows"] - 31
+
+    monkeypatch.setenv("DATADESK_WAREHOUSE", str(home / "workspaces/demo/data/warehouse.duckdb"))
+    nb = nbformat.read(folder / "notebook.ipynb", as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(folder)}}).execute()
+    ran = _demo_results(["".join(o.get("text", "") for o in c.get("outputs", []) if o.get("output_type") == "stream")
+                         for c in nb.cells if c.cell_type == "code"])
+    assert ran == refreshed  # the python cell read its SQL cell's fresh result, not the saved file
+    assert (folder / "data" / f"{api.aid}.parquet.exported").is_file()  # the exported data is kept

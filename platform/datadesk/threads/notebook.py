@@ -3,7 +3,9 @@
 The first code cell makes the notebook rerun outside DataDesk: it maps the thread's artifacts in
 `./data` (the sandbox's `/data`), creates `./outputs`, and defines `sql_result`, which re-runs a
 query against the DuckDB file named by `DATADESK_WAREHOUSE` when set, and otherwise reads the
-result DataDesk saved (the artifact, or the rows of a small inline result).
+result DataDesk saved (the artifact, or the rows of a small inline result). A re-run result is
+written over `data/<artifact>`, so the python cells after it read the fresh data, never the
+stale saved file: the same numbers as a Refresh in DataDesk (threads/refresh.py).
 """
 
 from __future__ import annotations
@@ -38,12 +40,21 @@ WAREHOUSE = os.environ.get("DATADESK_WAREHOUSE")  # a DuckDB file: the SQL cells
 
 
 def sql_result(sql, artifact=None, inline=None):
-    """A query of the thread: re-run on WAREHOUSE when set, else the result DataDesk saved."""
+    """A query of the thread: re-run on WAREHOUSE when set, else the result DataDesk saved.
+    A re-run result replaces data/<artifact>, which the python cells read (as a Refresh in
+    DataDesk does); the exported file is kept beside it as data/<artifact>.exported."""
     if WAREHOUSE:
         import duckdb
 
         with duckdb.connect(WAREHOUSE, read_only=True) as con:
-            return con.sql(sql).df()
+            df = con.sql(sql).df()
+        if artifact is not None:
+            saved, kept = DATA / artifact, DATA / (artifact + ".exported")
+            if saved.is_file() and not kept.exists():
+                saved.rename(kept)
+            DATA.mkdir(exist_ok=True)
+            df.to_parquet(saved, index=False)
+        return df
     if artifact is not None:
         return pd.read_parquet(DATA / artifact)
     if inline is not None:
@@ -131,7 +142,8 @@ def notebook_for(doc: ThreadDocument) -> dict[str, Any]:
     cells.markdown(f"# {doc.title}\n\nExported from DataDesk (thread `{doc.thread.id}`). Run it from the folder "
                    "it was unzipped into: `data/` holds the thread's artifacts. The SQL cells read the results "
                    "DataDesk saved; set `DATADESK_WAREHOUSE` to a DuckDB file to re-run them against the "
-                   "warehouse. The python cells are as they ran, with `/data` and `/outputs` read as "
+                   "warehouse (their results then replace the files in `data/` that the python cells "
+                   "read; the exported ones are kept as `*.exported`). The python cells are as they ran, with `/data` and `/outputs` read as "
                    "`data/` and `outputs/`.")
     cells.code(SETUP.format(title=doc.title, tid=doc.thread.id, artifacts=json.dumps(artifacts, indent=4)))
     queries = 0
