@@ -44,6 +44,9 @@ password = "${{env:GONE_PW}}"
 description = "An archive that is switched off"
 timeout_s = 2
 
+[sources.leaky]
+url = "postgresql://reader:{SECRET}@127.0.0.1:9/nowhere"
+
 [mcp.fake]
 command = {json.dumps([sys.executable, str(server)])}
 timeout_s = 5
@@ -66,7 +69,7 @@ def test_catalog_lists_tables_sources_and_mcp_with_state(harness_factory, panel_
         view = catalog_with_mcp_up(api.client)
         text = api.client.get("/api/workspace/catalog").text
     by = {s["name"]: s for s in view["sources"]}
-    assert list(by)[0] == "warehouse" and set(by) == {"warehouse", "gone", "local"}
+    assert list(by)[0] == "warehouse" and set(by) == {"warehouse", "gone", "leaky", "local"}
     readings = next(t for t in by["warehouse"]["tables"] if t["name"] == "readings")
     assert readings["comment"] == "Hourly meter readings, kWh"
     assert readings["row_estimate"] and readings["columns"] and all(c["type"] for c in readings["columns"])
@@ -77,6 +80,7 @@ def test_catalog_lists_tables_sources_and_mcp_with_state(harness_factory, panel_
     gone = by["gone"]
     assert gone["state"] == "down" and gone["reason"] and gone["tables"] == []
     assert gone["description"] == "An archive that is switched off"
+    assert by["leaky"]["state"] == "misconfigured" and by["leaky"]["reason"]  # a password in its URL
     assert SECRET not in text
     assert view["mcp"][0]["name"] == "fake" and any(t.startswith("fake__") for t in view["mcp"][0]["tools"])
 
@@ -100,6 +104,7 @@ def test_sample_goes_through_audit_and_validates_names(harness_factory, panel_ho
     assert nosrc.status_code == 400 and "no source 'nope'" in nosrc.json()["detail"]
     assert empty.status_code == 400 and "'table'" in empty.json()["detail"]
     assert down.status_code == 400 and "no table 'x'" in down.json()["detail"]
+    assert "it lists no tables (down: " in down.json()["detail"]  # and why
     queries = h.rt.audit.page(AuditFilter(action="query", user="alice"), None, 100).entries
     mine = [(e.source, e.outcome, e.rows, e.thread) for e in queries if e.user == "alice"]
     assert ("local", "ok", 20, "data-panel") in mine and ("warehouse", "ok", 20, "data-panel") in mine

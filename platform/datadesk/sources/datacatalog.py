@@ -106,8 +106,9 @@ def find_table(entry: dict[str, Any], table: str) -> dict[str, Any]:
             return t
     names = sorted(f"{t['schema']}.{t['name']}" if t["schema"] else t["name"] for t in entry["tables"])
     shown = ", ".join(names[:20]) + (" ..." if len(names) > 20 else "")
+    why = f" ({entry['state']}: {entry['reason']})" if entry.get("reason") else ""
     raise CatalogRequestError(f"there is no table {table!r} in source {entry['name']!r}"
-                              + (f"; its tables: {shown}" if names else "; it lists no tables"))
+                              + (f"; its tables: {shown}" if names else f"; it lists no tables{why}"))
 
 
 def quote_ident(name: str, dialect: str | None) -> str:

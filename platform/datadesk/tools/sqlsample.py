@@ -6,7 +6,6 @@ own names (`sources.datacatalog.sample_sql`), never from the request's text."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from typing import Any
 
@@ -16,7 +15,7 @@ from datadesk.sources.datacatalog import PANEL_THREAD, SAMPLE_ROWS, sample_sql
 from datadesk.sources.errors import SQLError
 from datadesk.sources.query import QueryControl, interruptible
 from datadesk.sources.registry import Source
-from datadesk.store.admission import Busy, QuerySlots
+from datadesk.store.admission import QuerySlots
 from datadesk.tools.sql import _first_rows
 
 
@@ -43,7 +42,7 @@ async def sample(src: Source, table: dict[str, Any], user: str, ws: str, slots: 
         finally:
             if slot is not None:
                 slot.release()
-    except (SQLError, Busy, asyncio.CancelledError) as exc:
+    except BaseException as exc:  # refused, busy, failed, cancelled: written once, whatever it was
         entry.failed(exc)
         raise
     data = result.data or {"columns": [], "types": [], "rows": [], "row_count": 0}
