@@ -101,16 +101,21 @@ def test_a_summary_of_the_earlier_branch_is_left_out_of_the_edited_request(harne
     with h.client("bob", served=True, timeout=60) as api:
         c, tid = api.client, api.tid
         c.post(f"/api/threads/{tid}/messages", json={"content": "Monthly consumption per city."})
-        c.post(f"/api/threads/{tid}/messages", json={"content": "Plot it with OLDWORD colours."})
+        c.post(f"/api/threads/{tid}/messages", json={"content": "Plot it with OLDWORD colours. Constraint: "
+                                                                "exclude OLDWORD days."})
         wait_until(lambda: h.rt.summaries.pending == 0)
         thread = h.rt.threads.get(tid, "bob", ["demo"])
         asyncio.run(h.rt.summaries.refresh(thread, 4, thread.meta.epoch, synchronous=True))
         assert "OLDWORD" in json.dumps(msgspec_builtins(h.rt.summaries.store.load_current(thread, thread.meta.epoch)))
+        c.post(f"/api/threads/{tid}/messages", json={"content": "Thanks."})  # merges that summary's constraint
+        wait_until(lambda: h.rt.summaries.pending == 0)
         before = json.dumps(model.calls[-1])
+        state = c.get(f"/api/threads/{tid}/task-state").json()
+        assert "exclude OLDWORD days" in json.dumps(state)
         c.post(f"/api/threads/{tid}/messages", json={"content": "Plot it as bars.", "edit_of": 3})
     edited = json.dumps(model.calls[-1])
     assert "Plot it as bars." in edited and "Monthly consumption per city." in edited
-    assert "OLDWORD" not in edited  # neither the old question nor a summary holding it
+    assert "OLDWORD" not in edited  # neither the old question, nor a summary or task state holding it
     assert "OLDWORD" in before
 
 

@@ -122,6 +122,7 @@ class RequestAssembler:
             if summary is not None and abandoned_since(turn.thread.log.since(summary.covers_through_seq + 1),
                                                        summary.covers_through_seq):
                 summary = None  # it holds an earlier branch (an edit rewound past it): re-derived later
+                self.tasks.forget_branch(turn.thread, turn.epoch)  # and so does what it gave the task state
             tasks = self.tasks.merge_summary(turn.thread, turn.epoch, summary)
             preamble = self.preamble(render_task_state(tasks), summary, memory, notice[1] if notice else None)
             coverage = Coverage(covered_through=summary.covers_through_seq if summary else 0,

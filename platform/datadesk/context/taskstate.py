@@ -63,7 +63,7 @@ class TaskItem(msgspec.Struct, kw_only=True):
     user_seq: int | None = None  # the user message it was said in (None: from a summary)
     created: float = 0.0
     status: Literal["active", "withdrawn"] = "active"
-    withdrawn_by: str = ""  # "user" | "model" | "summary"
+    withdrawn_by: str = ""  # "user" | "model" | "summary" | "branch" (an edit rewound past its summary)
     withdrawn_seq: int | None = None
     replaced_by: str | None = None
 
@@ -194,6 +194,21 @@ class TaskStateStore:
         except TaskStateError as exc:  # cleared meanwhile: nothing to merge into
             log.info("summary not merged into the task state of %s: %s", thread.id, exc)
         return state
+
+    def forget_branch(self, thread: Thread, epoch: int | None) -> None:
+        """An edit rewound the thread past the summary merged in (domain/branches.py): what the
+        summary brought is withdrawn (`withdrawn_by: "branch"`), and the re-derived summary is merged
+        afresh; the user's and the model's own items stay."""
+        try:
+            with self._guard(thread, epoch):
+                state = self.load(thread, epoch)
+                for item in state.active():
+                    if item.source == "summary":
+                        item.status, item.withdrawn_by = "withdrawn", "branch"
+                state.summary_through = 0
+                self._save(thread, state, epoch)
+        except TaskStateError as exc:  # cleared meanwhile
+            log.info("branch not applied to the task state of %s: %s", thread.id, exc)
 
     @staticmethod
     def _merge(state: TaskState, summary: ThreadSummary) -> None:
