@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 from pathlib import Path
 
 import duckdb
@@ -125,3 +126,76 @@ def test_sample_takes_a_query_slot_of_the_user(harness_factory, panel_home) -> N
     outcomes = [e.outcome for e in h.rt.audit.page(AuditFilter(action="query", user="alice"), None, 100).entries
                 if e.user == "alice"]
     assert sorted(outcomes) == ["ok", "refused"]
+
+
+def test_only_what_the_user_may_query_is_listed(harness_factory, panel_home) -> None:
+    cfg = Layout(panel_home).workspace_config("demo")
+    cfg.write_text(cfg.read_text() + '\n[tool_permissions]\nsql_query = "admin"\nfake__fail = "admin"\n')
+    h = harness_factory(ScriptedModel(then="ok"))
+    h.rt.users.add("root", ["demo"], ["admin"])
+    admin = {"Authorization": f"Bearer {h.rt.users.new_token('root')}"}
+    with h.client(served=True, timeout=60) as api:
+        view = catalog_with_mcp_up(api.client)
+        sample = api.client.post("/api/workspace/catalog/sample", json={"source": "local", "table": "orders"})
+        as_admin = api.client.get("/api/workspace/catalog", headers=admin).json()
+        other = api.client.get("/api/workspace/catalog?workspace=nope")
+        bad_id = api.client.get("/api/workspace/catalog?workspace=../x")
+    assert view["sources"] == [] and sample.status_code == 400 and "may query" in sample.json()["detail"]
+    tools = view["mcp"][0]["tools"]
+    assert tools and "fake__fail" not in tools
+    assert {s["name"] for s in as_admin["sources"]} == {"warehouse", "gone", "leaky", "local"}
+    assert "fake__fail" in as_admin["mcp"][0]["tools"]
+    assert other.status_code == 404 and bad_id.status_code == 400
+
+
+class _SlowSource:
+    """A source whose catalogue never answers in time (the panel's time bound)."""
+
+    name, kind, dialect, description = "slow", "postgresql", "postgres", "a slow one"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = threading.Event()
+
+    def describe(self) -> list:
+        self.calls += 1
+        self.release.wait(30)
+        return []
+
+    def status(self) -> dict:
+        return {"state": "unknown", "description": self.description}
+
+
+def test_introspection_is_time_bound_off_the_loop_and_cached() -> None:
+    from datadesk.sources.datacatalog import DataCatalog
+
+    class Set(list):
+        broken: dict = {}
+
+    slow = _SlowSource()
+    sources = Set([slow])
+    catalog = DataCatalog(ttl_s=60, timeout_s=0.2)
+
+    async def twice() -> tuple:
+        ticks = 0
+
+        async def ticker() -> None:  # the loop keeps running while the catalogue is read
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        t = asyncio.ensure_future(ticker())
+        first = await catalog.sources("w", sources)
+        second = await catalog.sources("w", sources)
+        slow.release.set()  # the abandoned thread ends before the loop closes
+        t.cancel()
+        return first, second, ticks
+
+    try:
+        first, second, ticks = asyncio.run(twice())
+    finally:
+        slow.release.set()
+    assert first[0]["state"] == "slow" and "0.2 s" in first[0]["reason"] and first[0]["tables"] == []
+    assert second is first and slow.calls == 1 and ticks > 1
+    catalog.clear("w")
