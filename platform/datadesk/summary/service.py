@@ -20,6 +20,14 @@
   process's job instead of skipping, and returns the stored summary when that
   already covers `upto_seq`.
 
+Back-off: after `BACKOFF_AFTER` failed refreshes in a row (each already `summary.max_attempts`
+summarizer calls), no refresh is tried until the log has grown by a window that doubles with each
+further failure (`refresh_after_records` * 2^(failures-1) records, at most `BACKOFF_MAX_RECORDS`).
+The failure count and the next seq to try at are kept in `summary.status` (so a restart does not
+reset it), and the status reason says "summaries paused after N failures, next try after record
+#S". A success resets it; so does a change of the summarizer's model or summary settings (the
+status keeps their fingerprint).
+
 A job whose lease was lost while it ran (the lock's database connection died, so another host
 may be summarizing the thread now) writes nothing.
 """
@@ -27,11 +35,13 @@ may be summarizing the thread now) writes nothing.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import weakref
 from typing import Any, Literal
 
+import msgspec
 from filelock import Timeout
 
 from datadesk.domain.branches import abandoned_since, active_records
@@ -47,6 +57,8 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = "summary"  # `summary:<thread>` in the LockService (or the thread's `summary.lock`)
 POLL_S = 0.05  # synchronous refresh: how often to retry another process's lock
+BACKOFF_AFTER = 2  # failed refreshes in a row before summaries pause
+BACKOFF_MAX_RECORDS = 256  # the longest pause, in records
 
 
 class _FileJobLock:
@@ -120,6 +132,10 @@ class SummaryService:
         try:
             if not self.settings.enabled or not thread.exists():
                 return None
+            status = self.status.load(thread, epoch)
+            if status is not None and status.backing_off(upto_seq, self.fingerprint()):
+                log.info("summary refresh of %s skipped: backing off until #%d", thread.id, status.next_try_seq)
+                return None
             key = str(thread.dir.resolve())
             lock = self._locks.get(key)
             if lock is None:
@@ -146,11 +162,30 @@ class SummaryService:
             self._record(thread, epoch, "failed", upto_seq, f"internal error ({type(exc).__name__})")
         return None
 
+    def fingerprint(self) -> str:
+        """The summarizer's model and settings, short: a change resets the back-off."""
+        raw = b"|".join([str(getattr(self.summarizer.model, "name", "")).encode(),
+                         str(self.summarizer.output).encode(), msgspec.json.encode(self.settings)])
+        return hashlib.sha256(raw).hexdigest()[:16]
+
+    def backoff(self, thread: Thread, epoch: int, upto_seq: int) -> tuple[int, int]:
+        """(failures in a row including this one, the seq before which no refresh is tried, or 0)."""
+        fp = self.fingerprint()
+        status = self.status.load(thread, epoch)
+        failures = status.failures + 1 if status is not None and status.state == "failed" \
+            and status.fingerprint == fp else 1
+        if failures < BACKOFF_AFTER:
+            return failures, 0
+        window = min(BACKOFF_MAX_RECORDS, max(1, self.settings.refresh_after_records) * 2 ** (failures - 1))
+        return failures, upto_seq + window
+
     def _record(self, thread: Thread, epoch: int, state: Literal["ok", "failed"], upto_seq: int,
                 reason: str = "") -> None:
         try:
             if thread.exists():
-                self.status.record(thread, epoch, state, upto_seq, reason)
+                failures, next_try = self.backoff(thread, epoch, upto_seq) if state == "failed" else (0, 0)
+                self.status.record(thread, epoch, state, upto_seq, reason, failures=failures,
+                                   next_try_seq=next_try, fingerprint=self.fingerprint())
         except Exception:  # noqa: BLE001 - the status is advice; the refresh's outcome stands
             log.exception("could not record the summary status of %s", thread.id)
 

@@ -31,6 +31,16 @@ class SummaryStatus(msgspec.Struct, kw_only=True):
     attempted_through: int = 0  # the seq the refresh was asked to cover
     epoch: int = 0
     at: float = 0.0
+    # back-off (summary/service.py): failures in a row, no new attempt before this seq, and the
+    # summarizer settings they were made with (a change resets the back-off)
+    failures: int = 0
+    next_try_seq: int = 0
+    fingerprint: str = ""
+
+    def backing_off(self, upto_seq: int, fingerprint: str) -> bool:
+        """True when a refresh through `upto_seq` falls inside the back-off window."""
+        return (self.state == "failed" and self.next_try_seq > 0 and upto_seq < self.next_try_seq
+                and self.fingerprint == fingerprint)
 
 
 _decoder = msgspec.json.Decoder(SummaryStatus)
@@ -52,12 +62,17 @@ class SummaryStatusStore:
         return status if status.epoch == epoch else None
 
     def record(self, thread: Thread, epoch: int, state: Literal["ok", "failed"], upto_seq: int,
-               reason: str = "") -> bool:
-        """Store the outcome; False when the thread was cleared or deleted meanwhile."""
+               reason: str = "", *, failures: int = 0, next_try_seq: int = 0, fingerprint: str = "") -> bool:
+        """Store the outcome; False when the thread was cleared or deleted meanwhile. With
+        `next_try_seq`, the reason says that summaries are paused and until when."""
         reason = " ".join(reason.split())
-        if len(reason) > REASON_CHARS:
-            reason = reason[: REASON_CHARS - 1].rstrip() + "…"
-        status = SummaryStatus(state=state, reason=reason, attempted_through=upto_seq, epoch=epoch, at=time.time())
+        paused = (f"; summaries paused after {failures} failures, next try after record #{next_try_seq - 1}"
+                  if next_try_seq else "")
+        if len(reason) + len(paused) > REASON_CHARS:
+            reason = reason[: max(0, REASON_CHARS - 1 - len(paused))].rstrip() + "…"
+        status = SummaryStatus(state=state, reason=reason + paused, attempted_through=upto_seq, epoch=epoch,
+                               at=time.time(), failures=failures, next_try_seq=next_try_seq,
+                               fingerprint=fingerprint)
         try:
             written = thread.write_doc(SUMMARY_STATUS, status, epoch)
         except OSError as exc:
