@@ -97,6 +97,10 @@ def test_refresh_reports_row_and_sum_changes_and_writes_a_new_report(analysed, h
     assert records[-1]["role"] == "assistant" and records[-1]["content"].startswith("**Refreshed** (1 change")
     assert f"rows {before.rows:,} -> {before.rows - 31:,}" in records[-1]["content"]
     assert (records[-1].get("meta") or {}).get("via") == "refresh"
+    # the thread list's badge
+    listed = next(t for t in api.client.get("/api/threads").json() if t["id"] == api.tid)
+    assert listed["refreshed"]["changes"] == 1 and listed["refreshed"]["status"] == "ok"
+    assert listed["refreshed"]["at"] == report["finished"]
 
 
 def test_a_second_refresh_compares_with_the_first_and_plans_the_same_steps(analysed, home) -> None:

@@ -38,6 +38,7 @@ class ThreadOut(msgspec.Struct):
     updated: float
     running: bool = False
     turn: str | None = None  # the running chat turn (GET .../events re-attaches to it)
+    refreshed: dict[str, Any] | None = None  # the last refresh: {at, status, changes, trigger}
 
 
 class ThreadDetail(msgspec.Struct):

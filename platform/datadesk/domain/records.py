@@ -193,6 +193,8 @@ class ThreadMeta(msgspec.Struct, omit_defaults=True):
     updated: float
     epoch: int = 0
     project: str | None = None  # project-scoped memory applies to threads with this label
+    # the last refresh, for the thread list's badge: {at, status, changes, trigger} (threads/refresh.py)
+    refreshed: dict[str, Any] | None = None
 
 
 def arguments_text(arguments: str) -> str:

@@ -249,6 +249,9 @@ class ThreadRefresh:
         data = msgspec.to_builtins(report)
         try:
             thread.write_doc(REFRESH, data, epoch)
+            meta = thread.reload()  # the thread list's badge: "refreshed 07:30, 2 changes"
+            thread.write_meta(msgspec.structs.replace(meta, updated=report.finished, refreshed={
+                "at": report.finished, "status": status, "changes": report.changes, "trigger": report.trigger}))
             self._append(thread, turn, epoch, role="assistant", content=summary_text(report),
                          status="ok" if status == "ok" else "error",
                          meta=record_meta(AssistantRecordMeta(via=VIA, error=report.error)))

@@ -70,7 +70,7 @@ def record_views(records: list[Any], artifact_ids: list[str]) -> list[dict[str, 
 def thread_out(rt: RuntimeDep, meta: ThreadMeta, markers: set[str] | None = None) -> ThreadOut:
     running, turn = rt.turns.status(meta.id, markers)
     return ThreadOut(id=meta.id, workspace=meta.workspace, title=meta.title, created=meta.created,
-                     updated=meta.updated, running=running, turn=turn)
+                     updated=meta.updated, running=running, turn=turn, refreshed=meta.refreshed)
 
 
 def thread_list(rt: RuntimeDep, user: Any) -> list[ThreadOut]:

@@ -7,6 +7,7 @@ import { artifactsPanel, contextPanel, memoryPanel } from "./panels.js";
 import { dataPanel, yourData } from "./datapanel.js";
 import { initDemo } from "./demo.js";
 import { initExport } from "./export.js";
+import { initRefresh } from "./refresh.js";
 import { revealSeq } from "./history.js";
 import { initSearch, renderThreadList } from "./search.js";
 
@@ -54,6 +55,8 @@ async function boot() {
   app.conv = new Conversation($("#messages"), app);
   initSearch(app, openAt);
   initExport(app);
+  initRefresh(app); // refresh.js: Refresh and Schedule… of the open thread
+  app.refreshThreads = () => refreshThreads();
   initDemo(app);
   await refreshThreads();
   const wanted = new URLSearchParams(location.hash.slice(1)).get("t");

@@ -8,6 +8,7 @@ import { GRID_FORMATS, gridButton } from "./grid.js";
 import { uploadCard } from "./upload.js";
 import { branchControls } from "./branches.js";
 import { stepControls } from "./steps.js";
+import { refreshControls } from "./refresh.js";
 
 // what GET /api/artifacts/{id}/view shows in the browser (never SVG)
 export const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
@@ -469,6 +470,7 @@ export async function loadThread(conv, tid, replay = true) {
   conv.summaryState(tid); // a notice when the summary failed or history left the model's request
   branchControls(conv, tid, detail.records); // branches.js: Edit, Regenerate, "‹ n / m ›"
   stepControls(conv, tid, detail.records); // steps.js: Edit and re-run a step, the SQL scratchpad
+  refreshControls(conv, tid, detail.records); // refresh.js: the last refresh's summary card
   if (detail.has_more) $("#messages").prepend(earlierButton(conv, tid)); // history.js
   return detail.thread;
 }

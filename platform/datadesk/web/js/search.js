@@ -4,6 +4,7 @@
 
 import { api } from "./api.js";
 import { $, h } from "./dom.js";
+import { refreshBadge } from "./refresh.js";
 
 const DAY_MS = 86_400_000;
 const TYPE_DELAY_MS = 200; // search once typing pauses
@@ -46,6 +47,7 @@ export function renderThreadList(ul, threads, currentId, open) {
         onclick: () => open(t.id) },
       h("span", { class: "thread-title" }, t.title),
       t.running ? h("span", { class: "badge" }, "running") : null,
+      refreshBadge(t.refreshed), // refresh.js: "refreshed 07:30, 2 changes"
       h("time", { class: "thread-when", datetime: when.toISOString() }, shortWhen(t.updated, g)))));
   }
   ul.replaceChildren(...items);
