@@ -224,8 +224,17 @@ def test_resolve_keep_old_drops_the_new_fact(store: MemoryStore) -> None:
     assert active_texts(store) == ["Timezone = UTC"]
     with pytest.raises(FactStateError):
         store.resolve(WS, UID, new.id, "new")
-    with pytest.raises(MemoryInputError, match="'new' or 'old'"):
-        store.resolve(WS, UID, old.id, "both")
+    with pytest.raises(MemoryInputError, match="'new', 'old' or 'both'"):
+        store.resolve(WS, UID, old.id, "maybe")
+
+
+def test_resolve_keep_both_makes_both_act(store: MemoryStore) -> None:
+    old = store.remember(WS, UID, "Timezone = UTC")
+    new = store.remember(WS, UID, "Timezone: Europe/Paris")
+    r = store.resolve(WS, UID, new.id, "both")
+    assert r.status == "active" and r.conflicts_with is None
+    assert sorted(active_texts(store)) == ["Timezone = UTC", "Timezone: Europe/Paris"]
+    assert store.get(WS, UID, old.id).status == "active"
 
 
 def test_explicit_replaces_is_a_conflict_from_the_model_but_direct_from_the_panel(store: MemoryStore) -> None:

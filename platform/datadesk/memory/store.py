@@ -329,9 +329,10 @@ class MemoryStore:
         return fact
 
     def resolve(self, ws: str, uid: str, fid: str, keep: str) -> Fact:
-        """Resolve conflict `fid`: keep "new" (it replaces the old fact) or "old" (it is dropped)."""
-        if keep not in ("new", "old"):
-            raise MemoryInputError(f"keep must be 'new' or 'old', not {keep!r}")
+        """Resolve conflict `fid`: keep "new" (it replaces the old fact), "old" (it is dropped) or
+        "both" (the user says they do not contradict: both act)."""
+        if keep not in ("new", "old", "both"):
+            raise MemoryInputError(f"keep must be 'new', 'old' or 'both', not {keep!r}")
         with self._update(ws, uid) as (doc, events):
             now = self.clock()
             fact = _need(doc, fid)
@@ -347,6 +348,9 @@ class MemoryStore:
                         fact.supersedes.append(old.id)
                 fact.confirmed = now
                 self._place(doc, fact, now, events, explicit_replace=True)
+            elif keep == "both":  # the user's decision: no rule turns it back into a conflict
+                fact.status, fact.confirmed, fact.replaces, fact.named = "active", now, None, []
+                self._enforce_caps(doc, now, {fact.id}, events)
             else:
                 fact.status = "superseded"
                 fact.reason = f"conflict resolved: the user kept {old.id}" if old else "conflict resolved"

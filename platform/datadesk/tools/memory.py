@@ -23,6 +23,7 @@ deleting for good is the user's, in the memory panel.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Callable
 
 import msgspec
@@ -147,6 +148,23 @@ class TurnView:
         return not added or any(_said(w, said) for w in added)
 
 
+# the user's words that say a fact changes: "instead", "now", "no longer", "actually", "change", ...
+_CHANGE_RE = re.compile(r"\b(?:instead|now|no longer|not anymore|any ?more|actually|change[ds]?|changing|"
+                        r"switch(?:ed)?|rather|from now on|replace[ds]?|update[ds]?)\b", re.IGNORECASE)
+SIMILAR = 0.5  # shared content words / all content words, for "the same subject"
+
+
+def similar_subject(text: str, fact: Fact, kind: str, scope: str) -> bool:
+    """`text` says something else about `fact`'s subject: same kind and scope, at least half
+    the content words shared, and not the same words ("prefers blue bars" / "prefers green bars")."""
+    if fact.kind != kind or fact.scope != scope:
+        return False
+    a, b = _words(text), _words(fact.text)
+    if len(a) < 2 or len(b) < 2 or a == b:
+        return False
+    return len(a & b) / len(a | b) >= SIMILAR
+
+
 def _status_note(status: str, reason: str) -> str:
     if status == "active":
         return "It is active from now on."
@@ -181,13 +199,23 @@ class MemoryTools:
         prov = Provenance(source="user", user_seq=facts.user_seq, after_tool_output=view.outside_output,
                           thread=ctx.thread.id or None)
         named_ids = [x for x in [args.replaces, *args.contradicts] if x]
+        scope = _scope(args.scope, ctx)
+        replaces, contradicts = args.replaces, list(args.contradicts)
+        may_supersede = True
         try:
+            if not named_ids:  # nobody named it: an active fact on the same subject still counts
+                same = self._same_subject(ctx, args.text, args.kind, scope)
+                if same is not None and _CHANGE_RE.search(view.user_text):
+                    replaces, named_ids = same.id, [same.id]  # the user's words say it changes
+                elif same is not None:
+                    contradicts, named_ids = [same.id], [same.id]  # a conflict the user resolves
+                    may_supersede = False
             named = [self.store.get(ctx.workspace, ctx.user, x) for x in named_ids]
             fact = self.store.remember(ctx.workspace, ctx.user, args.text, kind=args.kind,
-                                       importance=args.importance, scope=_scope(args.scope, ctx), provenance=prov,
-                                       source="user", replaces=args.replaces, user_asked=facts.user_asked,
-                                       contradicts=args.contradicts,
-                                       user_correction=view.correction(args.text, named))
+                                       importance=args.importance, scope=scope, provenance=prov,
+                                       source="user", replaces=replaces, user_asked=facts.user_asked,
+                                       contradicts=contradicts,
+                                       user_correction=may_supersede and view.correction(args.text, named))
         except (MemoryInputError, FactNotFound) as exc:
             raise ToolError(str(exc)) from None
         replaced = f" It replaces {', '.join(fact.supersedes)}, which no longer acts." \
@@ -197,6 +225,11 @@ class MemoryTools:
                     f"{_status_note(fact.status, fact.reason)}{replaced}{self.current(ctx)}",
             meta=ToolRecordMeta(fact=fact.id, status=fact.status),
         )
+
+    def _same_subject(self, ctx: ToolContext, text: str, kind: str, scope: str) -> Fact | None:
+        """The active fact `text` would change (see `similar_subject`), if any."""
+        return next((f for f in self.store.active(ctx.workspace, ctx.user, ctx.facts.project)
+                     if similar_subject(text, f, kind, scope)), None)
 
     async def forget(self, args: Forget, ctx: ToolContext) -> ToolResult:
         self._gate(ctx)

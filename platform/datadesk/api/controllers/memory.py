@@ -38,7 +38,7 @@ class NewFact(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Resolution(msgspec.Struct, forbid_unknown_fields=True):
-    keep: str  # "new" | "old"
+    keep: str  # "new" | "old" | "both"
 
 
 class FactEdit(msgspec.Struct, forbid_unknown_fields=True):

@@ -137,6 +137,7 @@ function factItem(f, act) {
     buttons.append(
       h("button", { type: "button", class: "keep-new", onclick: () => act(() => api("POST", `/api/memory/${enc(f.id)}/resolve`, { keep: "new" })) }, "Keep this"),
       h("button", { type: "button", class: "keep-old", onclick: () => act(() => api("POST", `/api/memory/${enc(f.id)}/resolve`, { keep: "old" })) }, "Keep the old one"),
+      h("button", { type: "button", class: "keep-both", onclick: () => act(() => api("POST", `/api/memory/${enc(f.id)}/resolve`, { keep: "both" })) }, "Keep both"),
     );
   }
   if (f.status === "active" || f.status === "candidate") {
