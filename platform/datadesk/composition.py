@@ -45,7 +45,7 @@ from datadesk.summary.summarizer import Summarizer
 from datadesk.threads.attachments import Attachments
 from datadesk.threads.lifecycle import ThreadLifecycle
 from datadesk.threads.refresh import ThreadRefresh
-from datadesk.threads.scheduler import RefreshScheduler
+from datadesk.threads.scheduler import RefreshScheduler, scheduler_clock
 from datadesk.threads.requery import UserRequery
 from datadesk.tools.artifacts import register_artifact_tools
 from datadesk.tools.history import register_compact_tool, register_history_tools
@@ -161,7 +161,7 @@ class Runtime:
         # one host runs a due schedule: the cluster's locks, or lock files
         locks = self.cluster.locks() if self.cluster else FileLocks(self.layout.home / "locks")
         self.scheduler = RefreshScheduler(self.threads, self.users, self.workspaces.names, self.refresh, locks,
-                                          settings.refresh)
+                                          settings.refresh, clock=scheduler_clock())
         self.lifecycle = ThreadLifecycle(self.threads, self.turns, self.kernels,  # clear chat, delete thread
                                         self.artifacts)
 

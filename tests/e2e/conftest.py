@@ -52,23 +52,25 @@ class Server:
 
 
 @contextlib.contextmanager
-def run_server(tmp: Path, llm: FakeOpenAIServer | None) -> Iterator[Server]:
+def run_server(tmp: Path, llm: FakeOpenAIServer | None, extra_env: dict[str, str] | None = None,
+               extra_toml: str = "") -> Iterator[Server]:
     """`datadesk serve` on a fresh data dir (memory on in the demo workspace); with `llm` None
-    no model is configured, so the demo model answers."""
+    no model is configured, so the demo model answers. `extra_env` and `extra_toml` (more of
+    datadesk.toml) for a test's own server."""
     from datadesk.cli import bootstrap
     from datadesk.settings import load_settings
     from datadesk.store.layout import Layout
 
     home = tmp / "var"
     home.mkdir()
-    (home / "datadesk.toml").write_text('[sandbox]\nbackend = "local"\npool_size = 1\n')
+    (home / "datadesk.toml").write_text('[sandbox]\nbackend = "local"\npool_size = 1\n' + extra_toml)
     bootstrap(load_settings({"DATADESK_HOME": str(home)}))
     ws_toml = Layout(home).workspace_config("demo")
     if "memory = true" not in ws_toml.read_text():  # the demo workspace has it on already
         ws_toml.write_text("memory = true\n" + ws_toml.read_text())
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DATADESK_"))}
-    env.update(PYTHONPATH=str(ROOT / "platform"), PYTHONUNBUFFERED="1", DATADESK_HOME=str(home))
+    env.update(PYTHONPATH=str(ROOT / "platform"), PYTHONUNBUFFERED="1", DATADESK_HOME=str(home), **(extra_env or {}))
     if llm is not None:
         env.update(DATADESK_LLM_BASE_URL=llm.base_url, DATADESK_LLM_API_KEY="sk-test",
                    DATADESK_LLM_MODEL="fake-model")

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import msgspec
 
@@ -37,6 +39,25 @@ from datadesk.threads.schedule import RefreshSchedule, ScheduleError, describe, 
 log = logging.getLogger(__name__)
 
 CATCH_UP_MAX = 100_000  # due times skipped over in one go (a per-minute cron missed for ~2 months)
+# browser tests only: the scheduler's "now" is the number in the file this names (absent: real time)
+TEST_CLOCK_ENV = "DATADESK_TEST_CLOCK_FILE"
+
+
+def scheduler_clock(environ: Mapping[str, str] = os.environ) -> Callable[[], float]:
+    """`time.time`, unless the test-only TEST_CLOCK_ENV names a file: then the time written in
+    it (real time while it is missing or unreadable). Never set in production."""
+    path = environ.get(TEST_CLOCK_ENV)
+    if not path:
+        return time.time
+    log.warning("%s is set: the refresh scheduler reads its time from %s (for tests only)", TEST_CLOCK_ENV, path)
+
+    def now() -> float:
+        try:
+            return float(Path(path).read_text().strip())
+        except (OSError, ValueError):
+            return time.time()
+
+    return now
 
 
 def read_schedule(thread: Any) -> RefreshSchedule | None:
