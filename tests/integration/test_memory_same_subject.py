@@ -51,3 +51,37 @@ def test_a_different_subject_is_not_touched(mem) -> None:  # noqa: F811
     _, facts, _ = run(h, "please remember: I prefer blue bars", "actually, reports in English now")
     assert sorted(f["text"] for f in facts["active"]) == sorted([BLUE, "Reports in English"])
     assert "blue bars" in preamble(model.calls[-1]) and "English" in preamble(model.calls[-1])
+
+
+def test_over_the_openai_wire_the_next_thread_sees_only_green(home, harness_factory) -> None:
+    """The same with the real `OpenAIChatModel` against the fake server (tool calls in Chat
+    Completions shape), the model naming no id."""
+    from datadesk.llm.client import OpenAIChatModel
+    from datadesk.settings import LLMSettings
+    from datadesk.store.layout import Layout
+    from datadesk.store.users import UserStore
+    from tests.fakes.openai_server import FakeOpenAIServer, FakeReply
+
+    def reply(req: dict) -> FakeReply:
+        last = req["messages"][-1]
+        if last["role"] == "tool":
+            return FakeReply(text="noted")
+        text = str(last.get("content", ""))
+        if "bars" in text:
+            fact = GREEN if "green" in text else BLUE
+            return FakeReply(tool_calls=[{"name": "remember", "arguments": {"text": fact, "kind": "preference"}}])
+        return FakeReply(text="here is the chart")
+
+    cfg = Layout(home).workspace_config("demo")
+    cfg.write_text(cfg.read_text() + "memory = true\n")
+    with FakeOpenAIServer(models=None) as server:
+        server.responder = reply
+        llm = LLMSettings(base_url=server.base_url, api_key="k", model="fake-model", max_retries=0)
+        h = harness_factory(OpenAIChatModel(llm))
+        _, h.tokens["dana"] = UserStore(h.rt.layout).add("dana", ["demo"], ["memory"])
+        _, facts, _ = run(h, "please remember: I prefer blue bars", "actually, green bars from now on")
+        last = server.requests[-1]["messages"]
+    block = preamble(last)
+    assert "green bars" in block and "blue bars" not in block, block
+    assert [f["text"] for f in facts["active"]] == [GREEN]
+    assert [f["text"] for f in facts["superseded"]] == [BLUE]
