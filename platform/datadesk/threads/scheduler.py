@@ -120,7 +120,10 @@ class RefreshScheduler:
         tasks = [t for t in (self._loop, *(t for _, t in self.running.values())) if t is not None]
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # a runtime served by two apps in turn (tests' second client): a task of another loop is
+        # cancelled, never awaited from this one
+        here = asyncio.get_running_loop()
+        await asyncio.gather(*(t for t in tasks if t.get_loop() is here), return_exceptions=True)
         self._loop = None
         self.running.clear()
 

@@ -26,7 +26,7 @@ export function stepControls(conv, tid, records) {
     const extras = el.parentElement && el.parentElement.querySelector(".tool-extras");
     if (field && extras && !extras.querySelector(".edit-step")) {
       extras.append(h("button", { type: "button", class: "edit-step", title: `Edit this ${field === "sql" ? "SQL" : "code"} and run it yourself`,
-        style: "align-self: flex-start", onclick: () => openEditor(conv, tid, extras, found.call) }, "Edit"));
+        onclick: () => openEditor(conv, tid, extras, found.call) }, "Edit"));
     }
   }
   scratchpadButton(conv);
