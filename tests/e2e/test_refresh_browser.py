@@ -59,7 +59,7 @@ def test_refresh_shows_the_changes_and_a_scheduled_one_its_badge(clocked, browse
     with open_page(browser) as page:
         login(page, server)
         page.goto(f"{server.base}/#t={tid}")
-        page.wait_for_selector("#refresh-thread")
+        page.wait_for_selector("#messages .file-link.report .refresh-report")  # on the report, too
         page.click("#refresh-thread")
         page.wait_for_selector("#messages .refresh-card.ok", timeout=120_000)
         card = page.locator("#messages .refresh-card.ok").inner_text()

@@ -74,6 +74,7 @@ export async function runRefresh(app) {
 
 // After a thread is drawn (chat.js loadThread): the summary card after the refresh's own message.
 export async function refreshControls(conv, tid, records) {
+  reportButtons(conv);
   const last = [...records].reverse().find((r) => r.role === "assistant" && (r.meta || {}).via === "refresh" && !(r.tool_calls || []).length);
   if (!last) return;
   let report;
@@ -86,6 +87,17 @@ export async function refreshControls(conv, tid, records) {
   conv.root.querySelectorAll(".refresh-card").forEach((el) => el.remove());
   conv.root.append(summaryCard(report));
   conv.scroll();
+}
+
+// "Refresh" beside each report a python step wrote: the same refresh of the whole thread, whose
+// summary card links the report's new version.
+function reportButtons(conv) {
+  for (const link of conv.root.querySelectorAll(".file-link.report")) {
+    if (link.querySelector(".refresh-report")) continue;
+    link.append(" · ", h("button", { type: "button", class: "refresh-report link-btn",
+      title: "Re-run this chat's queries and the Python that wrote this report, on today's data",
+      onclick: () => runRefresh(conv.app) }, "Refresh"));
+  }
 }
 
 function changeLines(s) {
