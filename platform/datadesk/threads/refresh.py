@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Iterable
 import msgspec
 
 from datadesk.chat.turns import RunningTurn, TurnRegistry
+from datadesk.domain.branches import active_records
 from datadesk.domain.events import EventPayload, TurnDone, TurnError
 from datadesk.domain.ids import new_id
 from datadesk.domain.records import AssistantRecordMeta, Record, ToolCall, ToolRecordMeta, record_meta
@@ -190,7 +191,8 @@ class ThreadRefresh:
         self.disk = disk
 
     def plan(self, thread: Thread) -> list[PlannedStep]:
-        return plan_steps(iter(thread))
+        # the active branch only: steps of an edited-away branch are never re-run
+        return plan_steps(active_records(list(thread)))
 
     async def start(self, thread: Thread, user: User, trigger: str = "user") -> RunningTurn:
         """Reserve the thread (TurnConflict: 409) and start the refresh task; NothingToRefresh
