@@ -43,7 +43,9 @@ def test_the_empty_rule_holds_for_a_listing_and_a_walk(tmp_path) -> None:
 
 
 def test_a_stopped_python_step_keeps_what_it_printed(harness_factory) -> None:
-    code = ("import time\nprint('row 1 done', flush=True)\nprint('row 2 done', flush=True)\n"
+    # the printed text never appears in the code itself: the wait below must see the output, not
+    # the tool.started event's arguments
+    code = ("import time\nprint('row', 1, 'done', flush=True)\nprint('row', 2, 'done', flush=True)\n"
             "while True:\n    time.sleep(0.05)")
     model = ScriptedModel([tool_step("python", {"code": code, "timeout_s": 60}, call_id="call_spin"), "done"])
     h = harness_factory(model, sandbox=sandbox_settings("local"))
