@@ -36,7 +36,7 @@ from datadesk.store.interfaces.threads import TurnFenced
 from datadesk.store.threadlog import LogClosed
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.summary.service import SummaryService
-from datadesk.telemetry import TOOL_SECONDS, timed_turn, turn_context
+from datadesk.telemetry import TOOL_SECONDS, timed_turn
 from datadesk.tools.registry import ToolContext, ToolRegistry, ToolResult, TurnFacts
 
 log = logging.getLogger(__name__)
@@ -367,14 +367,4 @@ async def start_turn(services: TurnServices, turns: TurnRegistry, thread: Thread
         services.disk.check("a new turn")
     turn = turns.reserve(thread.id, user.id, events_at=thread.events_path)
     turn.background = background
-    loop = TurnLoop(services, turn, thread, user)
-
-    async def runner() -> None:
-        with turn_context(turn.turn_id, thread.id):  # every log line of the turn names it (api/logs.py)
-            try:
-                await loop.run(text, user_meta)
-            finally:
-                turns.release(turn)
-
-    turn.task = asyncio.create_task(runner(), name=f"turn-{turn.turn_id}")
-    return turn
+    return turns.launch(turn, TurnLoop(services, turn, thread, user).run(text, user_meta), "turn")

@@ -47,7 +47,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterable, Iterator
+from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Iterator
 
 import msgspec
 from filelock import Timeout
@@ -60,6 +60,7 @@ from datadesk.store.interfaces.journal import EventJournal
 from datadesk.store.interfaces.turns import Claim, TooManyTurns, TurnConflict, TurnDirectory, TurnInfo, conflict, too_many
 from datadesk.store.files import read_json_object, write_json
 from datadesk.store.tempnames import host_hash
+from datadesk.telemetry import turn_context
 
 __all__ = ["Attachment", "FileTurnDirectory", "RunningTurn", "TooManyTurns", "TurnConflict", "TurnRegistry"]
 
@@ -329,6 +330,19 @@ class TurnRegistry:
             turn.journal.close()  # before the claim goes: a follower that sees it gone reads the end
         assert self.directory is not None
         self.directory.release(claim)
+
+    def launch(self, turn: RunningTurn, work: Coroutine[Any, Any, None], kind: str) -> RunningTurn:
+        """Run `work` as the reserved `turn`'s task (a turn, a user step, a refresh): every log
+        line names the turn (api/logs.py), and the thread is released when it ends."""
+        async def runner() -> None:
+            with turn_context(turn.turn_id, turn.thread_id):
+                try:
+                    await work
+                finally:
+                    self.release(turn)
+
+        turn.task = asyncio.create_task(runner(), name=f"{kind}-{turn.turn_id}")
+        return turn
 
     def get(self, thread_id: str) -> RunningTurn | None:
         return self._by_thread.get(thread_id)

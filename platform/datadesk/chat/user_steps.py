@@ -34,7 +34,6 @@ from datadesk.store.interfaces.errors import ClusterUnavailable
 from datadesk.store.interfaces.threads import TurnFenced
 from datadesk.store.threadlog import LogClosed
 from datadesk.store.threads import Thread
-from datadesk.telemetry import turn_context
 from datadesk.tools.arguments import InvalidArguments, parse_arguments
 
 log = logging.getLogger(__name__)
@@ -112,17 +111,7 @@ async def run_user_step(services: TurnServices, turns: TurnRegistry, thread: Thr
         services.disk.check("a step")
     turn = turns.reserve(thread.id, user.id, events_at=thread.events_path)
     turn.background = background
-    loop = TurnLoop(services, turn, thread, user)
-
-    async def runner() -> None:
-        with turn_context(turn.turn_id, thread.id):
-            try:
-                await _run(loop, call, edited_from)
-            finally:
-                turns.release(turn)
-
-    turn.task = asyncio.create_task(runner(), name=f"step-{turn.turn_id}")
-    return turn
+    return turns.launch(turn, _run(TurnLoop(services, turn, thread, user), call, edited_from), "step")
 
 
 async def _run(loop: TurnLoop, call: ToolCall, edited_from: str | None) -> None:

@@ -205,15 +205,7 @@ class ThreadRefresh:
                                    "that queries the data first")
         turn = self.turns.reserve(thread.id, user.id, events_at=thread.events_path)
         report = RefreshReport(id=new_id("rfr"), thread=thread.id, trigger=trigger, started=time.time())
-
-        async def runner() -> None:
-            try:
-                await self.run(thread, user, turn, steps, report)
-            finally:
-                self.turns.release(turn)
-
-        turn.task = asyncio.create_task(runner(), name=f"refresh-{turn.turn_id}")
-        return turn
+        return self.turns.launch(turn, self.run(thread, user, turn, steps, report), "refresh")
 
     async def run(self, thread: Thread, user: User, turn: RunningTurn, steps: list[PlannedStep],
                   report: RefreshReport) -> RefreshReport:
