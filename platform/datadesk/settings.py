@@ -75,6 +75,10 @@ class SummarySettings(msgspec.Struct, forbid_unknown_fields=True):
     revisions_kept: int = 10
     timeout_s: float = 120.0
     max_attempts: int = 2  # summarizer calls for an invalid answer: the first, then retries showing its error
+    # back-off (summary/service.py): failed refreshes in a row before summaries pause (0: never pause),
+    # and the longest pause, in records
+    backoff_after: Annotated[int, msgspec.Meta(ge=0)] = 2
+    backoff_max_records: Annotated[int, msgspec.Meta(ge=1)] = 256
 
 
 class MemorySettings(msgspec.Struct, forbid_unknown_fields=True):

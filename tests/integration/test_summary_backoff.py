@@ -14,7 +14,6 @@ import pytest
 
 from datadesk.llm.client import OpenAIChatModel
 from datadesk.settings import LLMSettings
-from datadesk.summary import service as summary_service
 from tests.conftest import wait_until
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.test_summary_models import is_summary_request, never_a_summary, turn_reply
@@ -23,12 +22,13 @@ from tests.scenarios import SEED, register_chart_spec
 TURNS = 40
 
 
-def run_long_thread(harness_factory, server: FakeOpenAIServer) -> tuple[int, dict, list[int]]:
+def run_long_thread(harness_factory, server: FakeOpenAIServer, **summary: object) -> tuple[int, dict, list[int]]:
     """40 turns against a summarizer that never answers JSON: (summarizer calls, the
-    summary state after, the summarizer calls counted after each turn)."""
+    summary state after, the summarizer calls counted after each turn); `summary`: more
+    `[summary]` settings."""
     server.responder = lambda req: never_a_summary(req) if is_summary_request(req) else turn_reply(req)
     llm = LLMSettings(base_url=server.base_url, api_key="k", model="fake-model", max_retries=0)
-    h = harness_factory(OpenAIChatModel(llm), context={"history_budget_tokens": 6_000}, summary={"enabled": True})
+    h = harness_factory(OpenAIChatModel(llm), context={"history_budget_tokens": 6_000}, summary={"enabled": True, **summary})
     register_chart_spec(h.rt, {i: f"chart spec {i}: " + ("colour=#%06x; " % (i * 4999)) * 900 for i in range(TURNS)})
     counts: list[int] = []
     with h.client("bob", served=True, timeout=120) as api:
@@ -59,10 +59,10 @@ def test_a_summarizer_that_always_fails_is_asked_a_bounded_number_of_times(serve
     assert "no JSON object" in state["reason"]
 
 
-def test_without_the_back_off_it_would_be_asked_every_turn(server, harness_factory, monkeypatch) -> None:
-    """The same thread with the back-off switched off: the bound above is what the back-off buys."""
-    monkeypatch.setattr(summary_service, "BACKOFF_AFTER", 10_000)
-    calls, state, _ = run_long_thread(harness_factory, server)
+def test_without_the_back_off_it_would_be_asked_every_turn(server, harness_factory) -> None:
+    """The same thread with the back-off switched off (`summary.backoff_after = 0`): the bound
+    above is what the back-off buys."""
+    calls, state, _ = run_long_thread(harness_factory, server, backoff_after=0)
     print("without back-off:", calls)
     assert calls > 40 and "paused" not in state["reason"], (calls, state)
 
@@ -79,3 +79,50 @@ def test_the_back_off_survives_a_reload_and_a_settings_change_resets_it() -> Non
     assert not status.backing_off(50, "other settings")
     ok = SummaryStatus(state="ok", attempted_through=40, epoch=1, next_try_seq=56, fingerprint="abc")
     assert not ok.backing_off(50, "abc")
+
+
+def test_configured_back_off_settings_are_honoured(tmp_path) -> None:
+    """`summary.backoff_after` and `summary.backoff_max_records` replace the built-in 2 and 256:
+    here the first failure pauses, and no pause is longer than 5 records."""
+    import asyncio
+
+    from datadesk.llm.scripted import ScriptedModel
+    from datadesk.settings import SummarySettings
+    from datadesk.summary.service import SummaryService
+    from datadesk.summary.status import SummaryStatusStore
+    from datadesk.summary.store import SummaryStore
+    from datadesk.summary.summarizer import Summarizer
+    from tests.unit.test_summary import chat, make_thread
+
+    settings = SummarySettings(backoff_after=1, backoff_max_records=5)
+    model = ScriptedModel(then="not a summary")
+    status = SummaryStatusStore()
+    service = SummaryService(SummaryStore(), Summarizer(model, settings), settings, status)
+    tdir = make_thread(tmp_path)
+    last = chat(tdir, *[(f"question {i}", f"answer {i}") for i in range(30)])
+    seen = []
+    for upto in range(4, last + 1):
+        before = len(model.calls)
+        asyncio.run(service.refresh(tdir, upto, 0))
+        if len(model.calls) > before:
+            s = status.load(tdir, 0)
+            seen.append((upto, s.failures, s.next_try_seq))
+    # failure 1 already pauses (the default waits for 2): 4 records, then 8 -> 5, 16 -> 5, ...
+    assert seen[0] == (4, 1, 8), seen
+    assert seen[1] == (8, 2, 13), seen
+    assert all(nxt - upto == 5 for upto, _f, nxt in seen[1:]), seen
+    assert [f for _u, f, _n in seen] == list(range(1, len(seen) + 1))
+    assert f"summaries paused after {len(seen)} failures" in status.load(tdir, 0).reason
+
+
+def test_a_bad_back_off_setting_is_refused_by_name(tmp_path) -> None:
+    import pytest as _pytest
+
+    from datadesk.settings import SettingsError, load_settings
+
+    (tmp_path / "datadesk.toml").write_text("[summary]\nbackoff_max_records = 0\n")
+    with _pytest.raises(SettingsError, match=r"datadesk.toml.*>= 1.*summary.backoff_max_records"):
+        load_settings({"DATADESK_HOME": str(tmp_path)})
+    (tmp_path / "datadesk.toml").write_text("[summary]\nbackoff_after = -1\n")
+    with _pytest.raises(SettingsError, match=r">= 0.*summary.backoff_after"):
+        load_settings({"DATADESK_HOME": str(tmp_path)})

@@ -20,9 +20,10 @@
   process's job instead of skipping, and returns the stored summary when that
   already covers `upto_seq`.
 
-Back-off: after `BACKOFF_AFTER` failed refreshes in a row (each already `summary.max_attempts`
-summarizer calls), no refresh is tried until the log has grown by a window that doubles with each
-further failure (`refresh_after_records` * 2^(failures-1) records, at most `BACKOFF_MAX_RECORDS`).
+Back-off: after `summary.backoff_after` failed refreshes in a row (each already
+`summary.max_attempts` summarizer calls; 0: never pause), no refresh is tried until the log has
+grown by a window that doubles with each further failure (`refresh_after_records` * 2^(failures-1)
+records, at most `summary.backoff_max_records`).
 The failure count and the next seq to try at are kept in `summary.status` (so a restart does not
 reset it), and the status reason says "summaries paused after N failures, next try after record
 #S". A success resets it; so does a change of the summarizer's model or summary settings (the
@@ -57,8 +58,6 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = "summary"  # `summary:<thread>` in the LockService (or the thread's `summary.lock`)
 POLL_S = 0.05  # synchronous refresh: how often to retry another process's lock
-BACKOFF_AFTER = 2  # failed refreshes in a row before summaries pause
-BACKOFF_MAX_RECORDS = 256  # the longest pause, in records
 
 
 class _FileJobLock:
@@ -174,9 +173,10 @@ class SummaryService:
         status = self.status.load(thread, epoch)
         failures = status.failures + 1 if status is not None and status.state == "failed" \
             and status.fingerprint == fp else 1
-        if failures < BACKOFF_AFTER:
+        after, longest = self.settings.backoff_after, self.settings.backoff_max_records
+        if after == 0 or failures < after:
             return failures, 0
-        window = min(BACKOFF_MAX_RECORDS, max(1, self.settings.refresh_after_records) * 2 ** (failures - 1))
+        window = min(longest, max(1, self.settings.refresh_after_records) * 2 ** (failures - 1))
         return failures, upto_seq + window
 
     def _record(self, thread: Thread, epoch: int, state: Literal["ok", "failed"], upto_seq: int,
