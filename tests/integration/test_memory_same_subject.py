@@ -35,11 +35,24 @@ def test_the_users_words_say_it_changes_green_supersedes_blue(mem, said: str) ->
     assert len(ctx["memory_facts"]) == 1
 
 
+def disputed_line(block: str, older: str, newer: str) -> str:
+    """The older fact's line of the memory block, checked to carry the dispute label; the
+    newer text appears only quoted in that label, never as an entry of its own."""
+    lines = [ln for ln in block.splitlines() if ln.startswith("- [")]
+    entries = [ln for ln in lines if f") {older}" in ln]
+    assert len(entries) == 1, block
+    assert not [ln for ln in lines if f") {newer}" in ln], block  # not injected as a fact
+    assert f'(disputed: a newer memory says "{newer}"' in entries[0], block
+    assert "ask them before relying on either" in entries[0], block
+    return entries[0]
+
+
 def test_without_such_words_it_is_a_conflict_and_only_the_older_is_injected(mem) -> None:  # noqa: F811
     h, model = mem(steps())
-    _, facts, _ = run(h, "please remember: I prefer blue bars", "remember that I like green bars")
+    ctx, facts, _ = run(h, "please remember: I prefer blue bars", "remember that I like green bars")
     block = preamble(model.calls[-1])
-    assert "blue bars" in block and "green bars" not in block, block
+    disputed_line(block, BLUE, GREEN)  # the older acts, labelled disputed with the newer quoted
+    assert len(ctx["memory_facts"]) == 1
     assert [f["text"] for f in facts["active"]] == [BLUE]
     assert [f["text"] for f in facts["conflict"]] == [GREEN]
     assert facts["conflict"][0]["conflicts_with_text"] == BLUE
@@ -56,6 +69,27 @@ def test_a_different_subject_is_not_touched(mem) -> None:  # noqa: F811
 def test_over_the_openai_wire_the_next_thread_sees_only_green(home, harness_factory) -> None:
     """The same with the real `OpenAIChatModel` against the fake server (tool calls in Chat
     Completions shape), the model naming no id."""
+    facts, last = over_the_wire(home, harness_factory, "actually, green bars from now on")
+    block = preamble(last)
+    assert "green bars" in block and "blue bars" not in block, block
+    assert [f["text"] for f in facts["active"]] == [GREEN]
+    assert [f["text"] for f in facts["superseded"]] == [BLUE]
+
+
+def test_over_the_openai_wire_a_conflict_reaches_the_model_labelled_disputed(home, harness_factory) -> None:
+    """Green without a word of change is a conflict: the next thread's request, as the provider
+    receives it, carries blue with the dispute label quoting green, so the model asks rather than
+    taking blue as settled."""
+    facts, last = over_the_wire(home, harness_factory, "remember that I like green bars")
+    assert [f["text"] for f in facts["active"]] == [BLUE]
+    assert [f["text"] for f in facts["conflict"]] == [GREEN]
+    line = disputed_line(preamble(last), BLUE, GREEN)
+    assert line.startswith(f"- [{facts['active'][0]['id']}] (preference) {BLUE} (disputed:"), line
+
+
+def over_the_wire(home, harness_factory, second: str) -> tuple[dict, list[dict]]:
+    """Blue, then `second`, then a new thread, against the fake OpenAI server: (the memory
+    panel's facts, the messages of the last request the server received)."""
     from datadesk.llm.client import OpenAIChatModel
     from datadesk.settings import LLMSettings
     from datadesk.store.layout import Layout
@@ -79,9 +113,6 @@ def test_over_the_openai_wire_the_next_thread_sees_only_green(home, harness_fact
         llm = LLMSettings(base_url=server.base_url, api_key="k", model="fake-model", max_retries=0)
         h = harness_factory(OpenAIChatModel(llm))
         _, h.tokens["dana"] = UserStore(h.rt.layout).add("dana", ["demo"], ["memory"])
-        _, facts, _ = run(h, "please remember: I prefer blue bars", "actually, green bars from now on")
+        _, facts, _ = run(h, "please remember: I prefer blue bars", second)
         last = server.requests[-1]["messages"]
-    block = preamble(last)
-    assert "green bars" in block and "blue bars" not in block, block
-    assert [f["text"] for f in facts["active"]] == [GREEN]
-    assert [f["text"] for f in facts["superseded"]] == [BLUE]
+    return facts, last

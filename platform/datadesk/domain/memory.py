@@ -171,12 +171,43 @@ def injectable(facts: Iterable[Fact], project: str | None = None, now: float | N
     return sorted(chosen, key=lambda f: (-f.importance, f.created, f.id))
 
 
+DISPUTES_SHOWN = 3  # newer conflicting texts quoted in one disputed fact's label
+
+
+def disputes(facts: Iterable[Fact], project: str | None = None, now: float | None = None) -> dict[str, list[Fact]]:
+    """For each fact id, the unresolved `conflict` facts that contradict it (in scope, unexpired),
+    newest first: while the user has not resolved them, the older fact is disputed."""
+    import time
+
+    now = time.time() if now is None else now
+    out: dict[str, list[Fact]] = {}
+    for f in facts:
+        if f.status == "conflict" and f.conflicts_with and not f.expired(now) and f.in_scope(project):
+            out.setdefault(f.conflicts_with, []).append(f)
+    for newer in out.values():
+        newer.sort(key=lambda f: (-f.created, f.id))
+    return out
+
+
+def dispute_label(newer: list[Fact]) -> str:
+    """The label a disputed fact carries in the memory block, so the model does not take it as
+    settled: what the newer facts say, and that the user has not chosen."""
+    quoted = " and ".join(f'"{_WS.sub(" ", f.text).strip()}"' for f in newer[:DISPUTES_SHOWN])
+    more = f" (and {len(newer) - DISPUTES_SHOWN} more)" if len(newer) > DISPUTES_SHOWN else ""
+    return (f"(disputed: a newer memory says {quoted}{more} and the user has not chosen which holds; "
+            "ask them before relying on either; they resolve it in the memory panel)")
+
+
 def render_memory_block(facts: Iterable[Fact], project: str | None = None, now: float | None = None) -> str:
     """One line per injectable fact, with its id so the model can `forget` it:
-    `- [f1a2...] (preference) Reports in English`; project facts name their scope.
-    Empty string when nothing is injectable."""
+    `- [f1a2...] (preference) Reports in English`; project facts name their scope. A fact that
+    an unresolved conflict contradicts is labelled disputed (`dispute_label`), quoting the newer
+    text, which is never injected as a fact of its own. Empty string when nothing is injectable."""
+    facts = list(facts)
+    disputed = disputes(facts, project, now)
     lines = []
     for f in injectable(facts, project, now):
         scope = "" if f.scope == "workspace" else f" [{f.scope}]"
-        lines.append(f"- [{f.id}] ({f.kind}){scope} {_WS.sub(' ', f.text).strip()}")
+        label = f" {dispute_label(disputed[f.id])}" if f.id in disputed else ""
+        lines.append(f"- [{f.id}] ({f.kind}){scope} {_WS.sub(' ', f.text).strip()}{label}")
     return "\n".join(lines)
