@@ -231,6 +231,48 @@ def test_threads_made_before_the_index_are_indexed_at_the_first_search(s: Search
     assert sorted(h.seq for h in s.search("alice", "shearwaters")) == [1, 2, 3]
 
 
+def _marker(s: SearchSet, thread, text: str, rewinds_to: int, branch_of: int, indexed: bool = True) -> Record:
+    """A branch marker (an edit of the question at `branch_of`: domain/branches.py)."""
+    make = lambda seq: Record(seq=seq, role="user", ts=time.time(), content=text,  # noqa: E731
+                              meta={"kind": "edit", "rewinds_to": rewinds_to, "branch_of": branch_of})
+    if indexed:
+        return thread.append(make)
+    search, s.threads.search = getattr(s.threads, "search", None), None
+    try:
+        return thread.log.append(make) if s.kind == "embedded" else thread.append(make)
+    finally:
+        if s.kind != "embedded":
+            s.threads.search = search
+
+
+def test_a_branch_made_after_indexing_withdraws_the_earlier_branch(s: SearchSet) -> None:
+    t = s.create("alice", "Branches", ["how many gannets", "twenty gannets counted", "which day do skuas peak",
+                                       "skuas peak on Tuesday"])
+    assert sorted(h.seq for h in s.search("alice", "skuas")) == [3, 4]  # indexed before the branch
+    _marker(s, t, "which day do terns peak", rewinds_to=2, branch_of=3)  # the append hook
+    s.add(t, "terns peak on Friday", role="assistant")
+    assert s.search("alice", "skuas") == []  # only in the abandoned stretch (seq 3-4)
+    assert sorted(h.seq for h in s.search("alice", "terns")) == [5, 6]
+    assert sorted(h.seq for h in s.search("alice", "gannets")) == [1, 2]  # the shared part stays
+    # a nested branch: regenerate the edited question's answer, then edit the first question
+    _marker(s, t, "how many gannets and boobies", rewinds_to=0, branch_of=1)
+    assert s.search("alice", "terns") == [] and s.search("alice", "twenty") == []
+    assert [h.seq for h in s.search("alice", "boobies")] == [7]
+
+
+def test_a_branch_indexed_by_catching_up_withdraws_the_earlier_branch(s: SearchSet) -> None:
+    t = s.create("alice", "Catch up", ["first question about puffins", "puffins answer"])
+    assert s.search("alice", "puffins")
+    _marker(s, t, "first question about eiders", rewinds_to=0, branch_of=1, indexed=False)  # hook lost
+    assert s.search("alice", "puffins") == []
+    assert [h.seq for h in s.search("alice", "eiders")] == [3]
+    fresh = s.create("alice", "Fresh", [])  # a thread the index sees for the first time, whole
+    for text in ("the razorbill question", "razorbill answer"):
+        s.add_unindexed(fresh, text)
+    _marker(s, fresh, "the shag question", rewinds_to=0, branch_of=1, indexed=False)
+    assert s.search("alice", "razorbill") == [] and [h.seq for h in s.search("alice", "shag")] == [3]
+
+
 @pytest.mark.parametrize(("q", "words"), [("", "empty"), ('"open phrase', "unbalanced"), ("x" * 300, "too long"),
                                           ("!!! ???", "no words"), (" ".join(f"w{i}" for i in range(12)), "terms")])
 def test_bad_queries_are_refused_naming_what_is_wrong(s: SearchSet, q: str, words: str) -> None:

@@ -100,3 +100,26 @@ def test_a_damaged_index_is_rebuilt_from_the_logs(harness_factory) -> None:
         path.write_bytes(b"not a database" * 100)
         r = c.get("/api/search", params={"q": "albatross"})
         assert r.status_code == 200 and r.json()["results"][0]["thread"] == thread.id
+
+
+def test_an_index_from_before_branch_withdrawal_is_rebuilt_once(tmp_path) -> None:
+    """An index written before SCHEMA_VERSION may hold an earlier branch's records: opened by
+    this version it is emptied once (the next search rebuilds it from the logs), never again."""
+    import sqlite3
+
+    from datadesk.store.search import SCHEMA_VERSION, SearchIndex
+
+    path = tmp_path / INDEX_FILE
+    old = SearchIndex(path)
+    old.add_records("t1", [Record(seq=1, role="user", ts=1.0, content="abandoned skua")])
+    old.conn.execute("PRAGMA user_version=0")
+    old.close()
+    idx = SearchIndex(path)
+    assert idx.conn.execute("SELECT count(*) FROM docs").fetchone()[0] == 0
+    assert idx.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    idx.add_records("t1", [Record(seq=1, role="user", ts=1.0, content="kept tern")])
+    idx.close()
+    again = SearchIndex(path)
+    assert again.conn.execute("SELECT count(*) FROM docs").fetchone()[0] == 1
+    again.close()
+    assert sqlite3.connect(str(path)).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

@@ -15,6 +15,9 @@ Both are derived from `threads` / `records` (migration 0004), never the truth:
   index) is found by `sync`, which every search runs first: a thread whose records go past
   its mark is indexed from there, and one whose epoch moved (a clear whose reset was lost)
   is rebuilt. Each batch commits with its mark, so an interrupted sync resumes.
+- A branch marker (an edited question, a regenerated answer: domain/branches.py), when it is
+  indexed on either path, deletes the entries of the earlier branch it leaves behind: search
+  finds the active branch only (as the embedded index does).
 - Titles are not copied: they are searched in `threads.meta` directly (always current).
 - A delete drops the thread's entries and mark; what a lost delete leaves is invisible (a
   search joins `threads`) and swept by the owner's next search.
@@ -39,6 +42,7 @@ import msgspec
 import psycopg
 
 from datadesk.cluster.database import Database, DatabaseError
+from datadesk.domain.branches import abandoned_stretch
 from datadesk.domain.records import Record
 from datadesk.store.interfaces.search import BadSearchQuery, SearchHit, SearchTooCostly
 from datadesk.store.search import MAX_LIMIT, PER_THREAD_HITS, QUERY_DEADLINE_S, query_terms, record_text
@@ -75,6 +79,9 @@ WITH moved AS (
 INSERT INTO search_entries (thread_id, seq, owner, workspace, role, ts, text)
 SELECT %(tid)s, %(seq)s, owner, workspace, %(role)s, %(ts)s, %(text)s FROM moved WHERE %(text)s <> ''
 ON CONFLICT DO NOTHING""".format(committed=_COMMITTED)
+
+# an earlier branch's records (domain/branches.py): what a branch marker leaves behind
+_WITHDRAW = "DELETE FROM search_entries WHERE thread_id = %s AND seq > %s AND seq < %s"
 
 # what a delete whose reset was lost left behind
 _ORPHANS = """
@@ -140,9 +147,12 @@ class PgSearch:
         text = _clean(record_text(record))
         args = {"tid": _thread_id(thread), "seq": record.seq, "role": record.role, "ts": float(record.ts),
                 "text": text}
+        stretch = abandoned_stretch(record)
         try:
-            with self.db.autocommit() as conn:  # one statement
+            with self.db.autocommit() as conn:  # one statement (two for a branch marker)
                 conn.execute(_APPEND_FIRST if record.seq == 1 else _APPEND_NEXT, args)
+                if stretch is not None:  # the earlier branch it leaves is no longer searched
+                    conn.execute(_WITHDRAW, (args["tid"], *stretch))
         except psycopg.Error as exc:
             log.warning("search index of %s not updated (%s): the next search catches up", args["tid"], exc)
 
@@ -200,16 +210,21 @@ class PgSearch:
                 seq = 0
             rows = conn.execute("SELECT seq, body FROM records WHERE thread_id = %s AND seq > %s"
                                 " ORDER BY seq LIMIT %s", (tid, seq, SYNC_BATCH)).fetchall()
-            entries = []
+            entries, stretches = [], []
             for row in rows:
                 seq = max(seq, int(row["seq"]))
-                entry = _entry(tid, row["body"])
-                if entry is not None:
-                    entries.append((tid, entry[0], mark["owner"], mark["workspace"], *entry[1:]))
-            if entries:
-                with conn.cursor() as cur:
+                rec = _record(tid, row["body"])
+                text = _clean(record_text(rec)) if rec is not None else ""
+                if rec is not None and text:
+                    entries.append((tid, rec.seq, mark["owner"], mark["workspace"], rec.role, float(rec.ts), text))
+                if rec is not None and (stretch := abandoned_stretch(rec)) is not None:
+                    stretches.append((tid, *stretch))
+            with conn.cursor() as cur:
+                if entries:
                     cur.executemany("INSERT INTO search_entries (thread_id, seq, owner, workspace, role, ts, text)"
                                     " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", entries)
+                if stretches:  # after the inserts: what a marker hides may be in this batch
+                    cur.executemany(_WITHDRAW, stretches)
             conn.execute("UPDATE search_marks SET seq = %s, epoch = %s WHERE thread_id = %s",
                          (seq, mark["thread_epoch"], tid))
         return len(rows), len(rows) == SYNC_BATCH
@@ -264,16 +279,14 @@ def _clean(text: str) -> str:
     return text.replace("\x00", "")  # a PostgreSQL text holds no NUL
 
 
-def _entry(tid: str, body: Any) -> tuple[int, str, float, str] | None:
-    """(seq, role, ts, text) of a stored record (today's JSON line), or None without text."""
+def _record(tid: str, body: Any) -> Record | None:
+    """A stored record (today's JSON line), or None when unreadable (logged)."""
     try:
         raw = bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else msgspec.json.encode(body)
-        rec = msgspec.json.decode(raw, type=Record)
+        return msgspec.json.decode(raw, type=Record)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         log.warning("search: a record of thread %s is unreadable, not indexed: %s", tid, exc)
         return None
-    text = _clean(record_text(rec))
-    return (rec.seq, rec.role, float(rec.ts), text) if text else None
 
 
 def snippet_of(text: str, terms: list[tuple[list[str], bool]],

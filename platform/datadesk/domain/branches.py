@@ -34,17 +34,31 @@ def rewinds_to(rec: Record) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def active_newest_first(newest_first: Iterable[Record]) -> Iterator[Record]:
-    """The records of the active branch, newest first (stop early to read less)."""
+def marked_newest_first(newest_first: Iterable[Record]) -> Iterator[tuple[Record, bool]]:
+    """Every record, newest first, with whether it is on the active branch (False: an earlier
+    branch's record); stop early to read less."""
     hide_above: int | None = None
     for rec in newest_first:
         if hide_above is not None and rec.seq > hide_above:
-            continue  # an earlier branch's record
+            yield rec, False  # an earlier branch's record
+            continue
         hide_above = None
-        yield rec
+        yield rec, True
         cut = rewinds_to(rec)
         if cut is not None:
             hide_above = cut
+
+
+def active_newest_first(newest_first: Iterable[Record]) -> Iterator[Record]:
+    """The records of the active branch, newest first (stop early to read less)."""
+    return (rec for rec, active in marked_newest_first(newest_first) if active)
+
+
+def abandoned_stretch(rec: Record) -> tuple[int, int] | None:
+    """The seqs a branch marker leaves behind, as the open range (rewinds_to, marker seq): every
+    record strictly between the two belongs to an earlier branch. None: not a marker."""
+    cut = rewinds_to(rec)
+    return None if cut is None else (cut, rec.seq)
 
 
 def active_records(records: list[Record]) -> list[Record]:

@@ -10,7 +10,12 @@ logs, never the truth:
   run, a clear) is found at search time by `ThreadSearch.sync`: each thread's log size and
   meta time are compared with what the index saw, and only new records are read (from the
   tail of the log);
-- clear drops the thread's records (the title stays), delete drops the thread.
+- clear drops the thread's records (the title stays), delete drops the thread;
+- a branch (an edited question, a regenerated answer: domain/branches.py) withdraws the
+  earlier branch: when its marker record is indexed, on either path above, the rows between
+  its `rewinds_to` and itself are deleted. Search finds the active branch only, so a hit
+  never jumps into an abandoned stretch; the earlier branches stay listed and readable
+  (`GET .../branches`), they are just not searched.
 
 The hit, the errors and the protocols are in `store/interfaces/search.py` (re-exported here); the
 cluster set's PostgreSQL index is `cluster/search.py`.
@@ -37,6 +42,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 import msgspec
 
+from datadesk.domain.branches import abandoned_stretch
 from datadesk.domain.ids import check_id
 from datadesk.domain.records import Record
 from datadesk.store.interfaces.search import BadSearchQuery, SearchHit, SearchTooCostly
@@ -51,6 +57,7 @@ MAX_RECORD_CHARS = 20_000  # indexed text per record (a huge tool result is sear
 PER_THREAD_HITS = 3  # a thread shows at most this many matches
 QUERY_DEADLINE_S = 2.0
 _OPEN_INDEXES = 32  # connections kept open per process
+SCHEMA_VERSION = 1  # 1: the active branch only (an earlier branch's records are withdrawn)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs(
@@ -147,6 +154,23 @@ class SearchIndex:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(_SCHEMA)
+        self._upgrade()
+
+    def _upgrade(self) -> None:
+        """An index written before SCHEMA_VERSION held earlier branches' records: it is emptied
+        once, and the next search rebuilds it from the logs (the index is a cache)."""
+        if self.conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            if self.conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                self.conn.execute("DELETE FROM docs")
+                self.conn.execute("DELETE FROM threads")
+                self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         with self.lock:
@@ -159,15 +183,23 @@ class SearchIndex:
         return tuple(row) if row else None  # type: ignore[return-value]
 
     def add_records(self, tid: str, records: Iterable[Record]) -> int:
-        """Index records (a record already there is kept); returns the highest seq added."""
+        """Index records (a record already there is kept); returns the highest seq added. A branch
+        marker among them withdraws the earlier branch it leaves behind (domain/branches.py): the
+        rows between its `rewinds_to` and itself go, so only the active branch is found."""
         top = 0
         rows = []
+        stretches = []
         for rec in records:
             top = max(top, rec.seq)
             text = record_text(rec)
             if text:
                 rows.append((tid, rec.seq, rec.role, rec.ts, text))
+            stretch = abandoned_stretch(rec)
+            if stretch is not None:
+                stretches.append((tid, *stretch))
         self.conn.executemany("INSERT OR IGNORE INTO docs(thread, seq, role, ts, body) VALUES (?,?,?,?,?)", rows)
+        # after the inserts: a marker is newer than what it hides, which may be in this batch
+        self.conn.executemany("DELETE FROM docs WHERE thread=? AND seq>? AND seq<?", stretches)
         return top
 
     def append(self, tid: str, rec: Record) -> bool:
