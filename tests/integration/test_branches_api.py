@@ -89,6 +89,37 @@ def test_a_bad_seq_is_refused_with_a_clear_message(harness_factory) -> None:
     assert other.status_code in (403, 404)
 
 
+def test_a_constraint_noted_in_the_earlier_branch_leaves_the_task_state(harness_factory) -> None:
+    """The model records a constraint (`note_constraint`) while answering a question; the user
+    edits that question: the constraint is withdrawn (kept, `withdrawn_by: "branch"`) and the
+    edited question's request does not carry it; one noted before the branch point stays."""
+    with FakeOpenAIServer() as fake:
+        fake.add_tool_calls([{"name": "note_constraint", "arguments": {"text": "only 2024",
+                                                                       "user_words": "only 2024"}}])
+        fake.add_text("Noted: 2024 only.")
+        fake.add_tool_calls([{"name": "note_constraint", "arguments": {"text": "exclude PUFFINDAY holidays",
+                                                                       "user_words": "exclude PUFFINDAY holidays"}}])
+        fake.add_text("Per weekday, PUFFINDAY holidays excluded.")
+        fake.add_text("Per month.")
+        h = harness_factory(llm(fake), summary={"enabled": False})
+        with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=30) as c:
+            tid = c.post("/api/threads", json={"title": "task state"}).json()["id"]
+            _ask(c, tid, {"content": "Energy use per city, only 2024"})  # seqs 1-4
+            _ask(c, tid, {"content": "Per weekday, and exclude PUFFINDAY holidays"})  # seq 5 on
+            before = c.get(f"/api/threads/{tid}/task-state").json()["task_state"]
+            _ask(c, tid, {"content": "Per month instead", "edit_of": 5})
+            edited_request = fake.requests[-1]
+            after = c.get(f"/api/threads/{tid}/task-state").json()["task_state"]
+    assert sorted(i["text"] for i in before["items"] if i["status"] == "active") == [
+        "exclude PUFFINDAY holidays", "only 2024"]
+    items = {i["text"]: i for i in after["items"]}
+    assert [i["text"] for i in after["items"] if i["status"] == "active"] == ["only 2024"]
+    gone = items["exclude PUFFINDAY holidays"]
+    assert (gone["status"], gone["withdrawn_by"], gone["source"]) == ("withdrawn", "branch", "model")
+    sent = _texts(edited_request)
+    assert "PUFFINDAY" not in sent and "only 2024" in sent
+
+
 def test_a_summary_of_the_earlier_branch_is_left_out_of_the_edited_request(harness_factory) -> None:
     import asyncio
 

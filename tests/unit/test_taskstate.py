@@ -149,3 +149,34 @@ def test_a_hard_memory_delete_also_redacts_the_task_state(thread: Thread) -> Non
     assert thread.rewrite_summaries(redact) == 1
     assert "Zephyr" not in thread.task_state_path.read_text()
     assert [i.text for i in store.load(thread, 0).active()] == ["[deleted memory]"]
+
+
+def test_a_branch_withdraws_what_its_earlier_branch_said_and_undoes_its_withdrawals(thread: Thread) -> None:
+    """An edit of the question at #3 (marker #7, rewinds_to 2): items said at #3 or #5 go (kept,
+    `withdrawn_by: "branch"`), a withdrawal made at #5 is undone; items said before, typed, or
+    pinned after the branch stay. Running it again changes nothing."""
+    store = TaskStateStore()
+    first = user(thread, "Energy use per city; constraint: only 2024")  # 1
+    thread.log.append(lambda seq: Record(seq=seq, role="assistant", ts=time.time(), content="ok"))  # 2
+    kept = store.note(thread, 0, "only 2024", "constraint", "model", user_seq=first)
+    typed = store.note(thread, 0, "euros, not dollars", "constraint", "user")
+    old_q = user(thread, "Per weekday, and exclude holidays")  # 3
+    said = store.note(thread, 0, "exclude holidays", "constraint", "model", user_seq=old_q)
+    goal = store.note(thread, 0, "weekday profile", "goal", "user", user_seq=old_q)  # pinned there
+    thread.log.append(lambda seq: Record(seq=seq, role="assistant", ts=time.time(), content="done"))  # 4
+    later = user(thread, "forget 2024, use all years")  # 5
+    store.withdraw(thread, 0, kept.id, "model", user_seq=later)
+    thread.log.append(lambda seq: Record(seq=seq, role="assistant", ts=time.time(), content="ok"))  # 6
+    marker = thread.log.append(lambda seq: Record(seq=seq, role="user", ts=time.time(), content="Per month",
+                                                  meta={"kind": "edit", "rewinds_to": 2, "branch_of": 3}))
+    assert store.forget_stretch(thread, 0, 2, marker.seq) == 3  # two withdrawn, one restored
+    state = store.load(thread, 0)
+    by_id = {i.id: i for i in state.items}
+    assert [i.text for i in state.active()] == ["only 2024", "euros, not dollars"]
+    for gone in (said, goal):
+        assert (by_id[gone.id].status, by_id[gone.id].withdrawn_by, by_id[gone.id].withdrawn_seq) == \
+            ("withdrawn", "branch", marker.seq)
+    assert by_id[kept.id].withdrawn_by == "" and by_id[typed.id].status == "active"
+    assert render_task_state(state) is not None and "exclude holidays" not in render_task_state(state)
+    assert store.forget_stretch(thread, 0, 2, marker.seq) == 0  # idempotent
+    assert store.forget_stretch(thread, 5, 2, marker.seq) == 0  # another epoch: nothing there to change

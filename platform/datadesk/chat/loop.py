@@ -21,6 +21,7 @@ from datadesk.chat.policy import TurnPolicy
 from datadesk.chat.turns import RunningTurn, TurnRegistry
 from datadesk.context.builder import BuiltContext, ContextTooLarge
 from datadesk.context.request import RequestAssembler
+from datadesk.domain.branches import abandoned_stretch
 from datadesk.domain.events import (ArtifactCreated, MessageCompleted, MessageDelta, ToolFinished, ToolProgress,
                                     ToolStarted, TurnDone, TurnError)
 from datadesk.domain.ids import ID_PATTERN, new_id
@@ -103,6 +104,9 @@ class TurnLoop:
         try:
             user_rec = self._append(role="user", content=text, meta=user_meta)  # meta: a branch (domain/branches.py)
             self.user_seq = user_rec.seq
+            stretch = abandoned_stretch(user_rec)
+            if stretch is not None:  # what the earlier branch said leaves the task state before the first request
+                await asyncio.to_thread(self.services.requests.tasks.forget_stretch, self.thread, self.epoch, *stretch)
             if self.thread.meta.title == "New chat":
                 await asyncio.to_thread(self.services.threads.touch, self.thread,
                                         title=text.strip().splitlines()[0][:80] or None)

@@ -15,6 +15,12 @@ turn. A summary may only withdraw what a summary added (listed by it as supersed
 the summarizer takes from the user's words). Withdrawn items stay in the file for the
 record, marked. The active items are injected into every request of the thread.
 
+A branch (an edited question, a regenerated answer: domain/branches.py) takes back what was
+said in the stretch it leaves behind (`forget_stretch`, run by the turn that appends the
+marker): items whose `user_seq` lies there are withdrawn (`withdrawn_by: "branch"`), and
+withdrawals made there are undone. An item a summary brought goes with that summary
+(`forget_branch`), as the summary is re-derived from the active branch.
+
 The task state is the `Thread`'s `task_state` document (`task_state.json` in the embedded set,
 a row in the cluster set); every change holds the thread (`Thread.guarded`) and is refused once
 the thread was cleared since the epoch the work started in (a clear deletes it).
@@ -63,7 +69,7 @@ class TaskItem(msgspec.Struct, kw_only=True):
     user_seq: int | None = None  # the user message it was said in (None: from a summary)
     created: float = 0.0
     status: Literal["active", "withdrawn"] = "active"
-    withdrawn_by: str = ""  # "user" | "model" | "summary" | "branch" (an edit rewound past its summary)
+    withdrawn_by: str = ""  # "user" | "model" | "summary" | "branch" (said in, or summarised from, an earlier branch)
     withdrawn_seq: int | None = None
     replaced_by: str | None = None
 
@@ -209,6 +215,36 @@ class TaskStateStore:
                 self._save(thread, state, epoch)
         except TaskStateError as exc:  # cleared meanwhile
             log.info("branch not applied to the task state of %s: %s", thread.id, exc)
+
+    def forget_stretch(self, thread: Thread, epoch: int | None, rewinds_to: int, marker_seq: int) -> int:
+        """A branch marker at `marker_seq` left records `rewinds_to < seq < marker_seq` behind
+        (domain/branches.py): an active item said there (its `user_seq` in that stretch: a
+        model's `note_constraint` of a turn there, the user's pin of a question there) is
+        withdrawn (`withdrawn_by: "branch"`, kept in the file), and an item withdrawn or
+        replaced there is active again (the active branch never said to drop it). Items with
+        no source record (typed by the user; a summary's: `forget_branch`) stay. Returns the
+        number of items changed; idempotent."""
+        def inside(seq: int | None) -> bool:
+            return seq is not None and rewinds_to < seq < marker_seq
+
+        try:
+            with self._guard(thread, epoch):
+                state = self.load(thread, epoch)
+                changed = 0
+                for item in state.items:
+                    if item.status == "active" and inside(item.user_seq):
+                        item.status, item.withdrawn_by, item.withdrawn_seq = "withdrawn", "branch", marker_seq
+                        changed += 1
+                    elif (item.status == "withdrawn" and item.withdrawn_by in ("user", "model")
+                          and inside(item.withdrawn_seq)):
+                        item.status, item.withdrawn_by, item.withdrawn_seq, item.replaced_by = "active", "", None, None
+                        changed += 1
+                if changed:
+                    self._save(thread, state, epoch)
+                return changed
+        except TaskStateError as exc:  # cleared meanwhile
+            log.info("branch not applied to the task state of %s: %s", thread.id, exc)
+            return 0
 
     @staticmethod
     def _merge(state: TaskState, summary: ThreadSummary) -> None:
