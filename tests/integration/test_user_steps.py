@@ -94,6 +94,34 @@ def test_bad_steps_are_refused_with_what_was_wrong(harness_factory) -> None:
             assert r.status_code == 403 and "code_execution" in r.text, r.text
 
 
+def test_editing_a_step_of_an_earlier_branch_is_refused_naming_it(harness_factory) -> None:
+    """The question whose answer ran `call_old` is edited: that card belongs to an earlier branch
+    now, and a step edited from it is refused (422, naming the call and its record); a card of
+    the active branch still can be edited."""
+    with FakeOpenAIServer() as fake:
+        fake.add_tool_calls([{"id": "call_old", "name": "sql_query", "arguments": {"sql": "SELECT 1 AS a"}}])
+        fake.add_text("first answer")
+        fake.add_tool_calls([{"id": "call_new", "name": "sql_query", "arguments": {"sql": "SELECT 2 AS b"}}])
+        fake.add_text("edited answer")
+        h = harness_factory(llm(fake))
+        FakeSandbox(h.rt)
+        with serve_app(h.app()) as base, httpx.Client(base_url=base, headers=h.auth("alice"), timeout=120) as c:
+            tid = c.post("/api/threads", json={}).json()["id"]
+            parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "go"}).text)
+            edited = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "go on", "edit_of": 1}).text)
+            assert edited[-1][1]["status"] == "ok", edited[-1]
+            old = c.post(f"/api/threads/{tid}/steps", json={"tool": "sql_query", "arguments": {"sql": "SELECT 3"},
+                                                            "edited_from": "call_old"})
+            recorded = len(_records(h, "alice", tid))
+            new = c.post(f"/api/threads/{tid}/steps", json={"tool": "sql_query", "arguments": {"sql": "SELECT 4"},
+                                                            "edited_from": "call_new"})
+    assert old.status_code == 422, old.text
+    detail = old.json()["detail"]
+    assert "call_old" in detail and "#2" in detail and "earlier branch" in detail
+    assert recorded == 8  # nothing of the refused step: 4 records per answered question
+    assert new.status_code == 200 and parse_sse(new.text)[-1][1]["status"] == "ok"
+
+
 def test_a_step_while_a_turn_runs_is_refused_409(harness_factory) -> None:
     with FakeOpenAIServer() as fake:
         fake.add_text("slow answer " * 40, delay_s=0.25)

@@ -10,7 +10,7 @@ its preview and notice) and the same events (`tool.started`, `tool.progress`, `t
 
 Recorded in `log.jsonl` as the pair a model's call leaves: an assistant record with the call,
 marked `meta.via = "user"` (and `meta.edited_from`, the call id of the card it was edited
-from), then its tool record, as the loop writes it. Older code reads it as an ordinary call pair. The
+from: a call of the active branch, never one an edit or regenerate left behind), then its tool record, as the loop writes it. Older code reads it as an ordinary call pair. The
 context builder adds USER_STEP_NOTE to that assistant message, so the model's next request
 carries the step, its result (or the offload notice) and who ran it.
 """
@@ -25,6 +25,7 @@ import msgspec
 
 from datadesk.chat.loop import LOST_MESSAGE, TurnLoop, TurnServices
 from datadesk.chat.turns import RunningTurn, TurnRegistry
+from datadesk.domain.branches import marked_newest_first
 from datadesk.domain.events import TurnDone, TurnError
 from datadesk.domain.ids import ID_PATTERN, new_id
 from datadesk.domain.records import AssistantRecordMeta, ToolCall, record_meta
@@ -91,11 +92,18 @@ def check_step(services: TurnServices, thread: Thread, user: User, tool: str, ar
 
 
 def _check_edited_from(thread: Thread, call_id: str) -> None:
+    """`edited_from` names a call of the active branch: 404 when the thread has no such call,
+    422 when it is a step of an earlier branch (an edit or a regenerate left it behind: a step
+    edited from there would continue a branch the model no longer sees)."""
     if not isinstance(call_id, str) or not ID_PATTERN.fullmatch(call_id):
         raise StepRefused(422, "edited_from: not a valid call id")
-    for n, rec in enumerate(thread.log.newest_first()):
+    for n, (rec, active) in enumerate(marked_newest_first(thread.log.newest_first())):
         if any(c.id == call_id for c in rec.tool_calls or ()):
-            return
+            if active:
+                return
+            raise StepRefused(422, f"edited_from: call {call_id!r} (record #{rec.seq}) is a step of an earlier "
+                                   "branch, left behind by an edited or regenerated question: edit a step of "
+                                   "the current branch instead")
         if n >= EDIT_SCAN_RECORDS:
             break
     raise StepRefused(404, f"edited_from: there is no call {call_id!r} in this thread")
