@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from datadesk.api.controllers import threads as api_threads  # noqa: E402
+from datadesk.api import event_stream  # noqa: E402
 from datadesk.api.render import markdown_html  # noqa: E402
 from datadesk.composition import Runtime  # noqa: E402
 from datadesk.llm.scripted import ScriptedModel, ScriptStep  # noqa: E402
@@ -61,7 +61,7 @@ class LegacyRendering:
         data = ev.data
         if ev.type == "message.delta":
             self.text.append(str(data.get("text", "")))
-            if time.monotonic() - self.at >= api_threads.HTML_EVERY_S:
+            if time.monotonic() - self.at >= event_stream.HTML_EVERY_S:
                 self.at = time.monotonic()
                 data = {**data, "html": markdown_html("".join(self.text), limit=1 << 30)}
         elif ev.type == "message.completed":
@@ -78,9 +78,9 @@ def run_one(home: Path, kb: int, legacy: bool, chunk: int, delay_ms: float) -> d
     _, token = rt.users.add(name, ["demo"], [])
     from datadesk.api.app import create_app
 
-    original = api_threads._Rendering
+    original = event_stream.TurnRendering
     if legacy:
-        api_threads._Rendering = LegacyRendering  # type: ignore[misc,assignment]
+        event_stream.TurnRendering = LegacyRendering  # type: ignore[misc,assignment]
     health: list[float] = []
     done = threading.Event()
     result: dict[str, Any] = {"chunk": chunk, "delay_ms": delay_ms, "answer_kb": round(len(answer) / 1024), "renderer": "legacy" if legacy else "bounded"}
@@ -116,7 +116,7 @@ def run_one(home: Path, kb: int, legacy: bool, chunk: int, delay_ms: float) -> d
             done.set()
             poller.join(120)
     finally:
-        api_threads._Rendering = original  # type: ignore[misc]
+        event_stream.TurnRendering = original  # type: ignore[misc]
     hs = sorted(health)
     result.update(health_calls=len(hs), health_p50_ms=round(statistics.median(hs) * 1000, 1),
                   health_p99_ms=round(hs[min(len(hs) - 1, int(len(hs) * 0.99))] * 1000, 1),

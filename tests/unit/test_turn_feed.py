@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from datadesk.api.controllers.threads import _Rendering
+from datadesk.api.event_stream import TurnRendering
 from datadesk.api.render import markdown_html
 from datadesk.api.turn_feed import TurnFeeds
 from datadesk.chat import journal as J
@@ -134,13 +134,13 @@ async def _drain(sub) -> bytes:
 
 def test_every_client_gets_the_rest_after_its_cursor_and_the_html_covers_the_text_before_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from datadesk.api.controllers import threads
+    from datadesk.api import event_stream
 
-    monkeypatch.setattr(threads, "HTML_EVERY_S", 0.0)  # render at every text event
-    renderings: list[_Rendering] = []
+    monkeypatch.setattr(event_stream, "HTML_EVERY_S", 0.0)  # render at every text event
+    renderings: list[TurnRendering] = []
 
-    def rendering() -> _Rendering:
-        renderings.append(_Rendering())
+    def rendering() -> TurnRendering:
+        renderings.append(TurnRendering())
         return renderings[-1]
 
     async def run() -> dict[int, bytes]:
@@ -184,14 +184,14 @@ def test_every_client_gets_the_rest_after_its_cursor_and_the_html_covers_the_tex
 
 
 def test_a_replay_keeps_only_the_newest_rendering_at_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datadesk.api.controllers import threads
+    from datadesk.api import event_stream
 
-    monkeypatch.setattr(threads, "HTML_EVERY_S", 0.0)
+    monkeypatch.setattr(event_stream, "HTML_EVERY_S", 0.0)
 
     async def run() -> tuple[bytes, bytes]:
         j = TurnJournal("t1", None)
         feeds = TurnFeeds()
-        feed = feeds.start("t1", j.subscribe(), _Rendering())
+        feed = feeds.start("t1", j.subscribe(), TurnRendering())
         first = feed.subscribe(0)
         for word in ("alpha ", "beta ", "gamma"):
             j.add("message.delta", {"text": word})
@@ -224,7 +224,7 @@ def test_a_feed_of_the_event_file_is_shared_and_stops_when_its_last_client_leave
         j.add("message.delta", {"text": "from the file"})
         j._flush()  # what another worker can read
         feeds = TurnFeeds()
-        feed = feeds.start("t1", follow_file(path, "t1", lambda t: not j.done), _Rendering())
+        feed = feeds.start("t1", follow_file(path, "t1", lambda t: not j.done), TurnRendering())
         a, b = feed.subscribe(0), feed.subscribe(0)
         ita, itb = a.chunks(), b.chunks()
         got_a, got_b = await anext(ita), await anext(itb)

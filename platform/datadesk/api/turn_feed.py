@@ -3,8 +3,9 @@ this worker (the POST stream that started it and every re-attached `GET .../even
 
 A `TurnFeed` reads the turn's events once (its journal in the worker that runs it, else one
 reader of the thread's events.jsonl per worker), renders the answer's Markdown with one
-`_Rendering` (a few times a second per turn, not per client) and encodes each event's SSE bytes
-once. Every client gets those bytes: the ones ready when it reads are sent as one write.
+`TurnRendering` (api/event_stream.py; a few times a second per turn, not per client) and
+encodes each event's SSE bytes once. Every client gets those bytes: the ones ready when it
+reads are sent as one write.
 
 A client that attaches later replays the kept frames (bounded like the journal's events,
 `chat.journal.kept_form`) after its cursor, and then follows live. An intermediate rendering of
@@ -60,7 +61,7 @@ class Frame:
 
 class TurnFeed:
     """See the module doc. `rendering.events(ev, send)` gives the SSE messages of `ev` (the
-    `_Rendering` interface of api/controllers/threads.py)."""
+    `TurnRendering` interface of api/event_stream.py)."""
 
     def __init__(self, turn_id: str, source: AsyncIterator[JournalEvent | None], rendering: Any,
                  on_end: Callable[["TurnFeed"], None]) -> None:

@@ -113,10 +113,19 @@ INLINE_MAX_ROWS = 2_000  # more rows than this never fit the inline threshold an
 HOLD_BYTES = 8 * 1024 * 1024
 
 
-def _first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_timeout_s: float,
-                control: QueryControl | None = None, on_end: Callable[[], None] | None = None,
-                entry: QueryEntry | None = None) -> ToolResult:
+def first_rows(src: Source, user: str, sql: str, threshold_chars: int, stream_timeout_s: float,
+               control: QueryControl | None = None, on_end: Callable[[], None] | None = None,
+               entry: QueryEntry | None = None) -> ToolResult:
     """Run `sql` on `src` for `user`; small results come back inline, large ones as a stream for offload.
+
+    The execution step of every read-only query the app runs for someone: the `sql_query`
+    tool, and the data panel's table sample (tools/sqlsample.py; `threshold_chars` `sys.maxsize`,
+    so its few rows come back inline). Blocking: call it in a worker thread (`interruptible`),
+    after `src.check(sql)` and with the caller's query slot held. A result of at most
+    INLINE_MAX_ROWS rows whose JSON fits `threshold_chars`, or an empty one, comes back inline
+    (`content`, and `data`: columns, types, rows, row_count); any other carries a
+    `TabularStream` (`ToolResult.table`, empty `content`) for the offload pipeline. SQLError
+    (and its subclasses) when the source fails the statement.
 
     One execution: the batches already read for the size check are chained
     in front of the rest of the stream. `control` cancels it from another thread; the
@@ -243,7 +252,7 @@ def register_sql_tool(
             slot.on_pressure = control.cancel  # the memory guard may stop it
         release = slot.release if slot is not None else None
         try:
-            result = await interruptible(control, _first_rows, src, ctx.user, sql, threshold_chars,
+            result = await interruptible(control, first_rows, src, ctx.user, sql, threshold_chars,
                                          stream_timeout_s, control, release, entry, late=_close_late,
                                          executor=slots.executor if slots is not None else None)
         except BaseException as exc:

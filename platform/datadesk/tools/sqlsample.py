@@ -1,5 +1,5 @@
 """A sample of one catalogue table for the data panel (`POST /api/workspace/catalog/sample`),
-run like a `sql_query` call, through its own path (`tools.sql._first_rows`): the source's
+run like a `sql_query` call, through its own path (`tools.sql.first_rows`): the source's
 read-only check, a query slot of the caller (per-user and global limits), the source's read-only
 session and one audit entry (thread `data-panel`). The statement is built from the catalogue's
 own names (`sources.datacatalog.sample_sql`), never from the request's text."""
@@ -16,7 +16,7 @@ from datadesk.sources.errors import SQLError
 from datadesk.sources.query import QueryControl, interruptible
 from datadesk.sources.registry import Source
 from datadesk.store.admission import QuerySlots
-from datadesk.tools.sql import _first_rows
+from datadesk.tools.sql import first_rows
 
 
 async def sample(src: Source, table: dict[str, Any], user: str, ws: str, slots: QuerySlots | None,
@@ -36,7 +36,7 @@ async def sample(src: Source, table: dict[str, Any], user: str, ws: str, slots: 
         if slot is not None:
             slot.on_pressure = control.cancel
         try:
-            result = await interruptible(control, _first_rows, src, user, sql, sys.maxsize, stream_timeout_s,
+            result = await interruptible(control, first_rows, src, user, sql, sys.maxsize, stream_timeout_s,
                                          control, None, entry,
                                          executor=slots.executor if slots is not None else None)
         finally:

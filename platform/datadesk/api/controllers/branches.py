@@ -21,13 +21,13 @@ from litestar.exceptions import NotFoundException
 from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
-from datadesk.api.controllers.threads import _artifact_ids, _sse, _stream, _subscribe, record_views
+from datadesk.api.controllers.threads import record_views
+from datadesk.api.event_stream import stream_turn
 from datadesk.api.branch_checks import branch_meta, last_question
 from datadesk.api.guards.access import find_thread
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.offloop import run_off_loop
 from datadesk.chat.loop import start_turn
-from datadesk.chat.turns import Attachment
 from datadesk.domain.branches import branch_points, branch_records
 
 
@@ -60,10 +60,7 @@ class BranchController(Controller):
         rec, meta = await run_off_loop(user.id, branch_meta, handle, seq, "regenerate")
         background = rt.settings.chat.finish_in_background if data.background is None else data.background
         turn = await start_turn(rt.turn_services, rt.turns, handle, user, rec.content, background, meta)
-        assert turn.journal is not None
-        attached = Attachment(turn.journal.subscribe(), turn.turn_id, 0)
-        sub = await _subscribe(rt, attached, _artifact_ids(rt, handle), user.id)
-        return _sse(_stream(sub, None if background else turn))
+        return await stream_turn(rt, handle, user.id, turn, None if background else turn)
 
     @get("/branches")
     async def list_branches(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:

@@ -21,10 +21,9 @@ from litestar.exceptions import ClientException, NotFoundException
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from datadesk.api.controllers.threads import _artifact_ids, _sse, _stream, _subscribe
+from datadesk.api.event_stream import stream_turn
 from datadesk.api.guards.access import find_thread
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
-from datadesk.chat.turns import Attachment
 from datadesk.threads.refresh import NothingToRefresh, last_report
 from datadesk.threads.schedule import ScheduleError
 
@@ -42,10 +41,7 @@ class RefreshController(Controller):
             turn = await rt.refresh.start(handle, user)
         except NothingToRefresh as exc:
             raise ClientException(str(exc)) from None
-        assert turn.journal is not None
-        attached = Attachment(turn.journal.subscribe(), turn.turn_id, 0)
-        sub = await _subscribe(rt, attached, _artifact_ids(rt, handle), user.id)
-        return _sse(_stream(sub, None))
+        return await stream_turn(rt, handle, user.id, turn, None)
 
     @get("/")
     async def get_refresh(self, tid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:

@@ -12,10 +12,9 @@ from litestar.exceptions import HTTPException
 from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
-from datadesk.api.controllers.threads import _artifact_ids, _sse, _stream, _subscribe
+from datadesk.api.event_stream import stream_turn
 from datadesk.api.guards.access import find_thread
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
-from datadesk.chat.turns import Attachment
 from datadesk.chat.user_steps import MAX_INPUT_CHARS, StepRefused, run_user_step
 
 MAX_STEP_BYTES = 4 * MAX_INPUT_CHARS + 64 * 1024  # the SQL or code (in JSON, escaped) and the rest
@@ -42,7 +41,4 @@ class StepController(Controller):
                                        data.edited_from, background)
         except StepRefused as exc:
             raise HTTPException(status_code=exc.status, detail=str(exc)) from None
-        assert turn.journal is not None
-        attached = Attachment(turn.journal.subscribe(), turn.turn_id, 0)
-        sub = await _subscribe(rt, attached, _artifact_ids(rt, handle), user.id)
-        return _sse(_stream(sub, None if background else turn))
+        return await stream_turn(rt, handle, user.id, turn, None if background else turn)

@@ -3,12 +3,9 @@ turn (SSE), cancel."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
-import time
-from typing import Annotated, Any, AsyncIterator, Callable, Iterable
+from typing import Annotated, Any, Iterable
 
 import msgspec
 from litestar.params import FromPath, JSONBody, QueryParameter
@@ -17,15 +14,14 @@ from litestar.exceptions import ClientException, NotFoundException
 from litestar.response import Stream
 
 from datadesk.api.branch_checks import branch_meta
+from datadesk.api.event_stream import stream_attachment, stream_turn
 from datadesk.api.guards.access import find_thread, member_workspace
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.offloop import run_off_loop
-from datadesk.api.render import LiveMarkdown, markdown_html, model_img_src, plain_html, tool_html, tool_input_html
-from datadesk.api.turn_feed import FeedSubscription, feeds_of
+from datadesk.api.render import markdown_html, model_img_src, plain_html, tool_html, tool_input_html
 from datadesk.api.schemas import NewMessage, NewThread, ThreadDetail, ThreadOut, ThreadPatch
-from datadesk.chat.journal import Cursor, JournalEvent
+from datadesk.chat.journal import Cursor
 from datadesk.chat.loop import start_turn
-from datadesk.chat.turns import Attachment, RunningTurn
 from datadesk.domain.branches import active_newest_first
 from datadesk.domain.records import ThreadMeta
 from datadesk.context.manifest import last_manifest
@@ -34,10 +30,8 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a pasted table may be large: it becomes an artifact
 MAX_TITLE_CHARS = 200
-HTML_EVERY_S = 0.25  # while an answer streams, its rendered Markdown is refreshed this often (per turn)
 PAGE_CHARS = 8 * 1024 * 1024  # text in one GET of a thread (newest first): a page of huge records is cut
 RENDER_BUDGET_CHARS = 512 * 1024  # text rendered as Markdown per GET of a thread (newest first); older: plain
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
 
 def record_view(rec: Any, artifact_ids: Iterable[str] = (), plain: bool = False) -> dict[str, Any]:
@@ -182,10 +176,7 @@ class ThreadController(Controller):
         text = await rt.attachments.message_text(handle, user, text)
         background = rt.settings.chat.finish_in_background if data.background is None else data.background
         turn = await start_turn(rt.turn_services, rt.turns, handle, user, text, background, meta)
-        assert turn.journal is not None
-        attached = Attachment(turn.journal.subscribe(), turn.turn_id, 0)
-        sub = await _subscribe(rt, attached, _artifact_ids(rt, handle), user.id)
-        return _sse(_stream(sub, None if background else turn))
+        return await stream_turn(rt, handle, user.id, turn, None if background else turn)
 
     @get("/{tid:str}/events", opt={"stream": True, "strict_query": True})
     async def turn_events(
@@ -204,7 +195,7 @@ class ThreadController(Controller):
         attached = rt.turns.attach(handle.id, handle.events_path, cursor)
         if attached is None:
             return Response(content=b"", status_code=204)
-        return _sse(_stream(await _subscribe(rt, attached, _artifact_ids(rt, handle), user.id), None))
+        return await stream_attachment(rt, handle, user.id, attached)
 
 
 def _thread_detail(rt: RuntimeDep, handle: Any, limit: int, before: int | None) -> ThreadDetail:
@@ -239,120 +230,3 @@ def _before(handle: Any, seq: int, n: int) -> list[Any]:
             if len(found) >= n:
                 break
     return found[::-1]
-
-
-def _artifact_ids(rt: RuntimeDep, handle: Any) -> Callable[[], list[str]]:
-    """The thread's artifact ids now (read again at each rendering: a turn makes new ones)."""
-    return lambda: [a.id for a in rt.artifacts.list(handle)]
-
-
-class _Rendering:
-    """The answer's sanitized Markdown, added to `message.delta` a few times a second: one per
-    turn and worker, shared by all its clients (api/turn_feed.py). Bounded and off the event
-    loop: `LiveMarkdown` renders each finished block once and only the open tail again (plain
-    text past its limit), in a worker thread within the user's share (`key`, see
-    api/offloop.py), and the next rendering waits at least twice as long as the last one took.
-    The thread's artifacts (the images it may show) are listed again only after a new one."""
-
-    def __init__(self, artifact_ids: Callable[[], Iterable[str]] = tuple, key: str = "") -> None:
-        self.artifact_ids = artifact_ids
-        self.key = key
-        self.live = LiveMarkdown()
-        self.has_text = False
-        self.rendered_at = 0.0
-        self.wait_s = HTML_EVERY_S
-        self.stale = False  # text arrived since the last rendering
-        self._img_src: Callable[[str], str | None] | None = None  # None: list the artifacts again
-
-    def _images(self) -> Callable[[str], str | None]:
-        # in the worker thread: the thread's artifacts are files too
-        if self._img_src is None:
-            self._img_src = model_img_src(self.artifact_ids())
-        return self._img_src
-
-    def _render_now(self) -> str:
-        self.live.img_src = self._images()
-        return self.live.render()
-
-    def _completed_html(self, content: str) -> str:
-        return markdown_html(content, img_src=self._images())
-
-    async def _render(self) -> str:
-        start = time.monotonic()
-        out = await run_off_loop(self.key, self._render_now)
-        self.rendered_at = time.monotonic()
-        self.wait_s = max(HTML_EVERY_S, 2 * (self.rendered_at - start))
-        self.stale = False
-        return out
-
-    async def events(self, ev: JournalEvent, send: bool = True) -> list[tuple[str, dict[str, Any]]]:
-        """What to send for `ev`: a final rendering of the text before it when due, then `ev`
-        (with `html` where it has some). With `send` false (a replayed event) nothing renders."""
-        data, out = ev.data, []
-        if ev.type == "artifact.created":
-            self._img_src = None
-        if ev.type == "message.delta":
-            self.live.feed(str(data.get("text", "")))
-            self.has_text = True
-            if send and time.monotonic() - self.rendered_at >= self.wait_s:
-                data = {**data, "html": await self._render()}
-            else:
-                self.stale = True
-        elif ev.type in ("tool.started", "error", "done") and self.has_text:
-            if self.stale and send:  # the text before a tool call (or an error) gets its final rendering
-                out.append(("message.delta", {"text": "", "html": await self._render()}))
-            self._reset()
-        elif ev.type == "message.completed":
-            self._reset()
-            if send:
-                data = {**data, "html": await run_off_loop(self.key, self._completed_html,
-                                                           str(data.get("content") or ""))}
-        elif ev.type == "tool.finished" and send:
-            data = {**data, "html": await run_off_loop(self.key, tool_html, str(data.get("preview") or ""))}
-        if ev.type == "tool.started" and send:  # its SQL / Python highlighted
-            data = {**data, "input_html": await run_off_loop(self.key, tool_input_html, data.get("arguments"))}
-        out.append((ev.type, data))
-        return out
-
-    def _reset(self) -> None:
-        self.live, self.has_text, self.stale = LiveMarkdown(), False, False
-
-
-async def _subscribe(rt: RuntimeDep, attached: Attachment, artifact_ids: Callable[[], Iterable[str]],
-                     key: str) -> FeedSubscription:
-    """This client's place in the turn's feed (api/turn_feed.py): the one of this worker, or a new
-    one reading `attached.events` and rendering within the share of `key` (api/offloop.py)."""
-    feeds = feeds_of(rt.turns)
-    feed = feeds.get(attached.turn_id)
-    if feed is None:
-        feed = feeds.start(attached.turn_id, attached.events, _Rendering(artifact_ids, key))
-    else:  # the feed reads the turn already: this reader is not needed
-        with contextlib.suppress(Exception):
-            await attached.events.aclose()  # type: ignore[attr-defined]
-    return feed.subscribe(attached.seen)
-
-
-def _sse(chunks: AsyncIterator[bytes]) -> Stream:
-    return Stream(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-async def _stream(sub: FeedSubscription, cancel_on_leave: RunningTurn | None) -> AsyncIterator[bytes]:
-    """The turn's events as SSE with ids `<turn>:<n>`, those after the client's cursor, and a
-    `: ping` comment when nothing happens for a while, as the turn's feed encoded them once for
-    all its clients. A client that leaves stops nothing, except the one that started a turn with
-    `background: false` (`cancel_on_leave`). The stream ends at `done`, or without it when this
-    client fell too far behind (it re-attaches with its last id)."""
-    chunks = sub.chunks()
-    try:
-        async for chunk in chunks:
-            yield chunk
-    finally:
-        # nothing before the cancel may await: a client that left cancels this generator's awaits
-        turn = cancel_on_leave
-        if not sub.done and turn is not None and turn.task is not None and not turn.task.done():
-            log.info("client left turn %s: cancelling", turn.turn_id)
-            turn.task.cancel()
-            # let the cancelled turn record its state before the request ends
-            await asyncio.wait([turn.task], timeout=10)
-        with contextlib.suppress(Exception):
-            await chunks.aclose()  # type: ignore[attr-defined]
