@@ -269,3 +269,34 @@ def test_the_exported_notebook_rerun_on_the_changed_warehouse_gives_the_refresh_
                          for c in nb.cells if c.cell_type == "code"])
     assert ran == refreshed  # the python cell read its SQL cell's fresh result, not the saved file
     assert (folder / "data" / f"{api.aid}.parquet.exported").is_file()  # the exported data is kept
+
+
+def test_the_notebook_of_a_refreshed_thread_holds_each_step_once_and_reruns_to_the_refreshed_numbers(
+        analysed, home, tmp_path) -> None:
+    """Exported AFTER a refresh: one cell per analysis step (no second copy from the refresh), its
+    outputs those of the refresh; run from the bundle's data/ (no warehouse), it gives them again."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    api, h = analysed, analysed.h
+    _change_warehouse(h, home)
+    report = parse_sse(api.client.post(f"/api/threads/{api.tid}/refresh").text)[-2][1]["report"]
+    assert report["status"] == "ok" and report["changes"] == 1
+    records = api.client.get(f"/api/threads/{api.tid}").json()["records"]
+    refreshed = _demo_results([rec["content"] for rec in records if rec["role"] == "tool"
+                               and (rec.get("meta") or {}).get("via") == "refresh"])
+    r = api.client.get(f"/api/threads/{api.tid}/export", params={"format": "zip"})
+    assert r.status_code == 200
+    zipfile.ZipFile(io.BytesIO(r.content)).extractall(tmp_path)
+    folder = next(p for p in tmp_path.iterdir() if p.is_dir())
+    nb = nbformat.read(folder / "notebook.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"][1:]  # after the setup cell
+    assert [("sql_result(" in c.source) for c in code] == [True, False]  # one SQL cell, one python cell
+    assert "requery_artifact" not in json.dumps(nb)
+    shown = _demo_results(["".join(o.get("text", "") for o in c.get("outputs", []) if o.get("output_type") == "stream")
+                           for c in code])
+    assert shown == refreshed  # the outputs of the refresh's run
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(folder)}}).execute()
+    ran = _demo_results(["".join(o.get("text", "") for o in c.get("outputs", []) if o.get("output_type") == "stream")
+                         for c in nb.cells if c.cell_type == "code"])
+    assert ran == refreshed  # data/ holds the refreshed artifact: the re-run matches what the cells show

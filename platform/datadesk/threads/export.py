@@ -10,7 +10,9 @@ and each tool call with its result), with the thread's artifacts at hand. From i
   sandbox's `/data`) and defines `sql_result(sql, artifact=...)`: it re-runs a query against
   the DuckDB file named by `DATADESK_WAREHOUSE`, else reads the result DataDesk saved. Each
   SQL call becomes a cell that reproduces its result; each python call a cell with its code
-  (`/data` and `/outputs` read as `./data` and `./outputs`) and the outputs it had;
+  (`/data` and `/outputs` read as `./data` and `./outputs`) and the outputs it had. Each
+  step is one cell: a refresh's re-runs are folded into the steps they re-ran, which show
+  their latest run (`analysis_entries`: why, in threads/notebook.py);
 - `write_bundle(doc, path)` (threads/notebook.py): a zip of `notebook.ipynb`, `thread.md`,
   `data/` (every available artifact file, as the kernel saw `/data`) and `README.txt`, so the
   analysis reruns outside DataDesk.

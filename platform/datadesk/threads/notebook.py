@@ -6,18 +6,32 @@ query against the DuckDB file named by `DATADESK_WAREHOUSE` when set, and otherw
 result DataDesk saved (the artifact, or the rows of a small inline result). A re-run result is
 written over `data/<artifact>`, so the python cells after it read the fresh data, never the
 stale saved file: the same numbers as a Refresh in DataDesk (threads/refresh.py).
+
+A refreshed thread holds each analysis step twice in its log: the original call and the
+refresh's re-run of it (`via: "refresh"`). The notebook holds each step once (`analysis_entries`):
+the original cell, where it was asked, with the outputs of its LATEST run. That is the version
+that matches the current artifacts: a refresh writes a query's new data back under the same
+artifact id (so `data/<artifact>` in the bundle is the refreshed data), and its python re-runs
+read that data; so the refreshed outputs are what re-running the notebook from `data/` gives.
+The original's position and source stay because they carry what the refresh call lacks: the
+SQL (a refresh records `requery_artifact` with only the artifact id) and the question it
+answered. The refresh's summary stays as a markdown cell; the Markdown and HTML exports keep
+the whole conversation, refreshes included.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import zipfile
 from pathlib import Path
 from typing import Any
 
+from datadesk.domain.records import Record
 from datadesk.threads.export import (Entry, ThreadDocument, call_source, python_sections, safe_name,
                                      sandbox_paths_to_local)
+from datadesk.threads.refresh_plan import PYTHON, REQUERY, VIA, plan_steps
 from datadesk.llm.scripted import parse_tool_result
 
 MAX_BUNDLE_BYTES = 2 << 30  # data files in one zip (artifacts are bounded by the quotas anyway)
@@ -134,6 +148,44 @@ def _python_outputs(doc: ThreadDocument, e: Entry) -> list[dict[str, Any]]:
     return outputs
 
 
+def _refresh_turn(e: Entry) -> str | None:
+    """The turn id of the refresh that recorded this call (None: not a refresh's step)."""
+    if e.kind != "call" or ((e.record.meta or {}).get("via") != VIA and e.meta.get("via") != VIA):
+        return None
+    return e.record.turn_id or f"#{e.record.seq}"
+
+
+def analysis_entries(entries: list[Entry]) -> list[Entry]:
+    """`entries` with each refresh's steps folded into the steps they re-ran (see the module
+    docstring): a refresh's python re-run gives its result to the original call (the latest run
+    wins), its `requery_artifact` call goes (the original SQL cell reads the same artifact). A
+    refresh's recorded steps are matched, in order, with the plan it ran (`plan_steps` over the
+    records before it); a step that does not match is kept as it is (nothing is lost)."""
+    records = sorted({r.seq: r for e in entries for r in (e.record, e.result) if r is not None}.values(),
+                     key=lambda r: r.seq)
+    by_result = {e.result.seq: e for e in entries if e.kind == "call" and e.result is not None}
+    runs: dict[str, list[Entry]] = {}
+    for e in entries:
+        turn = _refresh_turn(e)
+        if turn is not None:
+            runs.setdefault(turn, []).append(e)
+    latest: dict[int, Record] = {}  # id(original entry) -> the result of its newest run
+    folded: set[int] = set()
+    for steps in runs.values():  # oldest refresh first: a later one wins
+        first = min(s.record.seq for s in steps)
+        for planned, step in zip(plan_steps(r for r in records if r.seq < first), steps):
+            original = by_result.get(planned.seq)
+            same = step.call is not None and (step.call.name == REQUERY if planned.kind == "query" else
+                                              step.call.name == PYTHON and step.call.arguments == planned.arguments)
+            if original is None or not same:
+                break  # not the plan this refresh ran (an older log): keep its steps as they are
+            if planned.kind == "python" and step.result is not None:
+                latest[id(original)] = step.result
+            folded.add(id(step))
+    return [dataclasses.replace(e, result=latest[id(e)]) if id(e) in latest else e
+            for e in entries if id(e) not in folded]
+
+
 def notebook_for(doc: ThreadDocument) -> dict[str, Any]:
     """The nbformat 4 notebook of a thread (see the module docstring)."""
     cells = _Cells()
@@ -147,7 +199,7 @@ def notebook_for(doc: ThreadDocument) -> dict[str, Any]:
                    "`data/` and `outputs/`.")
     cells.code(SETUP.format(title=doc.title, tid=doc.thread.id, artifacts=json.dumps(artifacts, indent=4)))
     queries = 0
-    for e in doc.entries:
+    for e in analysis_entries(doc.entries):  # each step once, with its latest run
         if e.kind == "user":
             meta = e.record.meta or {}
             text = (f"Uploaded **{meta.get('filename')}** (`data/` has it as artifact `{meta.get('artifact')}`)"

@@ -1,7 +1,7 @@
 """Refresh an analysis: re-run a thread's queries against today's data, then the python that
 used them, in a fresh kernel, and say what changed.
 
-Which steps (read from the thread's log, in order):
+Which steps (read from the thread's log, in order; the plan is threads/refresh_plan.py):
 - every query step whose result was saved as an artifact (SQL, MCP: a tool record with
   `meta.artifact`); it is re-run through the re-query path (tools/requery.py: read-only
   origins only, the permission checked again, the data written back under the SAME artifact id
@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -45,6 +44,7 @@ from datadesk.sandbox.registry import KernelRegistry
 from datadesk.store.diskspace import DiskRoom
 from datadesk.store.interfaces.threads import REFRESH
 from datadesk.store.threads import Thread
+from datadesk.threads.refresh_plan import PYTHON, REQUERY, VIA, PlannedStep, plan_steps
 from datadesk.threads.refresh_compare import TableChange, compare, describe, facts_or_none
 from datadesk.tools.context import ToolContext
 from datadesk.tools.registry import ToolError, ToolRegistry
@@ -52,26 +52,11 @@ from datadesk.tools.requery import RequeryService
 
 log = logging.getLogger(__name__)
 
-PYTHON = "python"
-REQUERY = "requery_artifact"
-VIA = "refresh"
 KEEP_PREVIOUS_BYTES = 256 << 20  # an old result larger than this is compared, not kept
-_DATA_REF = re.compile(r"/data/([A-Za-z0-9_-]{1,64})\.(?:parquet|txt)")
 
 
 class NothingToRefresh(ValueError):
     """The thread has no saved query result to re-run (API: 400)."""
-
-
-class PlannedStep(msgspec.Struct, omit_defaults=True):
-    """One step to re-run: a query (`artifact` it produced) or a python call."""
-
-    kind: str  # "query" | "python"
-    name: str  # the tool
-    arguments: str
-    seq: int  # of the original tool record
-    artifact: str | None = None
-    outputs: dict[str, str] = {}  # python: /outputs file name -> the artifact it was last saved as
 
 
 class StepOutcome(msgspec.Struct):
@@ -120,54 +105,6 @@ class RefreshStepEvent(EventPayload, omit_defaults=True):
 class RefreshCompleted(EventPayload):
     type: ClassVar[str] = "refresh.completed"
     report: dict[str, Any]
-
-
-def plan_steps(records: Iterable[Record]) -> list[PlannedStep]:
-    """The steps a refresh re-runs, in log order (see the module docstring)."""
-    calls: dict[str, ToolCall] = {}
-    queries: list[PlannedStep] = []
-    steps: list[PlannedStep] = []
-    latest_outputs: dict[str, str] = {}  # /outputs file -> its newest version, at the end of the log
-    files_of: list[tuple[PlannedStep, list[str]]] = []
-    python_started = False
-    for rec in records:
-        meta = rec.meta or {}
-        if rec.role == "assistant":
-            for call in rec.tool_calls or ():
-                calls[call.id] = call
-            continue
-        if rec.role != "tool" or rec.status != "ok":
-            continue
-        for out in meta.get("artifacts") or ():
-            if out.get("file"):
-                latest_outputs[out["file"]] = out["id"]
-        call = calls.get(rec.tool_call_id or "")
-        if call is None or meta.get("via") == VIA or call.name == REQUERY:
-            continue
-        art = (meta.get("artifact") or {}).get("id")
-        if art and call.name != PYTHON:
-            step = PlannedStep("query", call.name, call.arguments, rec.seq, artifact=art)
-            queries.append(step)
-            steps.append(step)
-        elif call.name == PYTHON:
-            code = _code(call.arguments)
-            reads = set(_DATA_REF.findall(code)) & {q.artifact for q in queries}
-            if reads or python_started:
-                python_started = True
-                step = PlannedStep("python", PYTHON, call.arguments, rec.seq)
-                files_of.append((step, [o["file"] for o in meta.get("artifacts") or () if o.get("file")]))
-                steps.append(step)
-    for step, files in files_of:
-        step.outputs = {f: latest_outputs[f] for f in files}
-    return steps
-
-
-def _code(arguments: str) -> str:
-    try:
-        args = msgspec.json.decode(arguments or "{}")
-    except msgspec.DecodeError:
-        return ""
-    return str(args.get("code") or "") if isinstance(args, dict) else ""
 
 
 def last_report(thread: Thread) -> dict[str, Any] | None:
