@@ -68,7 +68,7 @@ def test_markdown_renders_what_analysts_write() -> None:
     out = markdown_html("## Totals\n\n**190,560** rows\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```sql\nSELECT 1\n```\n"
                         "[docs](https://example.com)")
     assert "<h2>Totals</h2>" in out and "<strong>190,560</strong>" in out
-    assert "<td>1</td>" in out and '<code class="language-sql">' in out
+    assert '<td class="dd-al-right">1</td>' in out and '<code class="language-sql">' in out
     assert 'href="https://example.com"' in out and 'rel="noopener noreferrer"' in out
 
 
@@ -92,3 +92,49 @@ def test_sanitize_keeps_report_structure_and_drops_script() -> None:
     assert out == '<h1>R</h1><table><tbody><tr><td colspan="2">v</td></tr></tbody></table>'
     page = report_page("<r>", out, note="n")
     assert "<title>&lt;r&gt;</title>" in page and "@media print" in page
+
+
+def test_table_alignment_is_kept_as_a_class_the_sanitizer_allows() -> None:
+    out = markdown_html("| name | kwh | note |\n|:--|--:|:-:|\n| B07 | 1,234 | ok |")
+    assert '<th class="dd-al-left">name</th>' in out and '<td class="dd-al-right">1,234</td>' in out
+    assert '<td class="dd-al-center">ok</td>' in out and "style=" not in out
+
+
+@pytest.mark.parametrize("cell", ["1,234", "-5.2%", "$3.4M", "(12)", "0.5", "1 234", "+7 pp", "€12bn"])
+def test_a_column_of_numbers_is_right_aligned_without_a_colon(cell: str) -> None:
+    out = markdown_html(f"| a | v |\n|---|---|\n| x | {cell} |\n| y | |\n| z | 3 |")
+    assert f'<td class="dd-al-right">{cell}</td>' in out and "<td>x</td>" in out, out
+
+
+@pytest.mark.parametrize("cell", ["B07", "2024-01-13", "12 kWh", "n/a", "1.2.3"])
+def test_a_column_with_any_text_stays_left(cell: str) -> None:
+    out = markdown_html(f"| v |\n|---|\n| 1 |\n| {cell} |")
+    assert "<td>1</td>" in out and "dd-al-right" not in out, out
+
+
+def test_a_class_a_report_writes_on_a_cell_is_dropped_unless_it_is_an_alignment() -> None:
+    out = sanitize('<table><tr><td class="dd-al-right">1</td><td class="x hidden">2</td></tr></table>')
+    assert '<td class="dd-al-right">1</td>' in out and "<td>2</td>" in out
+
+
+PNG_URI = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+
+
+def test_a_data_image_shows_in_markdown_and_in_an_html_report() -> None:
+    assert f'src="{PNG_URI}"' in markdown_html(f"![chart]({PNG_URI})")
+    assert f'src="{PNG_URI}"' in sanitize(f'<figure><img src="{PNG_URI}" alt="c"></figure>')
+
+
+@pytest.mark.parametrize("html_in", [
+    '<img src="data:image/svg+xml;base64,PHN2Zz48L3N2Zz4=">',  # SVG can carry script
+    '<img src="data:text/html;base64,PHNjcmlwdD4=">',
+    '<a href="data:image/png;base64,iVBORw0KGgo=">x</a>',  # data: only as an image source
+])
+def test_a_data_url_that_is_no_raster_image_source_is_dropped(html_in: str) -> None:
+    assert "data:" not in sanitize(html_in)
+
+
+def test_a_data_image_past_the_cap_is_dropped(monkeypatch) -> None:
+    from datadesk.api import render
+    monkeypatch.setattr(render, "MAX_DATA_IMAGE_CHARS", len(PNG_URI) - 1)
+    assert "data:" not in sanitize(f'<img src="{PNG_URI}">')

@@ -10,7 +10,13 @@ kernel is trusted:
   `rel="noopener noreferrer"`);
 - images stay in the markup, but the page's Content-Security-Policy allows
   images only from the app itself and `data:` URIs, so a Markdown image that
-  points at another host is never fetched (it cannot leak data).
+  points at another host is never fetched (it cannot leak data). A `data:` URI
+  is kept only as an image's source, only for a raster type (PNG, JPEG, GIF,
+  WebP: never SVG, which can carry script), and only up to `MAX_DATA_IMAGE_CHARS`.
+
+Tables keep their Markdown alignment (`:--`, `:-:`, `--:`) as a `dd-al-*` class on each cell
+(the sanitizer drops inline styles), and a column without one whose body cells are all numbers
+(`1,234`, `-5.2%`, `$3.4M`, `(12)`) is right-aligned, as a spreadsheet shows it.
 
 Rendering is bounded: a text past `FULL_RENDER_CHARS` is shown as escaped plain
 text (`<pre>`), and while an answer streams `LiveMarkdown` renders each finished
@@ -52,8 +58,8 @@ _TAGS = set(nh3.ALLOWED_TAGS) - {"area", "map"}
 _ATTRS: dict[str, set[str]] = {
     "a": {"href", "title"},
     "img": {"src", "alt", "title", "width", "height"},
-    "td": {"colspan", "rowspan", "align"},
-    "th": {"colspan", "rowspan", "align", "scope"},
+    "td": {"colspan", "rowspan", "align", "class"},
+    "th": {"colspan", "rowspan", "align", "scope", "class"},
     "ol": {"start"},
     "code": {"class"},
     "span": {"class"},
@@ -65,6 +71,12 @@ FULL_RENDER_CHARS = 512 * 1024  # past this a text is shown as escaped plain tex
 LIVE_BLOCK_CHARS = 64 * 1024  # while streaming, an open block past this is shown as plain text
 HIGHLIGHT_CHARS = 100_000  # a longer code block stays plain (highlighting is linear but not free)
 _TOKEN_CLASS = re.compile(r"pyg-[A-Za-z0-9]{1,4}")
+_ALIGN_CLASS = re.compile(r"dd-al-(left|center|right)")
+MAX_DATA_IMAGE_CHARS = 12 << 20  # one `data:` image in a page (about 9 MB of image); a larger one is dropped
+_DATA_IMAGE = re.compile(r"data:image/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=\s]*", re.IGNORECASE)
+# a number as a table cell shows it: sign, currency, separators, decimals, unit suffix, percent,
+# or an accounting negative in parentheses
+_NUMBER_CELL = re.compile(r"[(]?[-+−]?[$€£¥]?\s?\d[\d,'\u202f\u00a0 ]*(\.\d+)?\s?(%|[kKMBT]|bn|pp)?[)]?")
 _LANGS = {"py": "python", "python3": "python", "ipython": "python", "postgresql": "postgresql", "psql": "postgresql",
           "duckdb": "sql", "sh": "bash", "shell": "bash", "js": "javascript", "yml": "yaml"}
 
@@ -94,17 +106,69 @@ def code_html(code: str, lang: str | None) -> str:
     return sanitize(f"<pre><code{cls}>{highlight_code(code, lang)}</code></pre>")
 
 
+def _cell_text(tokens: list, i: int) -> str:
+    """The text of the table cell whose `*_open` token is at `i` (its inline token follows)."""
+    nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+    return (nxt.content if nxt is not None and nxt.type == "inline" else "").strip()
+
+
+def _align_tables(state) -> None:
+    """markdown-it core rule: a cell's `style="text-align:…"` (dropped by the sanitizer) becomes a
+    `dd-al-…` class; a column with no alignment whose body cells are all numbers is right-aligned."""
+    tokens = state.tokens
+    i = 0
+    while i < len(tokens):
+        if tokens[i].type != "table_open":
+            i += 1
+            continue
+        end = next((j for j in range(i, len(tokens)) if tokens[j].type == "table_close"), len(tokens))
+        rows: list[list[int]] = []  # per row, the indexes of its th/td open tokens
+        body_from = None
+        for j in range(i, end):
+            t = tokens[j]
+            if t.type == "tbody_open":
+                body_from = len(rows)
+            elif t.type == "tr_open":
+                rows.append([])
+            elif t.type in ("th_open", "td_open") and rows:
+                rows[-1].append(j)
+        body = rows[body_from:] if body_from is not None else []
+        width = max((len(r) for r in rows), default=0)
+        numeric = [bool(body) and all(not (text := _cell_text(tokens, r[c])) or _NUMBER_CELL.fullmatch(text)
+                                      for r in body if c < len(r))
+                   and any(c < len(r) and _cell_text(tokens, r[c]) for r in body) for c in range(width)]
+        for r in rows:
+            for c, j in enumerate(r):
+                style = str(tokens[j].attrs.pop("style", "") or "")
+                side = style.partition("text-align:")[2].strip() or ("right" if numeric[c] else "")
+                if side in ("left", "center", "right"):
+                    tokens[j].attrs["class"] = f"dd-al-{side}"
+        i = end + 1
+
+
 @lru_cache(maxsize=1)
 def _md() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False, "breaks": True, "linkify": False, "typographer": False,
                                    "highlight": lambda code, lang, _attrs: highlight_code(code, lang)})
-    return md.enable(["table", "strikethrough"])
+    md.enable(["table", "strikethrough"])
+    md.core.ruler.push("dd_align_tables", _align_tables)
+    return md
+
+
+def _data_image_ok(tag: str, attr: str, value: str) -> bool:
+    """A `data:` URL is allowed only as an image source, of a raster type, within the size cap."""
+    return (tag == "img" and attr == "src" and len(value) <= MAX_DATA_IMAGE_CHARS
+            and _DATA_IMAGE.fullmatch(value.strip()) is not None)
 
 
 def sanitize(fragment: str, *, img_src: Callable[[str], str | None] | None = None) -> str:
     """Sanitize an HTML fragment; `img_src` may rewrite (or drop, returning None) image sources."""
 
     def attr_filter(tag: str, attr: str, value: str) -> str | None:
+        if value.lstrip()[:5].lower() == "data:" and not _data_image_ok(tag, attr, value):
+            return None  # `data:` passes the scheme check (below) for images only
+        if tag in ("td", "th") and attr == "class":
+            return value if _ALIGN_CLASS.fullmatch(value) else None
         if tag == "code" and attr == "class":
             return value if re.fullmatch(r"language-[A-Za-z0-9_+-]{1,30}", value) else None
         if tag == "span" and attr == "class":
@@ -113,7 +177,8 @@ def sanitize(fragment: str, *, img_src: Callable[[str], str | None] | None = Non
             return img_src(value)
         return value
 
-    return nh3.clean(fragment, tags=_TAGS, attributes=_ATTRS, url_schemes=URL_SCHEMES,
+    # "data" is a scheme nh3 lets through only so that `attr_filter` can keep raster images
+    return nh3.clean(fragment, tags=_TAGS, attributes=_ATTRS, url_schemes=URL_SCHEMES | {"data"},
                      link_rel="noopener noreferrer", attribute_filter=attr_filter, strip_comments=True)
 
 
@@ -240,6 +305,7 @@ h1,h2,h3{line-height:1.25}
 table{border-collapse:collapse;margin:1rem 0;font-size:.9em}
 th,td{border:1px solid #c9d0da;padding:.3rem .55rem;text-align:left;vertical-align:top}
 th{background:#eef2f7}
+.dd-al-right{text-align:right;font-variant-numeric:tabular-nums}.dd-al-center{text-align:center}
 img{max-width:100%;height:auto}
 pre,code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.9em}
 pre{background:#f4f6f9;padding:.75rem;overflow:auto}
