@@ -56,6 +56,13 @@ def exported(tmp_path_factory):
             r = c.get(f"/api/threads/{tid}/export", params={"format": fmt})
             assert r.status_code == 200, r.text
             out[fmt] = r
+        for fmt in ("md", "html"):
+            r = c.get(f"/api/threads/{tid}/export", params={"format": fmt, "audience": "readers"})
+            assert r.status_code == 200, r.text
+            out[f"readers-{fmt}"] = r
+        out["bad-audience"] = c.get(f"/api/threads/{tid}/export", params={"format": "md", "audience": "boss"})
+        out["readers-ipynb"] = c.get(f"/api/threads/{tid}/export", params={"format": "ipynb", "audience": "readers"})
+        out["audit"] = h.rt.audit
         out["bad"] = c.get(f"/api/threads/{tid}/export", params={"format": "pdf"})
         out["other"] = c.get(f"/api/threads/{tid}/export", params={"format": "md"}, headers=h.auth("bob"))
         out["records"] = c.get(f"/api/threads/{tid}").json()["records"]
@@ -127,3 +134,34 @@ def test_markdown_and_html_hold_every_turn(exported) -> None:
     assert page.count('<img src="data:image/png;base64,') == 2 and "@media print" in page
     assert exported["bad"].status_code == 400 and "pdf" in exported["bad"].json()["error"]
     assert exported["other"].status_code == 404  # bob cannot export alice's thread
+
+
+MODEL_FACING = ("NOTICE", "NOT the full data", "/data/", "/outputs/", "sandbox path", "[Result saved as artifact",
+                "```sql", "SELECT ", "import ")
+
+
+def test_the_export_for_readers_has_answers_and_charts_and_no_plumbing(exported) -> None:
+    full, md, page = exported["md"].text, exported["readers-md"].text, exported["readers-html"].text
+    assert "NOTICE: this is a preview" in full and "/data/" in full  # the transcript has them...
+    for text in MODEL_FACING:  # ...the readers' copies do not
+        assert text not in md, text
+        assert text not in page, text
+    assert md.startswith("# Energy review 2024")
+    for q in QUESTIONS:
+        assert f"\n## {q}\n" in md and f"<h2>{q}</h2>" in page
+    assert md.count("](data:image/png;base64,") == 2 and page.count('<img src="data:image/png;base64,') == 2
+    assert "<script" not in page and exported["readers-html"].headers["content-security-policy"].startswith("sandbox;")
+    assert 'filename="Energy_review_2024-for-readers.md"' in exported["readers-md"].headers["content-disposition"]
+
+
+def test_an_export_for_readers_is_refused_where_it_means_nothing(exported) -> None:
+    bad = exported["bad-audience"]
+    assert bad.status_code == 400 and "'boss'" in bad.json()["error"]
+    nb = exported["readers-ipynb"]
+    assert nb.status_code == 400 and "md and html" in nb.json()["error"]
+
+
+def test_tables_keep_their_alignment_in_both_html_exports(exported) -> None:
+    for key in ("html", "readers-html"):
+        page = exported[key].text
+        assert '<td class="dd-al-right">' in page and "style=" not in page.split("</style>", 1)[1], key

@@ -1,5 +1,7 @@
 """`GET /api/threads/{tid}/export?format=`: a thread as Markdown, a printable HTML page, a Jupyter
 notebook, or a zip of the notebook with the thread's data (threads/export.py builds them).
+`&audience=readers` (md and html): the questions, answers and charts only, without tool calls,
+the text the model read with them, its notices and sandbox paths (threads/reader_export.py).
 
 The HTML page is self-contained: every turn, the SQL and code highlighted, tool results, charts
 embedded as `data:` images, and a print stylesheet that lets the browser paginate (no fixed
@@ -32,8 +34,10 @@ from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import code_html, markdown_html, plain_html, tool_html
 from datadesk.threads.export import MAX_RESULT_CHARS, Entry, ThreadDocument, call_source, safe_name
 from datadesk.threads.notebook import notebook_for, write_bundle
+from datadesk.threads.reader_export import reader_markdown, reader_turns
 
 FORMATS = ("md", "html", "ipynb", "zip")
+AUDIENCES = ("full", "readers")
 EMBEDDED_IMAGES = ("png", "jpeg", "gif", "webp")  # never SVG (it could carry script)
 
 EXPORT_CSS = """
@@ -46,6 +50,7 @@ header p{color:#5c6778;font-size:.85em}
 header+.turn{border-top:none;margin-top:0}
 .who{font-weight:600;font-size:.8em;color:#5c6778;text-transform:uppercase;letter-spacing:.04em;margin:.6rem 0 .2rem}
 .user .text{background:#eef4fb;border-radius:6px;padding:.5rem .75rem;white-space:pre-wrap}
+.readers h2{font-size:1.15em;margin:1.6rem 0 .4rem}
 .tool{border:1px solid #dde3ea;border-radius:6px;padding:.4rem .75rem;margin:.6rem 0;background:#fafbfc}
 .tool .name{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85em;color:#3b4656}
 .tool .status{color:#5c6778;font-size:.85em}
@@ -53,6 +58,7 @@ header+.turn{border-top:none;margin-top:0}
 table{border-collapse:collapse;margin:.6rem 0;font-size:.85em}
 th,td{border:1px solid #c9d0da;padding:.25rem .5rem;text-align:left;vertical-align:top}
 th{background:#eef2f7}
+.dd-al-right{text-align:right;font-variant-numeric:tabular-nums}.dd-al-center{text-align:center}
 img{max-width:100%;height:auto}
 figure{margin:.75rem 0}
 figcaption{font-size:.8em;color:#5c6778}
@@ -164,6 +170,32 @@ def thread_html(doc: ThreadDocument) -> str:
     return "".join(out)
 
 
+def readers_html(doc: ThreadDocument) -> str:
+    """The printable page for readers: each question as a heading, its answers and charts."""
+    out = [f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(doc.title)}</title>"
+           f"<meta http-equiv=\"Content-Security-Policy\" content=\"{META_CSP}\">"
+           f"<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><style>{EXPORT_CSS}</style>"
+           f"</head><body class=\"readers\"><header><h1>{html.escape(doc.title)}</h1>"
+           f"<p>{time.strftime('%Y-%m-%d', time.gmtime(doc.exported))}</p></header>"]
+    budget = [RENDER_BUDGET_CHARS]
+    for turn in reader_turns(doc):
+        out.append("<section>")
+        if turn.question:
+            first, _, rest = turn.question.strip().partition("\n")
+            out.append(f"<h2>{html.escape(first[:200])}</h2>")
+            if rest.strip():
+                out.append(f'<p class="text">{html.escape(rest.strip())}</p>')
+        for text in turn.answers:
+            out.append(f'<div class="answer">'
+                       f'{_rendered(text, budget, lambda t: markdown_html(t, img_src=_data_image))}</div>')
+        for fig in turn.figures:
+            out.append(f'<figure><img src="{fig.uri}" alt="{html.escape(fig.caption)}">'
+                       f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>")
+        out.append("</section>")
+    out.append("</body></html>")
+    return "".join(out)
+
+
 MAX_ZIPS_PER_USER = 1  # zip exports one user may have in the making or downloading at once
 MAX_ZIPS = 4  # all users together: each may take up to MAX_BUNDLE_BYTES of temp disk
 _ZIPS: dict[str, int] = {}
@@ -220,12 +252,20 @@ class ExportController(Controller):
         format: Annotated[str, QueryParameter(description="md, html (printable page), ipynb, or zip "
                                                           "(the notebook with the thread's data)")] = "md",
         download: Annotated[bool, QueryParameter(description="html: as a download, not shown")] = False,
+        audience: Annotated[str, QueryParameter(description="full (the transcript, default) or readers "
+                                                            "(md and html: questions, answers and charts only)")] = "full",
     ) -> Response[Any]:
         if format not in FORMATS:
             raise ClientException(f"unknown export format {format!r}: use one of {', '.join(FORMATS)}")
+        if audience not in AUDIENCES:
+            raise ClientException(f"unknown audience {audience!r}: use full or readers")
+        if audience == "readers" and format not in ("md", "html"):
+            raise ClientException(f"audience=readers is for the md and html exports, not {format}: "
+                                  "a notebook is the analysis itself")
+        readers = audience == "readers"
         handle = find_thread(rt, user, tid)
         doc = await asyncio.to_thread(ThreadDocument.read, handle, rt.artifacts)
-        name = safe_name(doc.title)
+        name = safe_name(doc.title) + ("-for-readers" if readers else "")
         headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
         if format == "zip":
             release = _zip_slot(user.id)
@@ -242,8 +282,8 @@ class ExportController(Controller):
                 **headers, "Content-Disposition": f'attachment; filename="{name}.zip"',
                 "Content-Security-Policy": "sandbox"})
         if format == "html":
-            body = await asyncio.to_thread(thread_html, doc)
-            _exported(rt, request, user.id, handle, format, len(body.encode()))
+            body = await asyncio.to_thread(readers_html if readers else thread_html, doc)
+            _exported(rt, request, user.id, handle, format + ("/readers" if readers else ""), len(body.encode()))
             disp = f'{"attachment" if download else "inline"}; filename="{name}.html"'
             return Response(body.encode(), media_type="text/html; charset=utf-8", headers={
                 **headers, "Content-Disposition": disp, "Content-Security-Policy": EXPORT_CSP})
@@ -251,8 +291,9 @@ class ExportController(Controller):
             data, media, ext = json.dumps(await asyncio.to_thread(notebook_for, doc), indent=1).encode(), \
                 "application/x-ipynb+json", "ipynb"
         else:
-            data, media, ext = (await asyncio.to_thread(doc.to_markdown)).encode(), "text/markdown; charset=utf-8", "md"
-        _exported(rt, request, user.id, handle, format, len(data))
+            text = await asyncio.to_thread(lambda: reader_markdown(doc) if readers else doc.to_markdown())
+            data, media, ext = text.encode(), "text/markdown; charset=utf-8", "md"
+        _exported(rt, request, user.id, handle, format + ("/readers" if readers else ""), len(data))
         return Response(data, media_type=media, headers={
             **headers, "Content-Disposition": f'attachment; filename="{name}.{ext}"',
             "Content-Security-Policy": "sandbox"})

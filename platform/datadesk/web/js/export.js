@@ -1,10 +1,14 @@
 // The Export menu of the open thread: Markdown, a printable page, a notebook, the notebook with
-// the thread's data (GET /api/threads/{tid}/export?format=...). Plain links: the session cookie
-// authorizes them, the browser downloads or opens them.
+// the thread's data (GET /api/threads/{tid}/export?format=...), and the two for readers (questions,
+// answers and charts only: &audience=readers). Plain links: the session cookie authorizes them,
+// the browser downloads or opens them.
 
 import { $ } from "./dom.js";
 
-const FORMATS = { md: "md", html: "html", ipynb: "ipynb", zip: "zip" };
+const FORMATS = {
+  md: "md", html: "html", ipynb: "ipynb", zip: "zip",
+  "readers-html": "html&audience=readers", "readers-md": "md&audience=readers",
+};
 
 export function initExport(app) {
   const menu = $("#export-menu");
