@@ -36,6 +36,7 @@ from datadesk.store.layout import Layout
 from datadesk.store.locks import FileLocks
 from datadesk.store.interfaces.blobs import BlobError
 from datadesk.store.search import ThreadSearch
+from datadesk.store.shares import FileShares
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.store.users import UserStore
 from datadesk.store.workspaces import Workspaces
@@ -44,6 +45,7 @@ from datadesk.summary.store import SummaryStore
 from datadesk.summary.summarizer import Summarizer
 from datadesk.threads.attachments import Attachments
 from datadesk.threads.lifecycle import ThreadLifecycle
+from datadesk.sharing.service import Sharing
 from datadesk.threads.refresh import ThreadRefresh
 from datadesk.threads.scheduler import RefreshScheduler, scheduler_clock
 from datadesk.threads.requery import UserRequery
@@ -164,6 +166,9 @@ class Runtime:
                                           settings.refresh, clock=scheduler_clock())
         self.lifecycle = ThreadLifecycle(self.threads, self.turns, self.kernels,  # clear chat, delete thread
                                         self.artifacts)
+        # issue 32: threads shared read-only inside their workspace, and "Copy into my chats"
+        self.shares = self.cluster.shares() if self.cluster else FileShares(self.layout, settings.store.fsync != "never")
+        self.sharing = Sharing(self.shares, self.threads, self.artifacts, self.audit)
 
     def _build_data(self, settings: Settings) -> None:
         """Artifacts and the data tools: SQL, re-query, history, skills, MCP."""

@@ -28,6 +28,7 @@ from datadesk.api.controllers.people import people_router  # issue 30: people
 from datadesk.api.controllers.refresh import RefreshController, ScheduleController  # issue 31: refresh
 from datadesk.api.controllers.search import SearchController
 from datadesk.api.controllers.session import SessionController
+from datadesk.api.sharing.controller import ShareController  # issue 32: sharing in the workspace
 from datadesk.api.controllers.steps import StepController  # issue 31: user steps
 from datadesk.api.controllers.taskstate import TaskStateController
 from datadesk.api.controllers.threads import ThreadController
@@ -106,6 +107,7 @@ def create_app(rt: Runtime) -> Litestar:
             RefreshController,  # issue 31: refresh a thread's analysis
             ScheduleController,  # issue 31: scheduled refreshes
             people_router,  # issue 30: the admin people API and /join
+            ShareController,  # issue 32: share a thread read-only with its workspace
             index,
             ready,  # readiness (api/readiness.py); /api/health is liveness
             metrics,

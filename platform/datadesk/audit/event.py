@@ -6,8 +6,9 @@ import datetime as dt
 
 import msgspec
 
-# what is audited: data queries, artifact downloads, thread exports, sign-in and -out, admin changes
-ACTIONS = ("query", "download", "export", "sign_in", "sign_out", "sign_in_failed", "admin")
+# what is audited: data queries, artifact downloads, thread exports, sign-in and -out, admin changes,
+# shares of threads (create, open, revoke, fork: `detail`)
+ACTIONS = ("query", "download", "export", "sign_in", "sign_out", "sign_in_failed", "admin", "share")
 # "cancelled": a query stopped before its end (Stop, a tool timeout, a memory guard)
 OUTCOMES = ("ok", "error", "refused", "cancelled")
 

@@ -103,6 +103,11 @@ class ClusterSet:
 
         return self._once("memory", lambda: build_memory_docs(self.db))
 
+    def shares(self) -> Any:
+        from datadesk.cluster.shares import build_shares
+
+        return self._once("shares", lambda: build_shares(self.db))
+
     def blobs(self) -> Any:
         from datadesk.cluster.objects.blobs import build_blobs
 

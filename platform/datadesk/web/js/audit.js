@@ -7,7 +7,7 @@
 import { api } from "./api.js";
 import { $, bytes, h, num, toast } from "./dom.js";
 
-const ACTIONS = ["query", "download", "export", "sign_in", "sign_out", "sign_in_failed", "admin"];
+const ACTIONS = ["query", "download", "export", "sign_in", "sign_out", "sign_in_failed", "admin", "share"];
 const OUTCOMES = ["ok", "error", "refused", "cancelled"];
 const PAGE_SIZES = [100, 250, 500];
 const COLUMNS = [

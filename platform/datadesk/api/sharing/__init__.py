@@ -1,0 +1,1 @@
+"""The share endpoints (`controller.py`) and what a shared thread shows its readers (`reads.py`)."""
