@@ -67,6 +67,11 @@ class Artifact(msgspec.Struct):
     original: str | None = None
     original_bytes: int = 0
     reimported_at: float | None = None
+    # a chart: its title (from the figure or the Vega-Lite spec), and for a figure the artifact
+    # of its dark-theme rendering (which names the figure it is a variant of)
+    title: str | None = None
+    dark_variant: str | None = None
+    variant_of: str | None = None
 
     @property
     def sandbox_path(self) -> str:

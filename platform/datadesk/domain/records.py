@@ -114,8 +114,8 @@ class ToolRecordMeta(msgspec.Struct, omit_defaults=True):
     """`meta` of a tool record (and `ToolResult.meta`): only the facts a call has are set.
 
     Per tool: sql `rows`; offload `artifact` or `rows`/`chars` + `truncated`, `offload_failed`;
-    python `status` (of the run), `artifacts`, `images`; remember/forget `fact`, `status` (of
-    the fact); load_skill `skill`, `file`; read_tool_result `call_id`, `offset`, `end`; compact
+    python `status` (of the run), `artifacts`, `images` (with `dark_images`), `charts`;
+    remember/forget `fact`, `status` (of the fact); load_skill `skill`, `file`; read_tool_result `call_id`, `offset`, `end`; compact
     `covers_through_seq`; requery_artifact `requery`; MCP `mcp_server`, `mcp_tool`, `images`.
     `via: "api"` marks a call the API made on the user's request, not the model.
     """
@@ -129,6 +129,8 @@ class ToolRecordMeta(msgspec.Struct, omit_defaults=True):
     artifact: ArtifactRef | None = None
     artifacts: list[OutputFile] | None = None
     images: list[str] | None = None
+    dark_images: dict[str, str] | None = None  # python: image id -> its dark-theme variant's id
+    charts: list[str] | None = None  # python: the Vega-Lite chart artifacts, in display order
     fact: str | None = None
     skill: str | None = None
     file: str | None = None

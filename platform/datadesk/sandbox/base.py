@@ -72,6 +72,23 @@ class ErrorInfo:
 
 
 @dataclass
+class ImageExtras:
+    """What the kernel's house style (kernel_style.py) sends beside a figure's PNG."""
+
+    title: str | None = None
+    dark: bytes | None = None  # the same figure drawn for the dark theme
+
+
+@dataclass
+class ChartOutput:
+    """A Vega-Lite chart the kernel displayed: its MIME type and the spec as sent (unchecked:
+    tools/charts.py validates and caps it)."""
+
+    mime: str
+    spec: Any
+
+
+@dataclass
 class ExecutionResult:
     """What one `execute` produced. Text fields are capped (head + tail);
     `stdout_file` holds the full stream output when it was cut."""
@@ -82,6 +99,9 @@ class ExecutionResult:
     result: str | None = None  # text/plain of the last expression
     error: ErrorInfo | None = None
     images: list[bytes] = field(default_factory=list)  # PNG bytes, in display order
+    # per image: its title and dark-theme PNG when the kernel's house style sent them
+    image_extras: list[ImageExtras] = field(default_factory=list)
+    charts: list[ChartOutput] = field(default_factory=list)  # Vega-Lite specs, in display order
     output_truncated: bool = False
     output_chars: int = 0  # total characters of stdout + stderr
     stdout_file: Path | None = None  # full output when truncated (host path)

@@ -5,7 +5,8 @@ Transport-independent: the ZMQ `messaging.KernelChannel` and the websocket
 
 - `ExecutionCollector`: turns one request's iopub messages and shell reply into
   an `ExecutionResult` (stream output capped head + tail by `_OutputCapper`,
-  the full text in a file; PNG images once each; errors trimmed).
+  the full text in a file; PNG images once each, with the title and dark-theme variant
+  the house style sends; Vega-Lite charts as sent; errors trimmed).
 - `PendingExecution`: the wait for it (deadline, interrupt, grace, death);
   `ExecutionChannel`: what a channel keeps to run code (caps, liveness, grace).
 - `strip_ansi`, `trim_traceback`: make error output fit for the model.
@@ -23,10 +24,14 @@ import time
 from pathlib import Path
 from typing import IO, Any, Awaitable, Callable
 
-from datadesk.sandbox.base import ErrorInfo, ExecutionResult, OnOutput, OnStatus
+from datadesk.sandbox.base import ChartOutput, ErrorInfo, ExecutionResult, ImageExtras, OnOutput, OnStatus
 
 log = logging.getLogger(__name__)
 
+# what kernel_style.py sends beside a figure, and the Vega-Lite bundles (v4, v5 as
+# "+json"; Altair 6 writes v6 as ".json")
+FIGURE_MIME = "application/vnd.datadesk.figure+json"
+VEGALITE_MIME = re.compile(r"application/vnd\.vegalite\.v[4-6][+.]json")
 HEAD_CHARS = 20_000
 TAIL_CHARS = 10_000
 FILE_CAP_BYTES = 50 * 1024 * 1024
@@ -279,6 +284,8 @@ class ExecutionCollector:
         self.result: str | None = None
         self.error: ErrorInfo | None = None
         self.images: list[bytes] = []
+        self.image_extras: list[ImageExtras] = []
+        self.charts: list[ChartOutput] = []
 
     def on_iopub(self, msg: dict) -> bool:
         """Take one iopub message of this request; True when it reports the kernel idle."""
@@ -292,22 +299,32 @@ class ExecutionCollector:
             data = content.get("data", {}) or {}
             png = data.get("image/png")
             if png:
-                try:
-                    raw = png if isinstance(png, bytes) else base64.b64decode(png)
-                    # A figure that is the cell's value is also flushed by the
-                    # inline backend at the end of the cell: keep one copy.
-                    if raw not in self.images:
-                        self.images.append(raw)
-                except (binascii.Error, ValueError):
-                    log.debug("undecodable image/png from kernel")
+                self._image(png, data.get(FIGURE_MIME))
+            chart = next((k for k in data if VEGALITE_MIME.fullmatch(str(k))), None)
+            if chart is not None:
+                self.charts.append(ChartOutput(mime=str(chart), spec=data[chart]))
             text = data.get("text/plain")
             if mtype == "execute_result":
-                self.result = text if isinstance(text, str) else None
-            elif not png and isinstance(text, str):
+                # a chart as the cell's value: its text is Altair's "<VegaLite 6 object>"
+                self.result = text if isinstance(text, str) and chart is None else None
+            elif not png and chart is None and isinstance(text, str):
                 self._add("stdout", text if text.endswith("\n") else text + "\n")
         elif mtype == "error":
             self.error = _error_info(content)
         return False
+
+    def _image(self, png: Any, extras: Any) -> None:
+        try:
+            raw = png if isinstance(png, bytes) else base64.b64decode(png)
+        except (binascii.Error, ValueError, TypeError):
+            log.debug("undecodable image/png from kernel")
+            return
+        # A figure that is the cell's value is also flushed by the
+        # inline backend at the end of the cell: keep one copy.
+        if raw in self.images:
+            return
+        self.images.append(raw)
+        self.image_extras.append(_image_extras(extras))
 
     def _add(self, name: str, text: str) -> None:
         self.out.add(name, text)
@@ -344,12 +361,29 @@ class ExecutionCollector:
             result=self.result,
             error=error,
             images=self.images,
+            image_extras=self.image_extras,
+            charts=self.charts,
             output_truncated=truncated,
             output_chars=total,
             stdout_file=path,
             duration_ms=(time.monotonic() - self.started) * 1000.0,
             note=note,
         )
+
+
+def _image_extras(extras: Any) -> ImageExtras:
+    """The title and dark-theme PNG the house style sent beside a figure (nothing when absent
+    or not what kernel_style.py sends)."""
+    if not isinstance(extras, dict):
+        return ImageExtras()
+    title = extras.get("title")
+    dark = None
+    if isinstance(extras.get("dark"), str):
+        try:
+            dark = base64.b64decode(extras["dark"])
+        except (binascii.Error, ValueError):
+            log.debug("undecodable dark figure from kernel")
+    return ImageExtras(title=title[:200] if isinstance(title, str) and title.strip() else None, dark=dark)
 
 
 def _error_info(content: dict) -> ErrorInfo:

@@ -22,6 +22,7 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
+from datadesk.sandbox.kernel_setup import kernel_args
 from datadesk.sandbox.base import HEALTH_EXPRESSIONS, ExecutionResult, OnOutput, OnStatus, SandboxError
 from datadesk.sandbox.execution import (
     FILE_CAP_BYTES,
@@ -47,8 +48,9 @@ MAX_SOCKET_PATH_BYTES = 100
 
 # Extra ipykernel command-line options every backend passes: plain, uncolored
 # tracebacks (IPython's default "Context" mode is verbose and very slow on deep
-# stacks: a RecursionError takes seconds to format).
-IPYKERNEL_ARGS = ("--InteractiveShell.xmode=Plain", "--InteractiveShell.colors=NoColor")
+# stacks: a RecursionError takes seconds to format), and the chart house style
+# (kernel_setup.py: applied when the code first imports matplotlib or altair).
+IPYKERNEL_ARGS = ("--InteractiveShell.xmode=Plain", "--InteractiveShell.colors=NoColor", *kernel_args())
 
 
 # --------------------------------------------------------------------------- files

@@ -3,9 +3,12 @@
 What the model gets back (an explicit return contract: never offloaded):
 notices (fresh kernel, expired artifacts), stdout/stderr capped head+tail
 (the full text saved as an artifact), the last expression, the error with
-ANSI codes stripped and the traceback trimmed, and references to the images
-and files the code produced. Images are saved as PNG artifacts and shown in
-the chat; files written under /outputs become downloadable artifacts.
+ANSI codes stripped and the traceback trimmed, and references to the images,
+charts and files the code produced. Images are saved as PNG artifacts (with the
+title and dark-theme variant the kernel's house style sends) and shown in the
+chat; Vega-Lite charts are saved as `vega-lite` artifacts (tools/charts.py) and
+shown as interactive charts; files written under /outputs become downloadable
+artifacts.
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ from datadesk.domain.artifacts import Artifact, ArtifactOrigin
 from datadesk.domain.records import OutputFile, ToolRecordMeta
 from datadesk.offload.artifacts.quota import ArtifactQuota, QuotaExceeded
 from datadesk.offload.artifacts.store import ArtifactStore
-from datadesk.sandbox.base import ExecutionResult, SandboxError
+from datadesk.offload.artifacts.store import write_artifact_file
+from datadesk.sandbox.base import ExecutionResult, ImageExtras, SandboxError
 from datadesk.sandbox.execution import strip_ansi, trim_traceback
 from datadesk.sandbox.files import read_regular
 from datadesk.sandbox.registry import KernelRegistry
 from datadesk.sandbox.sessions import ExecutionReport
 from datadesk.settings import Settings
 from datadesk.tools.arguments import ToolArguments
+from datadesk.tools.charts import save_charts
 from datadesk.tools.figures import not_saved
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 from datadesk.tools.requery import RequeryService
@@ -47,7 +52,14 @@ DESCRIPTION = (
     "duckdb.sql(\"SELECT ... FROM '/data/<artifact>.parquet'\"). Compute statistics over the full "
     "file, never from a preview. Write files for the user to /outputs (they become downloads); "
     "charts shown with plt.show() appear in the chat. No network access. "
-    "Output is cut to head and tail when long."
+    "Output is cut to head and tail when long. "
+    "Charts: prefer an interactive Vega-Lite chart (altair, e.g. `alt.Chart(df).mark_line().encode("
+    "x='day:T', y='sales:Q', color='region:N', tooltip=[...]).properties(title='...')` as the cell's "
+    "last expression, or display({'application/vnd.vegalite.v5+json': spec}, raw=True)) when the user "
+    "explores: many points, values to read on hover, series to toggle, zoom. Its data travels inline "
+    "(about 1 MB at most, altair stops at 5,000 rows): aggregate first. Use matplotlib for static "
+    "figures meant for a report or a file (house style: thousands separators, legend outside, a "
+    "dark-theme copy made for you); give every chart a title."
 )
 
 
@@ -165,12 +177,18 @@ class PythonTool:
         lines: list[str] = [*problems, *ex.notices]
         # save-then-show: a displayed figure that is a PNG the code saved is shown once, as the file
         saved = [f.data for f in ex.outputs if f.relpath.lower().endswith(".png")]
-        ex.result.images[:] = await asyncio.to_thread(not_saved, ex.result.images, saved) if saved else ex.result.images
+        if saved:
+            extras = dict(zip(ex.result.images, ex.result.image_extras))
+            ex.result.images[:] = await asyncio.to_thread(not_saved, ex.result.images, saved)
+            ex.result.image_extras[:] = [extras.get(png, ImageExtras()) for png in ex.result.images]
         lines += self._body(ex.result, ctx, produced)
         lines += self._outputs(ex, ctx, produced)  # none when the kernel died
-        images = [a.id for a in produced if a.format == "png" and a.kind == "deliverable"]
+        images = [a.id for a in produced if a.format == "png" and a.kind == "deliverable" and not a.variant_of]
+        dark = {a.id: a.dark_variant for a in produced if a.id in images and a.dark_variant}
+        charts = [a.id for a in produced if a.format == "vega-lite"]
         meta = ToolRecordMeta(status=ex.result.status, duration_ms=round(ex.result.duration_ms, 1),
-                              artifacts=[OutputFile.of(a) for a in produced] or None, images=images or None)
+                              artifacts=[OutputFile.of(a) for a in produced] or None, images=images or None,
+                              dark_images=dark or None, charts=charts or None)
         return ToolResult(content="\n".join(line for line in lines if line) or "(no output)",
                           is_error=ex.result.status != "ok", meta=meta)
 
@@ -178,11 +196,37 @@ class PythonTool:
         return ctx.origin("python", filename=filename)
 
     def _save(self, ctx: ToolContext, data: bytes, ext: str, kind: str, media: str,
-              filename: str | None) -> Artifact:
+              filename: str | None, **fields: str | None) -> Artifact:
+        """A new artifact of `data`; `fields` set on it before it is saved (format, title, ...)."""
         if kind == "deliverable":
             self.quota.check_deliverable(ctx.user, len(data))
-        return self.store.save_bytes(ctx.thread, data, ext, kind, media, self._origin(ctx, filename),
-                                     ctx.epoch)
+        art = write_artifact_file(ctx.thread.artifacts_dir, data, ext, kind, media, self._origin(ctx, filename))
+        for name, value in fields.items():
+            setattr(art, name, value)
+        self.store.save(ctx.thread, art, ctx.epoch)
+        return art
+
+    def _figure(self, ctx: ToolContext, png: bytes, extras: ImageExtras, produced: list[Artifact]) -> str:
+        """Save a displayed figure (and its dark-theme variant): the line for the model."""
+        try:
+            dark = self._save(ctx, extras.dark, "png", "deliverable", "image/png", None,
+                              title=extras.title) if extras.dark else None
+        except QuotaExceeded:
+            dark = None  # the figure itself matters more: it is tried alone
+        try:
+            art = self._save(ctx, png, "png", "deliverable", "image/png", None, title=extras.title,
+                             dark_variant=dark.id if dark else None)
+        except QuotaExceeded as exc:
+            if dark is not None:
+                self.store.discard(ctx.thread, dark)
+            return f"an image was produced but not saved: {exc}"
+        if dark is not None:
+            dark.variant_of = art.id
+            self.store.save(ctx.thread, dark, ctx.epoch)
+            produced.append(dark)
+        produced.append(art)
+        named = f" \"{extras.title}\"" if extras.title else ""
+        return f"image: artifact {art.id}{named} ({len(png):,} bytes PNG), shown to the user in the chat"
 
     def _body(self, r: ExecutionResult, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
         s = self.settings.sandbox
@@ -204,14 +248,13 @@ class PythonTool:
         if r.error is not None:
             tb = "\n".join(trim_traceback(r.error.traceback))
             out.append(f"error: {r.error.ename}: {strip_ansi(r.error.evalue)}" + (f"\n{tb}" if tb else ""))
-        for png in r.images:
-            try:
-                art = self._save(ctx, png, "png", "deliverable", "image/png", None)
-            except QuotaExceeded as exc:
-                out.append(f"an image was produced but not saved: {exc}")
-                continue
-            produced.append(art)
-            out.append(f"image: artifact {art.id} ({len(png):,} bytes PNG), shown to the user in the chat")
+        extras = [*r.image_extras, *[ImageExtras()] * (len(r.images) - len(r.image_extras))]
+        for png, more in zip(r.images, extras):
+            out.append(self._figure(ctx, png, more, produced))
+        charts, chart_lines = save_charts(r.charts, lambda data, ext, media, fmt, title: self._save(
+            ctx, data, ext, "deliverable", media, None, format=fmt, title=title))
+        produced += charts
+        out += chart_lines
         return out
 
     def _save_full(self, r: ExecutionResult, texts: dict[str, str | None], caps: dict[str, tuple[int, int]],

@@ -63,6 +63,9 @@ class ArtifactOut(msgspec.Struct):
     name: str | None = None  # an upload's file name, with its sheet ("sales.xlsx — Q1")
     reading: dict[str, Any] | None = None  # how an upload was read (CSV dialect, sheet layout)
     can_reimport: bool = False  # a CSV/TSV upload whose original is kept: POST .../reimport
+    title: str | None = None  # a chart's title (of the figure or the Vega-Lite spec)
+    dark_variant: str | None = None  # a figure's dark-theme rendering (an artifact of its own)
+    variant_of: str | None = None  # the figure a dark-theme rendering is of
 
 
 def artifact_out(rt: Runtime, thread_id: str, art: Artifact) -> ArtifactOut:
@@ -76,6 +79,7 @@ def artifact_out(rt: Runtime, thread_id: str, art: Artifact) -> ArtifactOut:
         can_requery=bool(tool and tool.spec.read_only), partial_reason=art.partial_reason,
         partial_by=art.partial_by, shape=art.shape, name=art.name, reading=art.reading,
         can_reimport=bool(art.original) and art.available,
+        title=art.title, dark_variant=art.dark_variant, variant_of=art.variant_of,
     )
 
 
@@ -367,13 +371,18 @@ class ArtifactController(Controller):
 
     @get("/artifacts/{aid:str}/view")
     async def view(self, aid: FromPath[str], user: CurrentUser, rt: RuntimeDep) -> Response[bytes]:
-        """Show an artifact in the browser: raster images inline (charts), Markdown and HTML reports
-        as a sanitized, printable page with their charts embedded; anything else is a download."""
+        """Show an artifact in the browser: raster images inline (charts), a Vega-Lite chart as its
+        spec (JSON), Markdown and HTML reports as a sanitized, printable page with their charts
+        embedded; anything else is a download."""
         handle, art, path = _data_file(rt, user, aid)
         headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
         if art.format in INLINE_IMAGES:
             data = await asyncio.to_thread(read_regular, path, MAX_VIEW_BYTES)
             return Response(data, media_type=INLINE_IMAGES[art.format],
+                            headers={**headers, "Content-Security-Policy": "sandbox; default-src 'none'"})
+        if art.format == "vega-lite":  # the spec, for the chat's renderer (web/js/charts.js)
+            data = await asyncio.to_thread(read_regular, path, MAX_VIEW_BYTES)
+            return Response(data, media_type="application/json",
                             headers={**headers, "Content-Security-Policy": "sandbox; default-src 'none'"})
         if art.format not in REPORT_FORMATS:
             raise HTTPException(status_code=415, detail=(
