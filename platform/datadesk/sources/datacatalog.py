@@ -7,7 +7,8 @@ views, its configured database sources and its MCP servers, each with its descri
 Introspection reuses each source's `describe()` (the same catalogue `describe_source` and the
 system message read; a database's is cached there for `catalog_ttl_s`), runs in worker threads
 bounded by `DESCRIBE_TIMEOUT_S` per source, never on the event loop, and the whole view is kept
-for `CACHE_TTL_S` seconds per workspace. A source that is down, refused, misconfigured or slow
+for `CACHE_TTL_S` seconds per workspace (made anew at once when the workspace's sources are
+rebuilt from an edited `workspace.toml`). A source that is down, refused, misconfigured or slow
 is listed with its reason (the reasons are the sources' own, secrets already masked there).
 
 A sample is one `SELECT * FROM <table> LIMIT n` whose table name comes from the catalogue (the
@@ -52,7 +53,9 @@ class DataCatalog:
         self.ttl_s = ttl_s
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[float, int, list[dict[str, Any]]]] = {}
+        # ws -> (when, the SourceSet it describes, entries): a set rebuilt from an edited workspace.toml
+        # is another object, so its view is made anew
+        self._cache: dict[str, tuple[float, SourceSet, list[dict[str, Any]]]] = {}
 
     def clear(self, ws: str | None = None) -> None:
         with self._lock:
@@ -65,14 +68,14 @@ class DataCatalog:
         """Every source of `ws` (the warehouse first) with its tables, or why it has none."""
         with self._lock:
             hit = self._cache.get(ws)
-            if hit is not None and hit[1] == id(sources) and time.monotonic() - hit[0] < self.ttl_s:
+            if hit is not None and hit[1] is sources and time.monotonic() - hit[0] < self.ttl_s:
                 return hit[2]
         found = list(await asyncio.gather(*(self._one(src) for src in sources)))
         for name in sorted(sources.broken):
             found.append({"name": name, "kind": None, "dialect": None, "description": "",
                           "state": "misconfigured", "reason": sources.broken[name], "tables": []})
         with self._lock:
-            self._cache[ws] = (time.monotonic(), id(sources), found)
+            self._cache[ws] = (time.monotonic(), sources, found)
         return found
 
     async def _one(self, src: Source) -> dict[str, Any]:

@@ -62,13 +62,20 @@ class SourceSet:
     `warehouse`, the default) and the `[sources.*]` tables, working or misconfigured with reasons."""
 
     def __init__(self, raw: dict[str, Any], workspace_dir: Path, default_timeout_s: float,
-                 stream_timeout_s: float = 600.0, warehouse: Warehouse | None = None) -> None:
-        """`warehouse`: the workspace's (as `workspace.toml` names it); None: `data/warehouse.duckdb`."""
+                 stream_timeout_s: float = 600.0, warehouse: Warehouse | None = None,
+                 previous: "SourceSet | None" = None) -> None:
+        """`warehouse`: the workspace's (as `workspace.toml` names it); None: `data/warehouse.duckdb`.
+        `previous`: the set this one replaces; a source whose table is unchanged is taken over
+        from it (its pool, state and catalogue), not reopened."""
         data = Path(workspace_dir) / "data"
         self.warehouse = warehouse or Warehouse(data / "warehouse.duckdb", data, timeout_s=default_timeout_s)
+        self.raw = dict(raw)  # the `[sources.*]` tables it was built from
         self.databases: dict[str, DatabaseSource] = {}
         self.broken: dict[str, str] = {}
         for name, table in raw.items():
+            if previous is not None and name in previous.databases and previous.raw.get(name) == table:
+                self.databases[name] = previous.databases[name]
+                continue
             try:
                 self.databases[name] = DatabaseSource(parse_source(name, table), workspace_dir, default_timeout_s,
                                                       stream_timeout_s)
@@ -140,7 +147,12 @@ class SourceSet:
 
 class WorkspaceSources:
     """The SourceSet of each workspace, built on first use from its `workspace.toml`: the
-    warehouse it names (with its `[views]`) and its `[sources.*]`."""
+    warehouse it names (with its `[views]`) and its `[sources.*]`.
+
+    Rebuilt when the config changed (`Workspaces.config` re-reads an edited file): a source whose
+    settings are unchanged is kept as it is; one removed or changed is closed (its idle
+    connections now; those of a query still running when the query gives them back), so a
+    running query is never broken. A caller that holds the old set keeps a working one."""
 
     def __init__(self, workspaces: Any, default_timeout_s: float, stream_timeout_s: float = 600.0,
                  limits: SQLLimits | None = None) -> None:
@@ -148,25 +160,48 @@ class WorkspaceSources:
         self.default_timeout_s = default_timeout_s
         self.stream_timeout_s = stream_timeout_s
         self.limits = limits or SQLLimits(tmp_root=workspaces.layout.home / "tmp" / "sql")
-        self._sets: dict[str, SourceSet] = {}
+        self._sets: dict[str, tuple[Any, SourceSet]] = {}  # ws -> (the config it was built from, set)
         self._lock = threading.Lock()
 
-    def _warehouse(self, ws: str, cfg: Any) -> Warehouse:
+    def _warehouse(self, ws: str, cfg: Any, previous: SourceSet | None) -> Warehouse:
         layout = self.workspaces.layout
         wdir = layout.workspace_dir(ws)
-        return Warehouse(wdir / cfg.warehouse, layout.workspace_data_dir(ws),
-                         views={k: str(wdir / v) for k, v in cfg.views.items()},
+        views = {k: str(wdir / v) for k, v in cfg.views.items()}
+        old = previous.warehouse if previous is not None else None
+        if old is not None and old.db_path == (wdir / cfg.warehouse).absolute() and old.views == views:
+            return old
+        return Warehouse(wdir / cfg.warehouse, layout.workspace_data_dir(ws), views=views,
                          timeout_s=self.default_timeout_s, limits=self.limits)
 
     def get(self, ws: str) -> SourceSet:
+        """The sources of `ws` as its config is now."""
+        cfg = self.workspaces.config(ws)  # outside the lock: it may read the file
         with self._lock:
-            found = self._sets.get(ws)
-            if found is None:
-                cfg = self.workspaces.config(ws)
-                found = self._sets[ws] = SourceSet(dict(getattr(cfg, "sources", {}) or {}),
-                                                   self.workspaces.layout.workspace_dir(ws), self.default_timeout_s,
-                                                   self.stream_timeout_s, warehouse=self._warehouse(ws, cfg))
-            return found
+            held = self._sets.get(ws)
+            if held is not None and held[0] is cfg:
+                return held[1]
+            old = held[1] if held is not None else None
+            raw = dict(getattr(cfg, "sources", {}) or {})
+            warehouse = self._warehouse(ws, cfg, old)
+            if old is not None and old.raw == raw and old.warehouse is warehouse:
+                self._sets[ws] = (cfg, old)  # the config changed elsewhere (prompt, flags, MCP)
+                return old
+            found = SourceSet(raw, self.workspaces.layout.workspace_dir(ws), self.default_timeout_s,
+                              self.stream_timeout_s, warehouse=warehouse, previous=old)
+            self._sets[ws] = (cfg, found)
+        if old is not None:
+            self._retire(ws, old, found)
+        return found
+
+    @staticmethod
+    def _retire(ws: str, old: SourceSet, new: SourceSet) -> None:
+        """Close what `old` had and `new` does not (idle connections now, busy ones when freed)."""
+        kept = {id(src) for src in new}
+        gone = [src for src in old if id(src) not in kept]
+        for src in gone:
+            src.close()
+        log.info("workspace %s: sources reloaded (%s); closed: %s", ws, ", ".join(new.names()),
+                 ", ".join(src.name for src in gone) or "none")
 
     def probe(self, workspaces: list[str]) -> None:
         """Try each source of `workspaces` once (at start), so the model and admins see a source
@@ -179,6 +214,6 @@ class WorkspaceSources:
 
     def close(self) -> None:
         with self._lock:
-            sets, self._sets = list(self._sets.values()), {}
+            sets, self._sets = [s for _, s in self._sets.values()], {}
         for s in sets:
             s.close()

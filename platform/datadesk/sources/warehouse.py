@@ -206,6 +206,7 @@ class Warehouse:
         self._idle_lock = threading.Lock()
         self._closer: threading.Timer | None = None  # closes the warm ones once they are idle for IDLE_S
         self.opened = 0  # connections opened (not reused), for tests and benchmarks
+        self._closed = False  # after close(), a connection given back is closed, not kept warm
 
     def _file_signature(self) -> tuple[int, int, int] | None:
         try:
@@ -220,7 +221,8 @@ class Warehouse:
         Kept ones are closed by the timer once idle for IDLE_S."""
         now = time.monotonic()
         with self._idle_lock:
-            keep = reusable and len(self._idle) < IDLE_MAX and self._opened_on.get(id(con)) == self._file_signature()
+            keep = (reusable and not self._closed and len(self._idle) < IDLE_MAX
+                    and self._opened_on.get(id(con)) == self._file_signature())
             if keep:
                 self._idle.append((con, now))
                 if self._closer is None:
@@ -488,8 +490,10 @@ class Warehouse:
                 "notes": [], "open_connections": 0}
 
     def close(self) -> None:
-        """Close the warm connections (a running query keeps its own until it ends)."""
+        """Close the warm connections (a running query keeps its own until it ends, then it is
+        closed: a warehouse replaced by a reloaded config keeps none warm)."""
         with self._idle_lock:
+            self._closed = True
             idle, self._idle = self._idle, []
         for con, _ in idle:
             self._close(con)

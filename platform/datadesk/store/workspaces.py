@@ -7,16 +7,18 @@ servers; validated by tools/mcp/manager.py), `[sources.<name>]` (analysts' datab
 datadesk.sources, a bad one is listed as misconfigured), `[tool_permissions]` (extra permission a
 tool needs here), `disabled_tools`, and the feature flags `memory`,
 `memory_extraction`, `auto_requery`. A bad file fails with the file, the key
-and what is wrong.
+and what is wrong. An edited file takes effect without a restart (`Workspaces.config`).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -25,6 +27,7 @@ from datadesk.store.files import write_atomic
 from datadesk.store.layout import Layout
 
 
+log = logging.getLogger(__name__)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
@@ -58,7 +61,7 @@ def load_workspace(layout: Layout, ws: str) -> WorkspaceConfig:
     try:
         cfg = msgspec.convert(raw, WorkspaceConfig)
     except msgspec.ValidationError as exc:
-        raise WorkspaceConfigError(f"{path}: {exc}") from exc
+        raise WorkspaceConfigError(f"{path}: {_keyed(str(exc))}") from exc
     wh = Path(cfg.warehouse)
     if wh.is_absolute() or ".." in wh.parts:
         raise WorkspaceConfigError(f"{path}: key 'warehouse' must be a path inside the workspace, got {cfg.warehouse!r}")
@@ -81,14 +84,62 @@ def load_workspace(layout: Layout, ws: str) -> WorkspaceConfig:
     return cfg
 
 
-class Workspaces:
-    """The workspaces of this home: each one's config, read once and cached (its warehouse and
-    databases are `sources.registry.WorkspaceSources`). A bad `workspace.toml` raises
-    WorkspaceConfigError when first asked for."""
+def _keyed(message: str) -> str:
+    """msgspec's message with the key it is about first: "key 'views.x': Expected `str`, got `int`"."""
+    unknown = re.fullmatch(r"Object contains unknown field `([^`]+)`(?: - at `\$(.*)`)?", message)
+    if unknown:
+        where = (unknown.group(2) or "").lstrip(".")
+        return f"key '{where + '.' if where else ''}{unknown.group(1)}': not a key of workspace.toml here"
+    at = re.fullmatch(r"(.*) - at `\$\.?(.*)`", message)
+    if at and at.group(2):
+        return f"key '{at.group(2).replace('[...]', '')}': {at.group(1)}"
+    return message
 
-    def __init__(self, layout: Layout) -> None:
+
+CHECK_INTERVAL_S = 1.0  # a workspace.toml is looked at (one stat) at most this often per workspace
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """What says a file changed, cheaply: (mtime_ns, size, inode); None when it is not there."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+class _Loaded:
+    """One workspace's config as this process holds it (under `Workspaces._lock`)."""
+
+    __slots__ = ("cfg", "signature", "checked", "error")
+
+    def __init__(self, cfg: WorkspaceConfig | None, signature: Any, checked: float, error: str | None) -> None:
+        self.cfg = cfg  # the last good config (None: the file was never good)
+        self.signature = signature  # of the file as last read (good or not)
+        self.checked = checked  # monotonic time of the last look at the file
+        self.error = error  # why the file as it is now is not used (the last good config is)
+
+
+class Workspaces:
+    """The workspaces of this home and each one's config (its warehouse and databases are
+    `sources.registry.WorkspaceSources`).
+
+    A config is re-read when its `workspace.toml` changed: `config()` looks at the file (one stat
+    of mtime, size and inode) at most every `check_interval_s` seconds per workspace, so an edit
+    takes effect without a restart; callers that built something from a config (sources, MCP
+    servers) compare the object they built from with `config()`'s, which stays the same object
+    while the file is unchanged. A file that becomes invalid (or goes away) does not replace the
+    last good config: that one is still served and `error(ws)` says what is wrong (file, key,
+    problem), logged once per change of the file. A file that was never good raises
+    WorkspaceConfigError. `check(path, cfg)` validates more (the MCP tables: composition.py).
+    Safe from any thread: one caller looks at the file while the others get the config they had."""
+
+    def __init__(self, layout: Layout, check: Callable[[Path, WorkspaceConfig], None] | None = None,
+                 check_interval_s: float = CHECK_INTERVAL_S) -> None:
         self.layout = layout
-        self._cache: dict[str, WorkspaceConfig] = {}
+        self.check = check
+        self.check_interval_s = check_interval_s
+        self._cache: dict[str, _Loaded] = {}
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
@@ -97,12 +148,60 @@ class Workspaces:
             if root.is_dir() else []
 
     def config(self, ws: str) -> WorkspaceConfig:
-        """The config of workspace `ws`."""
+        """The config of workspace `ws`: the file's, re-read when it changed, else the last good one."""
+        now = time.monotonic()
         with self._lock:
             hit = self._cache.get(ws)
-            if hit is None:
-                hit = self._cache[ws] = load_workspace(self.layout, ws)
-            return hit
+            if hit is not None and now - hit.checked < self.check_interval_s:
+                return self._served(ws, hit)
+            if hit is not None and hit.cfg is not None:
+                hit.checked = now  # this caller looks at the file; the others keep the config meanwhile
+        if hit is None or hit.cfg is None:
+            with self._lock:  # the first read (or a file never good): the callers wait for it
+                hit = self._cache.get(ws)
+                if hit is None or hit.cfg is None and now - hit.checked >= self.check_interval_s:
+                    hit = self._cache[ws] = self._read(ws, hit, now)
+                return self._served(ws, hit)
+        fresh = self._read(ws, hit, now)
+        with self._lock:
+            self._cache[ws] = fresh
+            return self._served(ws, fresh)
+
+    def error(self, ws: str) -> str | None:
+        """Why `ws`'s workspace.toml as it is now is not used (the last good config is), else None."""
+        with self._lock:
+            hit = self._cache.get(ws)
+        return hit.error if hit is not None else None
+
+    @staticmethod
+    def _served(ws: str, hit: _Loaded) -> WorkspaceConfig:
+        if hit.cfg is None:
+            raise WorkspaceConfigError(hit.error or f"workspace {ws!r} has no config")
+        return hit.cfg
+
+    def _read(self, ws: str, hit: _Loaded | None, now: float) -> _Loaded:
+        """The config after one look at the file: the same entry when it did not change, a new
+        one read from it when it did; a bad file keeps the last good config, with its error."""
+        path = self.layout.workspace_config(ws)
+        sig = _signature(path)
+        if hit is not None and sig == hit.signature:
+            return _Loaded(hit.cfg, sig, now, hit.error)
+        last = hit.cfg if hit is not None else None
+        try:
+            if sig is None and last is not None:
+                raise WorkspaceConfigError(f"{path}: the file is gone")
+            cfg = load_workspace(self.layout, ws)
+            if self.check is not None:
+                self.check(path, cfg)
+        except WorkspaceConfigError as exc:
+            if last is not None:
+                log.error("workspace %s: %s; the last good config is still in use", ws, exc)
+            else:
+                log.error("workspace %s: %s", ws, exc)
+            return _Loaded(last, sig, now, str(exc))
+        if last is not None:
+            log.info("workspace %s: %s changed; its config is reloaded", ws, path)
+        return _Loaded(cfg, sig, now, None)
 
 
 def _toml_str(value: str) -> str:
