@@ -42,7 +42,7 @@ def test_text_of_every_arrow_kind_is_escaped_typed_columns_never() -> None:
     })
     rows = _write(table)
     assert rows[1] == ["'=a", "'+a", "'-a", "'@a", "-1", "-1.5", "-3.25", "true", "2024-01-02",
-                       "2024-01-02 03:00:00.000000", "-5"]
+                       "2024-01-02 03:00:00", "-5"]  # timestamps in their shortest exact form
     assert _write(table, keep=True)[1][:4] == ["=a", "+a", "-a", "@a"]
 
 
@@ -82,3 +82,17 @@ def test_a_parquet_file_is_checked_before_the_stream(tmp_path) -> None:
     pq.write_table(pa.table({"=x": pa.array([], pa.string())}), tmp_path / "empty.parquet")
     assert b"".join(parquet_csv(tmp_path / "empty.parquet", "e")) == b"\"'=x\"\n"
     assert b"".join(parquet_csv(tmp_path / "empty.parquet", "e", keep=True)) == b'"=x"\n'
+
+
+def test_timestamps_and_times_in_their_shortest_exact_form() -> None:
+    table = pa.table({
+        "us": pa.array([dt.datetime(2024, 1, 13, 4), dt.datetime(2024, 1, 13, 4, 0, 0, 500_000), None]),
+        "ns": pa.array([dt.datetime(2024, 1, 13, 4)] * 3, pa.timestamp("ns")),
+        "tz": pa.array([dt.datetime(2024, 1, 13, 4), dt.datetime(2024, 1, 13, 4, 0, 0, 120), None],
+                       pa.timestamp("us", tz="UTC")),
+        "t": pa.array([dt.time(4, 0), dt.time(4, 0, 0, 10), None]),
+    })
+    rows = _write(table)
+    assert rows[1] == ["2024-01-13 04:00:00", "2024-01-13 04:00:00", "2024-01-13 04:00:00Z", "04:00:00"]
+    assert rows[2] == ["2024-01-13 04:00:00.5", "2024-01-13 04:00:00", "2024-01-13 04:00:00.00012Z", "04:00:00.00001"]
+    assert rows[3][0] == rows[3][2] == rows[3][3] == ""

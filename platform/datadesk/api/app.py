@@ -22,6 +22,7 @@ from datadesk.api.controllers.artifacts import ArtifactController
 from datadesk.api.controllers.audit import AuditController  # issue 30: audit
 from datadesk.api.controllers.branches import BranchController  # issue 31: edit, regenerate
 from datadesk.api.controllers.export import ExportController
+from datadesk.api.controllers.grid.explore import GridExploreController  # issue 32: grid explorer
 from datadesk.api.controllers.memory import MemoryController
 from datadesk.api.controllers.oidc import OIDCController  # issue 30: single sign-on
 from datadesk.api.controllers.people import people_router  # issue 30: people
@@ -98,6 +99,7 @@ def create_app(rt: Runtime) -> Litestar:
             BranchController,  # issue 31: edit a question, regenerate an answer, branches
             TaskStateController,
             ArtifactController,
+            GridExploreController,  # issue 32: column profiles, group-by, chart this view
             MemoryController,
             SearchController,
             ExportController,

@@ -38,6 +38,7 @@ from datadesk.sandbox.files import read_regular
 from datadesk.sources.sqllimits import SQLLimits
 from datadesk.store.files import not_saved
 from datadesk.store.threads import Thread
+from datadesk.threads.provenance import artifact_question
 
 
 class ArtifactOut(msgspec.Struct):
@@ -83,7 +84,7 @@ def artifact_out(rt: Runtime, thread_id: str, art: Artifact) -> ArtifactOut:
     )
 
 
-def _data_file(rt: Runtime, user: User, aid: str) -> tuple[Thread, Artifact, Path]:
+def data_file(rt: Runtime, user: User, aid: str) -> tuple[Thread, Artifact, Path]:
     """An artifact whose data file can be read (410 naming why when it cannot)."""
     handle, art = find_artifact(rt, user, aid)
     if not art.available:
@@ -223,7 +224,7 @@ def grid_reader(rt: Runtime) -> GridReader:
     return reader
 
 
-async def _grid_slot(rt: Runtime, user: User) -> Any:
+async def grid_slot(rt: Runtime, user: User) -> Any:
     """A query slot (limits.sql_queries_per_user / sql_queries) for one grid query; 503 naming the
     limit when none came free within limits.sql_queue_s (as for SQL, api/errors.py)."""
     slots = getattr(rt, "query_slots", None)
@@ -235,7 +236,7 @@ async def _grid_slot(rt: Runtime, user: User) -> Any:
         raise HTTPException(status_code=503, detail=str(exc), headers={"Retry-After": "2"}) from None
 
 
-def _release(slot: Any) -> None:
+def release_slot(slot: Any) -> None:
     if slot is not None:
         slot.release()
 
@@ -243,7 +244,7 @@ def _release(slot: Any) -> None:
 async def _grid_page(rt: Runtime, user: User, path: Path, columns: list[Column], view: GridView,
                      offset: int, limit: int) -> dict[str, Any]:
     """One grid query under a query slot: 400 naming a bad parameter, 422 at a time or memory bound."""
-    slot = await _grid_slot(rt, user)
+    slot = await grid_slot(rt, user)
     try:
         return await asyncio.to_thread(grid_reader(rt).page, path, columns, view, offset, limit)
     except GridError as exc:
@@ -251,13 +252,13 @@ async def _grid_page(rt: Runtime, user: User, path: Path, columns: list[Column],
     except GridLimit as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from None
     finally:
-        _release(slot)
+        release_slot(slot)
 
 
 async def _grid_request(rt: Runtime, user: User, aid: str, request: Request,
                         paging: bool) -> tuple[Thread, Artifact, Path, list[Column], Any, int, int]:
     """The table behind `aid` and the view the query parameters ask for (400 naming a bad one)."""
-    handle, art, path = _data_file(rt, user, aid)
+    handle, art, path = data_file(rt, user, aid)
     if art.format not in GRID_FORMATS:
         raise ClientException(f"artifact {aid} is {art.format}, not a table: it has no rows to show")
     params = {k: request.query_params.getall(k) for k in request.query_params
@@ -277,7 +278,7 @@ async def _grid_csv_check(rt: Runtime, user: User, path: Path, columns: list[Col
     """Before a grid CSV starts, under a query slot: its columns and first rows are written to
     nowhere, so what fails (busy: 503, a filter value its column cannot hold: 400, a table that
     cannot be read or written: 422) is a status now, not an empty 200 stream later."""
-    slot = await _grid_slot(rt, user)
+    slot = await grid_slot(rt, user)
     try:
         await asyncio.to_thread(grid_reader(rt).csv_check, path, columns, view, keep)
     except GridError as exc:
@@ -285,7 +286,7 @@ async def _grid_csv_check(rt: Runtime, user: User, path: Path, columns: list[Col
     except (GridLimit, CSVError) as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from None
     finally:
-        _release(slot)
+        release_slot(slot)
 
 
 def _csv_view(rt: Runtime, user: User, path: Path, columns: list[Column], view: Any,
@@ -297,7 +298,7 @@ def _csv_view(rt: Runtime, user: User, path: Path, columns: list[Column], view: 
     try:
         yield from grid_reader(rt).csv(path, columns, view, keep)
     finally:
-        _release(slot)
+        release_slot(slot)
 
 
 class ArtifactController(Controller):
@@ -317,7 +318,7 @@ class ArtifactController(Controller):
     async def download(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep,
                        format: FromQuery[str | None] = None) -> Stream:
         """The artifact's file, or with `format=csv` a table as CSV (`formulas=keep|escape`)."""
-        handle, art, path = _data_file(rt, user, aid)
+        handle, art, path = data_file(rt, user, aid)
         rt.artifacts.touch(handle, [aid])
         if format not in (None, "csv", "parquet", "original"):
             raise ClientException(f"unknown format {format!r}: use csv or parquet (default: as stored)")
@@ -345,12 +346,17 @@ class ArtifactController(Controller):
     async def rows(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
         """A page of a table artifact's full data for the grid: `offset`, `limit` (1-1000), `sort`
         (`column:asc|desc`, up to 3) and `filter` (a JSON list of {column, op, value}; ops
-        contains, =, <, >, is null, not null). Counts are of the rows matching the filters."""
+        contains, =, !=, <, <=, >, >=, between, in, is null, not null: offload/grid/view.py).
+        Counts are of the rows matching the filters. The first page (offset 0) carries the
+        `question` that produced the artifact (the grid's title), null when none is known."""
         handle, art, path, columns, view, offset, limit = await _grid_request(rt, user, aid, request, True)
         page = await _grid_page(rt, user, path, columns, view, offset, limit)
         rt.artifacts.touch(handle, [aid])
-        return {"artifact": aid, "total_rows": art.rows, "name": _slug(download_stem(handle.meta.title, art), True),
-                **page}
+        out = {"artifact": aid, "thread": handle.id, "total_rows": art.rows,
+               "name": _slug(download_stem(handle.meta.title, art), True), **page}
+        if offset == 0:
+            out["question"] = await asyncio.to_thread(artifact_question, handle, art)
+        return out
 
     @get("/artifacts/{aid:str}/rows.csv")
     async def rows_csv(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep) -> Stream:
@@ -374,7 +380,7 @@ class ArtifactController(Controller):
         """Show an artifact in the browser: raster images inline (charts), a Vega-Lite chart as its
         spec (JSON), Markdown and HTML reports as a sanitized, printable page with their charts
         embedded; anything else is a download."""
-        handle, art, path = _data_file(rt, user, aid)
+        handle, art, path = data_file(rt, user, aid)
         headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
         if art.format in INLINE_IMAGES:
             data = await asyncio.to_thread(read_regular, path, MAX_VIEW_BYTES)

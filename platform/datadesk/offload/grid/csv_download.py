@@ -13,6 +13,8 @@ out (`CSVEncoder`):
 - STRUCT, LIST and MAP columns are written as JSON text (`{"x": 1}`, `[1, 2]`; a MAP as an
   object, decimals as numbers, dates as ISO text).
 - binary is written as `0x` + hex, as the grid shows it (raw bytes need not be UTF-8).
+- timestamps and times in their shortest exact form (`2024-01-13 04:00:00`, `04:00:00.5`):
+  sub-second digits only where a cell has them (pyarrow would write `.000000` everywhere).
 - anything pyarrow's CSV writer does not take (intervals, unions...) as text.
 
 `parquet_csv` checks what it can before streaming: it opens the file, plans the columns and
@@ -111,6 +113,14 @@ def _as_text(arr: pa.Array) -> pa.Array:
         return pa.array([None if v is None else str(v) for v in arr.to_pylist()], pa.string())
 
 
+def _short_time(arr: pa.Array) -> pa.Array:
+    """Timestamps and times in their shortest exact form: `2024-01-13 04:00:00`, not
+    `.000000`; sub-second digits only when a cell has them, without trailing zeros (`.5`)."""
+    text = pc.cast(arr, pa.string())
+    text = pc.replace_substring_regex(text, pattern=r"\.0+(Z?)$", replacement=r"\1")
+    return pc.replace_substring_regex(text, pattern=r"(\.\d*?[1-9])0+(Z?)$", replacement=r"\1\2")
+
+
 def _is_text(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
@@ -150,6 +160,8 @@ def converter(t: pa.DataType) -> tuple[Convert | None, bool]:
         return _as_hex, True
     if _is_nested(t):
         return _as_json, True
+    if pa.types.is_timestamp(t) or pa.types.is_time(t):
+        return _short_time, False
     if _writable(t):
         return None, False
     return _as_text, True

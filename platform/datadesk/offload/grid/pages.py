@@ -22,11 +22,9 @@ import datetime as dt
 import decimal
 import logging
 import math
-import re
 import shutil
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -35,79 +33,28 @@ import msgspec
 import pyarrow as pa
 
 from datadesk.offload.grid.csv_download import CSV_BATCH_ROWS, CSVEncoder, CSVError, one_line, stream
+from datadesk.offload.grid.view import (Column, Filter, GridError, GridView, parse_filters, parse_sorts, quote,
+                                        view_out, where_sql)
 from datadesk.sources.sqllimits import SQLLimits, limit_message
+
+__all__ = ["Column", "Filter", "GridError", "GridLimit", "GridReader", "GridView", "parse_request", "quote",
+           "where_sql"]
 
 log = logging.getLogger(__name__)
 
 MAX_LIMIT = 1_000  # rows per page
 MAX_OFFSET = 10**12
-MAX_SORT = 3
-MAX_FILTERS = 10
-MAX_VALUE_CHARS = 1_000
 CELL_CHARS = 2_000  # a longer text cell is cut (with "…") in a page; the CSV has it whole
 MAX_CELLS = 200_000  # per page (limit x columns)
 COUNT_CACHE = 128
 PARAMS = {"offset", "limit", "sort", "filter"}
-OPS = {"contains": "contains", "=": "=", "<": "<", ">": ">", "is null": "is null", "not null": "not null",
-       "eq": "=", "lt": "<", "gt": ">", "null": "is null", "notnull": "not null"}
-_COMPARE = {"=", "<", ">"}
-# scalar types a value may be cast to (the type string comes from the file's schema)
-_SCALAR = re.compile(r"(BOOLEAN|TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|UTINYINT|USMALLINT|UINTEGER|UBIGINT"
-                     r"|UHUGEINT|FLOAT|DOUBLE|DECIMAL\(\d{1,2},\d{1,2}\)|VARCHAR|DATE|TIME|TIMESTAMP"
-                     r"|TIMESTAMP WITH TIME ZONE|TIMESTAMP_S|TIMESTAMP_MS|TIMESTAMP_NS|INTERVAL|UUID)")
-_NUMERIC = re.compile(r"(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|U\w*INT|FLOAT|DOUBLE|DECIMAL.*)")
-_TIME = re.compile(r"(DATE|TIME.*|INTERVAL)")
 _SAFE_INT = 2**53
 ROW_NUMBER = "file_row_number"
 TEXT_TABLES = {".csv", ".tsv"}
 
 
-class GridError(ValueError):
-    """A bad request parameter; `param` names it (the API answers 400)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-
-
 class GridLimit(RuntimeError):
     """The query hit a bound (time, memory, spill space); the message names it."""
-
-
-@dataclass(frozen=True)
-class Filter:
-    column: str
-    op: str  # a key of the canonical ops: contains, =, <, >, is null, not null
-    value: str | None = None
-
-
-@dataclass(frozen=True)
-class GridView:
-    """What the user looks at: sort keys (column, descending) and filters (all must hold)."""
-
-    sort: tuple[tuple[str, bool], ...] = ()
-    filters: tuple[Filter, ...] = ()
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    type: str
-
-    @property
-    def kind(self) -> str:
-        if _NUMERIC.fullmatch(self.type):
-            return "number"
-        if self.type == "BOOLEAN":
-            return "bool"
-        if _TIME.fullmatch(self.type):
-            return "time"
-        return "text" if self.type == "VARCHAR" else "other"
-
-
-def quote(name: str) -> str:
-    """A column name as a DuckDB identifier (only ever a name read from the file's schema)."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 # --------------------------------------------------------------------------- parsing
@@ -126,68 +73,6 @@ def _int(params: Mapping[str, list[str]], name: str, default: int, low: int, hig
     return value
 
 
-def _column(columns: dict[str, Column], name: object, param: str) -> Column:
-    if not isinstance(name, str) or name not in columns:
-        shown = name[:80] if isinstance(name, str) else name
-        raise GridError(param, f"no column {shown!r} in this table")
-    return columns[name]
-
-
-def _sorts(raw: list[str], columns: dict[str, Column]) -> tuple[tuple[str, bool], ...]:
-    """`sort=<column>:asc|desc` (the suffix may be left out: ascending), up to MAX_SORT times."""
-    if len(raw) > MAX_SORT:
-        raise GridError("sort", f"at most {MAX_SORT} sort keys")
-    out: list[tuple[str, bool]] = []
-    for item in raw:
-        name, desc = item, False
-        head, sep, tail = item.rpartition(":")
-        if sep and tail.lower() in ("asc", "desc"):
-            name, desc = head, tail.lower() == "desc"
-        col = _column(columns, name, "sort")
-        if any(c == col.name for c, _ in out):
-            raise GridError("sort", f"column {col.name!r} is named twice")
-        out.append((col.name, desc))
-    return tuple(out)
-
-
-def _filters(raw: list[str], columns: dict[str, Column]) -> tuple[Filter, ...]:
-    """`filter=[{"column": ..., "op": "contains|=|<|>|is null|not null", "value": ...}, ...]` (JSON)."""
-    if not raw or raw == [""]:
-        return ()
-    if len(raw) > 1:
-        raise GridError("filter", "give one JSON list of filters")
-    try:
-        items = msgspec.json.decode(raw[0].encode())
-    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deep
-        raise GridError("filter", 'not valid JSON: send [{"column": "...", "op": "=", "value": "..."}]') from None
-    if isinstance(items, dict):
-        items = [items]
-    if not isinstance(items, list) or len(items) > MAX_FILTERS:
-        raise GridError("filter", f"a JSON list of at most {MAX_FILTERS} filters")
-    out: list[Filter] = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or set(item) - {"column", "op", "value"}:
-            raise GridError("filter", f"filter {i + 1}: an object with column, op and value")
-        col = _column(columns, item.get("column"), "filter")
-        op = OPS.get(str(item.get("op", "")).strip().lower())
-        if op is None:
-            raise GridError("filter", f"filter {i + 1}: unknown op {str(item.get('op'))[:20]!r} "
-                                      "(contains, =, <, >, is null, not null)")
-        value = item.get("value")
-        if op in ("is null", "not null"):
-            out.append(Filter(col.name, op))
-            continue
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise GridError("filter", f"filter {i + 1} ({col.name} {op}): a value is needed")
-        text = str(value)
-        if len(text) > MAX_VALUE_CHARS:
-            raise GridError("filter", f"filter {i + 1}: the value is longer than {MAX_VALUE_CHARS} chars")
-        if op in _COMPARE and not _SCALAR.fullmatch(col.type):
-            raise GridError("filter", f"column {col.name!r} is {col.type[:40]}: only contains and is null apply")
-        out.append(Filter(col.name, op, text))
-    return tuple(out)
-
-
 def parse_request(params: Mapping[str, list[str]], columns: Sequence[Column],
                   paging: bool = True) -> tuple[GridView, int, int]:
     """The view, offset and limit of a request's query parameters (GridError naming a bad one)."""
@@ -195,8 +80,8 @@ def parse_request(params: Mapping[str, list[str]], columns: Sequence[Column],
     if unknown:
         raise GridError(unknown[0], f"unknown parameter (use {', '.join(sorted(PARAMS))})")
     by_name = {c.name: c for c in columns}
-    view = GridView(_sorts([s for s in params.get("sort", []) if s], by_name),
-                    _filters(params.get("filter", []), by_name))
+    view = GridView(parse_sorts([s for s in params.get("sort", []) if s], by_name),
+                    parse_filters(params.get("filter", []), by_name))
     if not paging:
         return view, 0, 0
     offset = _int(params, "offset", 0, 0, MAX_OFFSET)
@@ -205,25 +90,6 @@ def parse_request(params: Mapping[str, list[str]], columns: Sequence[Column],
 
 
 # --------------------------------------------------------------------------- SQL
-def where_sql(view: GridView, columns: Sequence[Column]) -> tuple[str, list[Any]]:
-    types = {c.name: c.type for c in columns}
-    parts: list[str] = []
-    params: list[Any] = []
-    for f in view.filters:
-        q = quote(f.column)
-        if f.op == "is null":
-            parts.append(f"{q} IS NULL")
-        elif f.op == "not null":
-            parts.append(f"{q} IS NOT NULL")
-        elif f.op == "contains":
-            parts.append(f"contains(lower(CAST({q} AS VARCHAR)), lower(?))")
-            params.append(f.value)
-        else:
-            parts.append(f"{q} {f.op} CAST(? AS {types[f.column]})")  # type checked by _SCALAR
-            params.append(f.value)
-    return (" WHERE " + " AND ".join(parts) if parts else ""), params
-
-
 def is_csv(path: Path) -> bool:
     return path.suffix.lower() in TEXT_TABLES
 
@@ -321,6 +187,11 @@ class GridReader:
             con.close()
             shutil.rmtree(temp, ignore_errors=True)
 
+    def query(self, path: Path, work: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
+        """`work(con)` on a locked-down connection that may read `path` only, under the grid's
+        deadline and bounds (GridLimit, GridError as for a page)."""
+        return self._run(path, work, self.timeout_s)
+
     def _error(self, exc: duckdb.Error) -> Exception:
         limited = limit_message(exc, self.limits)
         if limited:
@@ -390,8 +261,7 @@ class GridReader:
             "rows": matching, "offset": offset, "limit": limit, "data": data,
             "columns": [{"name": c.name, "type": c.type, "kind": c.kind, "nulls": matching - n}
                         for c, n in zip(columns, non_null)],
-            "sort": [{"column": c, "desc": d} for c, d in view.sort],
-            "filters": [{"column": f.column, "op": f.op, "value": f.value} for f in view.filters],
+            **view_out(view),
         }
 
     def _csv_sql(self, path: Path, columns: Sequence[Column], view: GridView,
