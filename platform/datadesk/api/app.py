@@ -27,6 +27,7 @@ from datadesk.api.controllers.memory import MemoryController
 from datadesk.api.controllers.oidc import OIDCController  # issue 30: single sign-on
 from datadesk.api.controllers.people import people_router  # issue 30: people
 from datadesk.api.controllers.refresh import RefreshController, ScheduleController  # issue 31: refresh
+from datadesk.api.report.controller import ReportController  # issue 32: the report page
 from datadesk.api.controllers.search import SearchController
 from datadesk.api.controllers.session import SessionController
 from datadesk.api.sharing.controller import ShareController  # issue 32: sharing in the workspace
@@ -108,6 +109,7 @@ def create_app(rt: Runtime) -> Litestar:
             AuditController,  # issue 30: the admin audit view
             RefreshController,  # issue 31: refresh a thread's analysis
             ScheduleController,  # issue 31: scheduled refreshes
+            ReportController,  # issue 32: pins and the report page
             people_router,  # issue 30: the admin people API and /join
             ShareController,  # issue 32: share a thread read-only with its workspace
             index,

@@ -16,9 +16,9 @@ from filelock import FileLock
 
 from datadesk.domain.ids import check_id, new_id
 from datadesk.domain.records import ThreadMeta
-from datadesk.store.interfaces.threads import (MANIFESTS, REFRESH, SCHEDULE, SUMMARY, SUMMARY_REVISIONS,
-                                    SUMMARY_STATUS, TASK_STATE, RecordLog, ThreadNotFound, TooManyThreads,
-                                    check_document, check_line_set)
+from datadesk.store.interfaces.threads import (MANIFESTS, REFRESH, REPORT, SCHEDULE, SUMMARY,
+                                    SUMMARY_REVISIONS, SUMMARY_STATUS, TASK_STATE, RecordLog, ThreadNotFound,
+                                    TooManyThreads, check_document, check_line_set)
 from datadesk.store.files import read_json, write_atomic, write_json
 from datadesk.store.layout import Layout
 from datadesk.store.search import indexed_append, indexed_reset
@@ -34,8 +34,8 @@ META_FILE = "meta.json"
 LOCK_FILE = "thread.lock"
 # the file of each per-thread document and line set (store/interfaces/threads.py names them)
 DOC_FILES = {SUMMARY: "summary.json", SUMMARY_STATUS: "summary.status.json", TASK_STATE: "task_state.json",
-             REFRESH: "refresh.json", SCHEDULE: "schedule.json", SUMMARY_REVISIONS: "summary.revisions.jsonl",
-             MANIFESTS: "context.jsonl"}
+             REFRESH: "refresh.json", SCHEDULE: "schedule.json", REPORT: "report.json",
+             SUMMARY_REVISIONS: "summary.revisions.jsonl", MANIFESTS: "context.jsonl"}
 
 
 class ThreadReads:

@@ -43,7 +43,8 @@ SUMMARY_STATUS = "summary.status"
 TASK_STATE = "task_state"
 REFRESH = "refresh"  # the last refresh of the thread and its comparison (threads/refresh.py)
 SCHEDULE = "schedule"  # when the thread refreshes itself (threads/schedule.py)
-DOCUMENTS = frozenset({SUMMARY, SUMMARY_STATUS, TASK_STATE, REFRESH, SCHEDULE})
+REPORT = "report"  # the report page: its title and pinned items (threads/report/pins.py)
+DOCUMENTS = frozenset({SUMMARY, SUMMARY_STATUS, TASK_STATE, REFRESH, SCHEDULE, REPORT})
 
 # line sets: append-only JSON lines (summary.revisions.jsonl, context.jsonl)
 SUMMARY_REVISIONS = "summary.revisions"

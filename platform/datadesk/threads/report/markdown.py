@@ -1,0 +1,118 @@
+"""A thread's report as one Markdown file (`GET /api/threads/{tid}/report?format=md`): the title,
+each pinned item in order with the analyst's note, charts embedded as `data:` images, tables as
+Markdown tables (numbers right-aligned), the refresh marks. The HTML export is rendered in
+api/report/page.py (it needs the API's sanitizing Markdown renderer); both read
+`report_items` (threads/report/view.py) and `item_image` below.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+from datadesk.offload.artifacts.store import ArtifactStore
+from datadesk.store.interfaces.artifacts import ArtifactNotFound
+from datadesk.store.threads import Thread
+from datadesk.threads.report.view import ItemMark, ReportView, ShownItem
+
+MAX_IMAGE_BYTES = 8 << 20  # a larger chart is named, not embedded
+NUMERIC_KINDS = frozenset({"number", "integer", "float", "decimal"})
+
+
+def stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts)) + " UTC"
+
+
+def item_image(thread: Thread, artifacts: ArtifactStore, aid: str) -> tuple[str, bytes] | None:
+    """(media type, bytes) of a chart small enough to embed, or None."""
+    try:
+        art = artifacts.load(thread, aid)
+    except ArtifactNotFound:
+        return None
+    path = artifacts.data_path(thread, art)
+    if not art.available or not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_IMAGE_BYTES:
+        return None
+    media = art.media_type if art.media_type.startswith("image/") and "svg" not in art.media_type else "image/png"
+    return media, path.read_bytes()
+
+
+def mark_text(mark: ItemMark) -> str:
+    """The refresh mark in words: "updated by refresh at 2026-01-05 07:30 UTC: rows 1,460 -> 1,429"."""
+    head = ("written before the refresh at " if mark.stale else
+            "updated by refresh at " if mark.changed else "refreshed at ") + stamp(mark.at)
+    lines = [c for c in mark.changes if not mark.stale]
+    return head + (": " + "; ".join(lines) if lines and mark.changed else " (unchanged)" if not mark.changed else "")
+
+
+def cell_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.6g}" if abs(value) < 1e15 else str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def is_numeric(column: dict[str, Any]) -> bool:
+    return str(column.get("kind")) in NUMERIC_KINDS
+
+
+def _filter_text(f: dict[str, Any]) -> str:
+    value = f.get("value")
+    return f"{f['column']} {f['op']}" + ("" if value is None else f" {value}")
+
+
+def table_caption(table: dict[str, Any]) -> str:
+    shown, matching, total = len(table["data"]), table["rows"], table.get("total_rows")
+    parts = [f"{shown:,} of {matching:,} rows" if shown < matching else f"{matching:,} rows"]
+    if table.get("filters"):
+        parts.append("filtered: " + ", ".join(_filter_text(f) for f in table["filters"]))
+        if total is not None:
+            parts.append(f"of {total:,} in all")
+    if table.get("sort"):
+        parts.append("sorted by " + ", ".join(f"{s['column']} {'desc' if s['desc'] else 'asc'}" for s in table["sort"]))
+    return " · ".join(parts)
+
+
+def _md_cell(value: Any) -> str:
+    return cell_text(value).replace("|", "\\|").replace("\n", " ")
+
+
+def table_markdown(table: dict[str, Any]) -> str:
+    cols = table["columns"]
+    head = "| " + " | ".join(_md_cell(c["name"]) for c in cols) + " |"
+    rule = "| " + " | ".join("---:" if is_numeric(c) else "---" for c in cols) + " |"
+    body = ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in table["data"]]
+    return "\n".join([head, rule, *body]) + f"\n\n_{table_caption(table)}_"
+
+
+def _item_markdown(thread: Thread, artifacts: ArtifactStore, n: int, item: ShownItem) -> list[str]:
+    out = [f"## {n}. {item.label or item.kind}"]
+    if item.mark is not None:
+        out.append(f"> {mark_text(item.mark)}")
+    if item.missing:
+        out.append(f"_{item.missing}_")
+    elif item.kind == "paragraph":
+        out.append(item.text or "")
+    elif item.kind == "chart" and item.artifact:
+        img = item_image(thread, artifacts, item.artifact)
+        out.append(f"![{item.label}](data:{img[0]};base64,{base64.b64encode(img[1]).decode('ascii')})"
+                   if img else f"_chart {item.artifact} is too large to embed_")
+    elif item.table is not None:
+        out.append(table_markdown(item.table))
+    if item.note:
+        out.append("**Note:** " + item.note)
+    return out
+
+
+def report_markdown(view: ReportView, thread: Thread, artifacts: ArtifactStore) -> str:
+    """The report as Markdown (module docstring)."""
+    out = [f"# {view.title}", f"_Report exported from DataDesk on {stamp(time.time())} · thread {view.thread}"
+           + (f" · last refreshed {stamp(view.refreshed['at'])}" if view.refreshed else "") + "_"]
+    if not view.items:
+        out.append("Nothing is pinned to this report yet.")
+    for n, item in enumerate(view.items, 1):
+        out.extend(_item_markdown(thread, artifacts, n, item))
+    return "\n\n".join(out) + "\n"
