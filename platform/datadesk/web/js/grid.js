@@ -1,13 +1,16 @@
 // The result grid: a table artifact's FULL data, paged, sorted and filtered on the server
-// (GET /api/artifacts/{id}/rows). Cells are copied as text; the current view downloads as CSV.
+// (GET /api/artifacts/{id}/rows). Cells are copied as text (with a header row); the current view
+// downloads as CSV. As an explorer (grid_explore.js): column profiles, group-by, chart and ask.
 
 import { api } from "./api.js";
 import { h, num, toast } from "./dom.js";
+import { askAboutView, chartView, describeFilter, fetchGroups, groupForm, showProfile } from "./grid_explore.js";
 
 const enc = encodeURIComponent;
 export const GRID_FORMATS = new Set(["parquet", "csv", "tsv"]); // what /rows reads
 const PAGE_SIZES = [100, 250, 500, 1000];
-const OPS = [["contains", "contains"], ["=", "="], ["<", "<"], [">", ">"], ["is null", "is null"], ["not null", "not null"]];
+const OPS = [["contains", "contains"], ["=", "="], ["!=", "≠"], ["<", "<"], ["<=", "≤"], [">", ">"], [">=", "≥"],
+  ["between", "between"], ["in", "in list"], ["is null", "is null"], ["not null", "not null"]];
 
 function copyText(text) {
   if (navigator.clipboard && window.isSecureContext) return navigator.clipboard.writeText(text);
@@ -30,7 +33,9 @@ function show(value) {
 class Grid {
   constructor() {
     this.aid = null;
-    this.view = { sort: [], filters: [] };
+    this.view = { sort: [], filters: [], group: null };
+    this.question = null;
+    this.profiled = null; // the column whose profile is shown
     this.offset = 0;
     this.limit = 100;
     this.page = null;
@@ -46,22 +51,32 @@ class Grid {
     this.download = h("a", { id: "grid-download", class: "button", download: "" }, "Download view (CSV)");
     this.copyBtn = h("button", { type: "button", id: "grid-copy", title: "Copy the selected cells (Ctrl+C)" }, "Copy selection");
     this.copyBtn.addEventListener("click", () => this.copy());
+    this.withHeader = h("input", { type: "checkbox", id: "grid-copy-header", checked: true });
+    const headerBox = h("label", { class: "muted small", title: "Copy the column names as the first line" }, this.withHeader, " with header");
+    this.chartBtn = h("button", { type: "button", id: "grid-chart", title: "Chart this view in the chat (a python step the assistant sees)" }, "Chart this view");
+    this.chartBtn.addEventListener("click", () => chartView(this).catch((e) => this.fail(e.message)));
+    this.askBtn = h("button", { type: "button", id: "grid-ask", title: "Start a question about this view in the composer" }, "Ask about this view");
+    this.askBtn.addEventListener("click", () => askAboutView(this));
     const close = h("button", { type: "button", class: "icon-btn", id: "grid-close", "aria-label": "Close the grid" }, "✕");
     close.addEventListener("click", () => this.dlg.close());
     this.col = h("select", { id: "grid-filter-column", "aria-label": "Filter column" });
     this.op = h("select", { id: "grid-filter-op", "aria-label": "Filter operator" }, ...OPS.map(([v, l]) => h("option", { value: v }, l)));
     this.value = h("input", { id: "grid-filter-value", type: "text", placeholder: "value", "aria-label": "Filter value" });
-    this.op.addEventListener("change", () => { this.value.disabled = this.op.value.endsWith("null"); });
-    const form = h("form", { class: "grid-filter", id: "grid-filter-form" }, this.col, this.op, this.value,
+    this.value2 = h("input", { id: "grid-filter-value2", type: "text", placeholder: "to", "aria-label": "Filter upper value", hidden: true });
+    this.op.addEventListener("change", () => this.opChanged());
+    const form = h("form", { class: "grid-filter", id: "grid-filter-form" }, this.col, this.op, this.value, this.value2,
       h("button", { type: "submit" }, "Add filter"));
     form.addEventListener("submit", (e) => {
       e.preventDefault();
       const f = { column: this.col.value, op: this.op.value };
-      if (!f.op.endsWith("null")) f.value = this.value.value;
-      this.view.filters.push(f);
-      this.value.value = "";
-      this.go(0);
+      if (f.op === "between") f.value = [this.value.value.trim(), this.value2.value.trim()];
+      else if (f.op === "in") f.value = this.value.value.split(",").map((v) => v.trim()).filter((v) => v !== "");
+      else if (!f.op.endsWith("null")) f.value = this.value.value;
+      this.value.value = this.value2.value = "";
+      this.addFilter(f);
     });
+    this.groupForm = groupForm(this);
+    this.side = h("aside", { class: "grid-profile", id: "grid-profile", "aria-label": "Column profile", hidden: true });
     this.chips = h("div", { class: "grid-chips", id: "grid-chips" });
     this.table = h("table", { class: "grid-table", id: "grid-table" });
     this.scroller = h("div", { class: "grid-scroll", tabindex: "0",
@@ -82,8 +97,10 @@ class Grid {
     };
     this.status = h("p", { id: "grid-status", class: "error", role: "alert", hidden: true });
     this.dlg = h("dialog", { id: "grid-dialog", class: "grid-dialog", "aria-labelledby": "grid-title" },
-      h("div", { class: "grid-head" }, this.title, this.count, h("span", { class: "spacer" }), this.copyBtn, this.download, close),
-      h("div", { class: "grid-tools" }, form, this.chips), this.status, this.scroller,
+      h("div", { class: "grid-head" }, this.title, this.count, h("span", { class: "spacer" }), this.askBtn, this.chartBtn,
+        this.copyBtn, headerBox, this.download, close),
+      h("div", { class: "grid-tools" }, form, this.groupForm, this.chips), this.status,
+      h("div", { class: "grid-body" }, this.scroller, this.side),
       h("div", { class: "grid-pager" }, this.nav.first, this.nav.prev, this.pos, this.nav.next, this.nav.last, this.size));
     this.dlg.addEventListener("keydown", (e) => {
       if ((e.ctrlKey || e.metaKey) && e.key === "c" && this.sel && !window.getSelection().toString()) {
@@ -122,6 +139,28 @@ class Grid {
     return this.page ? this.page.rows : 0;
   }
 
+  opChanged() {
+    const op = this.op.value;
+    this.value.disabled = op.endsWith("null");
+    this.value2.hidden = op !== "between";
+    this.value.placeholder = op === "between" ? "from" : op === "in" ? "values, comma-separated" : "value";
+  }
+
+  addFilter(f) {
+    this.view.filters.push(f);
+    this.go(0);
+  }
+
+  setGroup(group) {
+    this.view.group = group;
+    this.go(0);
+  }
+
+  fail(message) {
+    this.status.textContent = message;
+    this.status.hidden = false;
+  }
+
   params(paging = true) {
     const q = new URLSearchParams();
     if (paging) {
@@ -136,12 +175,17 @@ class Grid {
   async open(aid, label) {
     this.cache.clear(); // the data may have changed since (a re-run query)
     if (this.aid !== aid) {
-      this.view = { sort: [], filters: [] };
+      this.view = { sort: [], filters: [], group: null };
       this.page = null;
+      this.question = null;
+      this.profiled = null;
+      this.side.hidden = true;
       this.table.replaceChildren();
+      this.groupForm.replaceWith(this.groupForm = groupForm(this));
     }
     this.aid = aid;
-    this.title.textContent = label || `Table ${aid}`;
+    this.label = label || `Table ${aid}`;
+    this.title.textContent = this.question || this.label;
     if (!this.dlg.open) this.dlg.showModal();
     await this.go(0);
     this.scroller.focus();
@@ -163,18 +207,24 @@ class Grid {
     const query = this.params();
     this.dlg.setAttribute("aria-busy", "true");
     try {
-      const page = await this.fetchPage(query);
+      const page = this.view.group ? await fetchGroups(this) : await this.fetchPage(query);
       if (seq !== this.seq) return; // a newer request won
-      this.page = page;
       this.status.hidden = true;
+      if (this.view.group) {
+        this.drawGroups(page);
+        return;
+      }
+      this.page = page;
+      if (page.question) this.setQuestion(page.question);
       this.draw();
       this.prefetch();
     } catch (e) {
       if (seq !== this.seq) return;
-      this.status.textContent = e.message;
-      this.status.hidden = false;
+      this.fail(e.message);
       if (this.view.filters.length && e.status === 400 && e.message.startsWith("filter")) {
         this.view.filters.pop(); // the filter just added was refused
+      } else if (this.view.group && e.status === 400) {
+        this.view.group = null;
       }
       this.drawChips();
     } finally {
@@ -204,6 +254,9 @@ class Grid {
     if (this.col.options.length !== cols.length) {
       this.col.replaceChildren(...cols.map((c) => h("option", { value: c.name }, c.name)));
     }
+    this.groupForm.fill(cols);
+    for (const el of [this.nav.first, this.nav.prev, this.nav.next, this.nav.last, this.size]) el.hidden = false;
+    this.download.hidden = false;
     const head = h("tr", {}, h("th", { class: "rownum", scope: "col" }, "#"), ...cols.map((c, i) => this.headCell(c, i)));
     const body = h("tbody", {});
     p.data.forEach((row, r) => {
@@ -226,7 +279,10 @@ class Grid {
     const btn = h("button", { type: "button", class: "sort", title: "Sort (Shift: add a sort key)", dataset: { column: c.name } },
       c.name, mark, k >= 0 && this.view.sort.length > 1 ? h("sup", {}, String(k + 1)) : null);
     btn.addEventListener("click", (e) => this.toggleSort(c.name, e.shiftKey));
-    return h("th", { scope: "col", "aria-sort": dir, dataset: { col: i }, class: c.kind }, btn,
+    const prof = h("button", { type: "button", class: "icon-btn profile-btn", title: `Profile ${c.name} (all rows)`,
+      "aria-label": `Profile ${c.name}`, dataset: { column: c.name } }, "▥");
+    prof.addEventListener("click", () => { this.profiled = c.name; showProfile(this, c.name, this.side); });
+    return h("th", { scope: "col", "aria-sort": dir, dataset: { col: i }, class: c.kind }, btn, prof,
       h("div", { class: "col-meta" }, c.type.toLowerCase(), " · ", c.nulls ? `${num(c.nulls)} null` : "no nulls"));
   }
 
@@ -244,14 +300,51 @@ class Grid {
   }
 
   drawChips() {
-    this.chips.replaceChildren(...this.view.filters.map((f, i) => {
+    const chips = this.view.filters.map((f, i) => {
       const x = h("button", { type: "button", class: "icon-btn", "aria-label": `Remove filter ${f.column} ${f.op}` }, "×");
       x.addEventListener("click", () => {
         this.view.filters.splice(i, 1);
         this.go(0);
       });
-      return h("span", { class: "chip" }, `${f.column} ${f.op}${f.value !== undefined ? ` ${f.value}` : ""} `, x);
-    }));
+      return h("span", { class: "chip" }, `${describeFilter(f)} `, x);
+    });
+    const g = this.view.group;
+    if (g) {
+      const x = h("button", { type: "button", class: "icon-btn", id: "grid-ungroup", "aria-label": "Back to the rows (remove the group-by)" }, "×");
+      x.addEventListener("click", () => this.setGroup(null));
+      chips.push(h("span", { class: "chip group" }, `grouped by ${g.by.join(", ")}: ${g.aggs.join(", ")} `, x));
+    }
+    this.chips.replaceChildren(...chips);
+  }
+
+  setQuestion(question) {
+    this.question = question;
+    this.title.textContent = question;
+    this.title.title = `${question} · ${this.label}`;
+  }
+
+  // a group-by's result in the table (no paging: up to 1,000 groups)
+  drawGroups(res) {
+    this.page = { ...res, offset: 0, total_rows: res.rows };
+    this.count.textContent = `${num(res.groups)} groups of ${num(res.rows)} rows`;
+    this.pos.textContent = res.groups > res.data.length ? `first ${num(res.data.length)} groups` : "";
+    for (const el of [this.nav.first, this.nav.prev, this.nav.next, this.nav.last, this.size]) el.hidden = true;
+    this.download.hidden = true; // the CSV is of rows; a group-by's result is copied instead
+    const cols = res.columns;
+    const head = h("tr", {}, h("th", { class: "rownum", scope: "col" }, "#"),
+      ...cols.map((c) => h("th", { scope: "col", class: c.kind }, h("span", { class: "group-col" }, c.name))));
+    const body = h("tbody", {});
+    res.data.forEach((row, r) => {
+      body.append(h("tr", {}, h("th", { class: "rownum", scope: "row" }, num(r + 1)),
+        ...row.map((v, c) => {
+          const text = show(v);
+          return h("td", { class: `${cols[c].kind}${text === null ? " null" : ""}`, dataset: { r, c } }, text === null ? "null" : text);
+        })));
+    });
+    this.table.replaceChildren(h("thead", {}, head), body);
+    this.sel = null;
+    this.bindSelection(body);
+    this.drawChips();
   }
 
   bindSelection(body) {
@@ -299,6 +392,8 @@ class Grid {
     if (!this.sel || !this.page) return "";
     const b = this.box();
     const lines = [];
+    const single = b.r0 === b.r1 && b.c0 === b.c1;
+    if (this.withHeader.checked && !single) lines.push(this.page.columns.slice(b.c0, b.c1 + 1).map((c) => c.name).join("\t"));
     for (let r = b.r0; r <= b.r1; r += 1) {
       const row = this.page.data[r] || [];
       lines.push(row.slice(b.c0, b.c1 + 1).map((v) => show(v) ?? "").join("\t"));
@@ -331,6 +426,14 @@ let grid = null;
 export function openGrid(aid, label) {
   if (!grid) grid = new Grid();
   return grid.open(aid, label).catch((e) => toast(e.message));
+}
+
+// The open grid's table and view (report.js pins it to the report), or null when none is open.
+export function currentView() {
+  if (!grid || !grid.aid) return null;
+  const v = grid.view;
+  return { artifact: grid.aid, sort: v.sort.map((s) => `${s.column}:${s.desc ? "desc" : "asc"}`),
+    filters: v.filters, grouped: !!v.group };
 }
 
 // A button that opens the grid (for cards, uploads and the artifacts panel).
