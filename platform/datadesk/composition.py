@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any, Callable
 
 from datadesk.audit import embedded_trail
@@ -39,7 +40,7 @@ from datadesk.store.search import ThreadSearch
 from datadesk.store.shares import FileShares
 from datadesk.store.threads import Thread, ThreadStore
 from datadesk.store.users import UserStore
-from datadesk.store.workspaces import Workspaces
+from datadesk.store.workspaces import WorkspaceConfig, Workspaces
 from datadesk.summary.service import SummaryService
 from datadesk.summary.store import SummaryStore
 from datadesk.summary.summarizer import Summarizer
@@ -53,6 +54,7 @@ from datadesk.tools.artifacts import register_artifact_tools
 from datadesk.tools.history import register_compact_tool, register_history_tools
 from datadesk.tools.mcp.manager import MCPManager
 from datadesk.tools.mcp.config import workspace_servers
+from datadesk.tools.mcp.reload import WorkspaceMCP
 from datadesk.tools.memory import memory_gate, register_memory_tools
 from datadesk.tools.python import PythonTool, register_python_tool
 from datadesk.tools.registry import ToolContext, ToolRegistry
@@ -94,6 +96,10 @@ def open_users(settings: Settings) -> tuple[Any, Callable[[], None]]:
     return cluster.users(), cluster.close
 
 
+def check_mcp_tables(path: Path, cfg: WorkspaceConfig) -> None:
+    """A workspace.toml's `[mcp.*]` tables as the MCP manager takes them, else WorkspaceConfigError."""
+    workspace_servers(path, cfg.mcp)
+
 class Runtime:
     """The composition root: builds every service once from Settings and hands each what it
     uses. The HTTP app (api/app.py) and the command line (cli.py) only ever build this.
@@ -119,7 +125,8 @@ class Runtime:
         self.disk = DiskRoom(self.layout.home, settings.store.min_free_mb)  # checked before new work
         self.threads = (self.cluster.threads() if self.cluster else
                         ThreadStore(self.layout, settings.limits.max_threads_per_user, settings.store.fsync))
-        self.workspaces = Workspaces(self.layout)
+        # each workspace.toml, re-read when edited (a bad edit keeps the last good one), [mcp.*] checked too
+        self.workspaces = Workspaces(self.layout, check=check_mcp_tables)
         # full-text search over a user's threads: FTS5 per user in the home, or PostgreSQL's
         self.search = self.cluster.search() if self.cluster else ThreadSearch(self.layout, Thread.at)
         # the warehouse and the [sources.*] of each workspace: first rows within sql.timeout_s; for a
@@ -192,6 +199,7 @@ class Runtime:
                               result_max_bytes=limits.mcp_result_max_mb * 1024**2,
                               min_free_bytes=settings.store.min_free_mb * 10**6,  # a spooled answer leaves it free
                               audit=self.audit)
+        self.workspace_mcp = WorkspaceMCP(self.mcp, self.workspaces)  # started, then kept in step with the files
 
     def _upload_slots(self, settings: Settings) -> QuerySlots:
         limits = settings.limits
@@ -230,11 +238,9 @@ class Runtime:
         self._spawn(self._sweep_forever(), "artifact-sweeper")
         if self.kernels is not None:
             await self.kernels.start()
-        for ws in self.validate_workspaces():
-            cfg = self.workspaces.config(ws)
-            if cfg.mcp:
-                servers = workspace_servers(self.layout.workspace_config(ws), cfg.mcp)
-                await self.mcp.start_workspace(ws, servers, self.layout.workspace_dir(ws))
+        self.validate_workspaces()
+        await self.workspace_mcp.start()
+        self._spawn(self.workspace_mcp.watch(), "mcp-reload")  # an edited [mcp.*] without a restart
         # each [sources.*] tried once in the background: one that is down shows with its reason
         self._spawn(asyncio.to_thread(self.sources.probe, self.workspaces.names()), "sources-probe")
         await self.scheduler.start()  # scheduled refreshes (threads/scheduler.py)
@@ -285,7 +291,7 @@ class Runtime:
         """Read every workspace's config now, so a bad file fails at start (file, key, problem)."""
         names = self.workspaces.names()
         for ws in names:
-            workspace_servers(self.layout.workspace_config(ws), self.workspaces.config(ws).mcp)
+            self.workspaces.config(ws)  # its [mcp.*] tables too (check_mcp_tables)
         return names
 
     def auto_requery(self, ws: str) -> bool:

@@ -70,6 +70,7 @@ class WorkspaceController(Controller):
         return {
             "workspace": ws,
             "name": cfg.name,
+            "config_error": rt.workspaces.error(ws),  # an edit not applied: the last good config is in use
             "prompt": cfg.prompt,
             "data": {"warehouse": cfg.warehouse, "views": cfg.views, "tables": tables, "error": warehouse_error},
             # each source probed now: state ok/down/refused/misconfigured with the reason; secrets masked
@@ -90,10 +91,11 @@ class WorkspaceController(Controller):
     async def catalog(self, user: CurrentUser, rt: RuntimeDep,
                       workspace: FromQuery[str | None] = None) -> dict[str, Any]:
         """The data panel (any member): sources with tables, columns, comments, estimates, state;
-        MCP servers with the tools this user may call. Only what the user may query."""
+        MCP servers with the tools this user may call. Only what the user may query. `config_error`:
+        why the edited workspace.toml is not applied (file, key, problem; the last good one is)."""
         ws = member_workspace(user, workspace)
         permitted = {s.name for s in rt.policy.permitted_tools(user, ws)}
-        return {"workspace": ws, "name": rt.workspaces.config(ws).name,
+        return {"workspace": ws, "name": rt.workspaces.config(ws).name, "config_error": rt.workspaces.error(ws),
                 "sources": await _panel_sources(user, rt, ws),
                 "mcp": datacatalog.permitted_mcp(rt.mcp_status(ws), permitted),
                 "sample_rows": datacatalog.SAMPLE_ROWS}

@@ -99,6 +99,7 @@ class MCPManager:
         self.result_max_bytes = result_max_bytes  # limits.mcp_result_max_mb: one message from a server
         self.min_free_bytes = min_free_bytes  # store.min_free_mb: what a spooled answer leaves free
         self._servers: dict[str, dict[str, _Server]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}  # per workspace: one start, reload or stop at a time
         registry.explain_missing(self._explain_missing)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -107,33 +108,54 @@ class MCPManager:
 
         Returns when each server is up or down (its first attempt over); a down
         server keeps being retried in the background. Never raises for one bad server."""
-        await self.stop_workspace(ws)
-        table: dict[str, _Server] = {}
-        self._servers[ws] = table
-        for name, cfg in servers.items():
-            srv = _Server(ws=ws, name=name, cfg=cfg, base_dir=Path(base_dir),
-                          log=logging.getLogger(f"datadesk.mcp.{name}"))
-            table[name] = srv
-            if not cfg.enabled:
-                srv.state = "disabled"
-                srv.ready.set()
-                continue
-            try:
-                cfg.validate(name)
-            except ValueError as exc:
-                self._config_down(srv, str(exc))
-                continue
-            srv.task = asyncio.create_task(self._runner(srv), name=f"mcp:{ws}:{name}")
-        waits = [(srv, asyncio.ensure_future(srv.ready.wait())) for srv in table.values() if srv.task]
-        for srv, fut in waits:
+        async with self._changing(ws):
+            await asyncio.gather(*map(self._stop_server, self._servers.pop(ws, {}).values()))
+            await self._apply(ws, servers, Path(base_dir))
+
+    async def update_workspace(self, ws: str, servers: dict[str, MCPServerConfig], base_dir: Path) -> list[str]:
+        """Bring `ws` to `servers` (its reloaded `[mcp.*]`): a server whose config changed is
+        restarted, one no longer configured is stopped (its tools unregistered), a new one is
+        started; the others keep running untouched. Returns the names started or restarted."""
+        async with self._changing(ws):
+            return await self._apply(ws, servers, Path(base_dir))
+
+    def _changing(self, ws: str) -> asyncio.Lock:  # one start, reload or stop of `ws` at a time
+        return self._locks.setdefault(ws, asyncio.Lock())
+
+    async def _apply(self, ws: str, servers: dict[str, MCPServerConfig], base_dir: Path) -> list[str]:
+        table = self._servers.setdefault(ws, {})
+        gone = [table.pop(name) for name, srv in list(table.items()) if servers.get(name) != srv.cfg
+                or srv.base_dir != base_dir]
+        await asyncio.gather(*map(self._stop_server, gone))
+        started = [self._launch(ws, name, cfg, base_dir) for name, cfg in servers.items() if name not in table]
+        table.update({srv.name: srv for srv in started})
+        for srv, fut in [(srv, asyncio.ensure_future(srv.ready.wait())) for srv in started if srv.task]:
             try:
                 await asyncio.wait_for(fut, srv.cfg.startup_timeout_s + 15)
             except asyncio.TimeoutError:
                 srv.log.warning("MCP server %s: still not up after %.0f s", srv.name, srv.cfg.startup_timeout_s)
+        if not table:
+            self._servers.pop(ws, None)
+        return [srv.name for srv in started]
+
+    def _launch(self, ws: str, name: str, cfg: MCPServerConfig, base_dir: Path) -> _Server:
+        """A server of `ws` with its task started (none when disabled or misconfigured)."""
+        srv = _Server(ws=ws, name=name, cfg=cfg, base_dir=base_dir, log=logging.getLogger(f"datadesk.mcp.{name}"))
+        if not cfg.enabled:
+            srv.state = "disabled"
+            srv.ready.set()
+            return srv
+        try:
+            cfg.validate(name)
+        except ValueError as exc:
+            self._config_down(srv, str(exc))
+            return srv
+        srv.task = asyncio.create_task(self._runner(srv), name=f"mcp:{ws}:{name}")
+        return srv
 
     async def stop_workspace(self, ws: str) -> None:
-        table = self._servers.pop(ws, {})
-        await asyncio.gather(*(self._stop_server(srv) for srv in table.values()))
+        async with self._changing(ws):
+            await asyncio.gather(*map(self._stop_server, self._servers.pop(ws, {}).values()))
 
     async def stop(self) -> None:
         """Close every session and end every server process."""

@@ -16,9 +16,11 @@ const qualified = (t) => (t.schema && t.schema !== "main" ? `${t.schema}.${t.nam
 
 export async function dataPanel(body, app) {
   const cat = await api("GET", catalogUrl(app));
-  const out = [];
+  // an edit of workspace.toml that could not be applied: what is shown is the last good config
+  const out = cat.config_error ? [h("p", { class: "error config-error" },
+    `The workspace config has an error; the last good config is still in use: ${cat.config_error}`)] : [];
   if (!cat.sources.length && !cat.mcp.length) {
-    body.replaceChildren(h("p", { class: "muted" }, "No data you may query in this workspace."));
+    body.replaceChildren(...out, h("p", { class: "muted" }, "No data you may query in this workspace."));
     return;
   }
   for (const src of cat.sources) out.push(sourceBlock(src, app));
