@@ -194,7 +194,7 @@ def _resolve(thread: Thread, artifacts: ArtifactStore, reader: GridReader | None
     elif newer is not None and (newer.meta or {}).get("via") == "refresh":
         what = "chart" if item.kind == "chart" else "table"
         shown.mark = ItemMark(at=finished if finished is not None else newer.ts,
-                              changes=[f"new version of the {what} (artifact {aid}, was {item.artifact})"])
+                              changes=[f"new version of the {what}, drawn again on the refreshed data"])
     return shown
 
 

@@ -8,6 +8,7 @@ import { dataPanel, yourData } from "./datapanel.js";
 import { initDemo } from "./demo.js";
 import { initExport } from "./export.js";
 import { initRefresh } from "./refresh.js";
+import { initReport } from "./report.js";
 import { revealSeq } from "./history.js";
 import { initSearch, renderThreadList } from "./search.js";
 
@@ -56,6 +57,7 @@ async function boot() {
   initSearch(app, openAt);
   initExport(app);
   initRefresh(app); // refresh.js: Refresh and Schedule… of the open thread
+  initReport(app); // report.js: pins from the chat and the report page (#t=<tid>&view=report)
   app.refreshThreads = () => refreshThreads();
   initDemo(app);
   await refreshThreads();

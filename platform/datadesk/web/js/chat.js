@@ -135,6 +135,7 @@ export class Conversation {
       const cut = !!(rec.meta && CUT_OFF_KINDS.has(rec.meta.kind)); // the server stopped while it was written
       if (rec.content) {
         const b = this.newBubble();
+        b.dataset.seq = String(rec.seq); // report.js: pin a paragraph of this answer
         setHtml(b, rec.html || "");
         addCopyButtons(b);
         if (cut) b.classList.add("interrupted");
