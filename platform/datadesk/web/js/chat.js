@@ -5,6 +5,7 @@ import { earlierButton, tagSeq } from "./history.js";
 import { $, bytes, h, num, setHtml, toast } from "./dom.js";
 import { addCopyButtons, chartViewer, collapsible, modelNotes } from "./code.js";
 import { GRID_FORMATS, gridButton } from "./grid.js";
+import { figureImage, vegaChart } from "./charts.js";
 import { uploadCard } from "./upload.js";
 import { branchControls } from "./branches.js";
 import { stepControls } from "./steps.js";
@@ -395,15 +396,14 @@ export class Conversation {
     collapsible(out);
 
     // charts inline (outside the collapsed card), files and reports as links
+    const dark = meta.dark_images || {};
     for (const id of meta.images || []) {
-      const src = `/api/artifacts/${encodeURIComponent(id)}/view`;
-      const img = h("img", { class: "chart", src, alt: `chart ${id}`, loading: "lazy", dataset: { artifact: id } });
-      img.addEventListener("click", () => chartViewer(src, `chart ${id}`));
-      img.addEventListener("error", () => img.replaceWith(h("div", { class: "notice warn" }, `chart ${id} is no longer available`)));
-      card.extras.append(img);
+      card.extras.append(figureImage(id, dark[id], (this.artifacts.get(id) || {}).title));
     }
+    for (const id of meta.charts || []) card.extras.append(vegaChart(id, (this.artifacts.get(id) || {}).title));
+    const shown = new Set([...(meta.images || []), ...Object.values(dark), ...(meta.charts || [])]);
     for (const f of meta.artifacts || []) {
-      if ((meta.images || []).includes(f.id)) continue;
+      if (shown.has(f.id)) continue;
       card.extras.append(this.fileLink(f));
     }
   }

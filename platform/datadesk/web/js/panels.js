@@ -4,6 +4,7 @@ import { api } from "./api.js";
 import { IMAGE_FORMATS, REPORT_FORMATS } from "./chat.js";
 import { bytes, confirmDialog, h, num, promptDialog, relative, toast, when } from "./dom.js";
 import { GRID_FORMATS, gridButton } from "./grid.js";
+import { chartThumb } from "./charts.js";
 
 const enc = encodeURIComponent;
 
@@ -20,7 +21,8 @@ export async function artifactsPanel(body, app) {
   }
   const groups = { table: [], chart: [], file: [] };
   for (const a of list) {
-    const kind = a.format === "parquet" ? "table" : IMAGE_FORMATS.has(a.format) ? "chart" : "file";
+    if (a.variant_of) continue; // a figure's dark-theme rendering: shown with the figure
+    const kind = a.format === "parquet" ? "table" : isChart(a) ? "chart" : "file";
     groups[kind].push(a);
   }
   const out = [];
@@ -34,15 +36,18 @@ export async function artifactsPanel(body, app) {
   body.replaceChildren(...out);
 }
 
+const isChart = (a) => IMAGE_FORMATS.has(a.format) || a.format === "vega-lite";
+
 function artifactItem(a, app) {
-  const name = a.origin.filename || (a.origin.tool ? `${a.origin.tool} result`
-    : a.origin.source === "python" && a.format === "png" ? "chart" : a.origin.source === "upload" ? "upload" : a.kind);
-  const facts = [a.format, bytes(a.bytes)];
+  const name = a.title || a.origin.filename || (a.origin.tool ? `${a.origin.tool} result`
+    : a.origin.source === "python" && isChart(a) ? "chart" : a.origin.source === "upload" ? "upload" : a.kind);
+  const facts = [a.format === "vega-lite" ? "interactive chart" : a.format, bytes(a.bytes)];
   if (a.rows !== null && a.rows !== undefined) facts.push(`${num(a.rows)} rows`);
   if (a.status === "partial") facts.push(a.partial_by === "source" ? "partial (by the source)" : "partial");
   const li = h("li", { class: `artifact ${a.status}`, dataset: { artifact: a.id } },
-    h("div", { class: "artifact-name" }, name, h("span", { class: "muted" }, ` ${a.id}`)),
+    h("div", { class: "artifact-name" }, name, a.title ? null : h("span", { class: "muted" }, ` ${a.id}`)),
     h("div", { class: "muted" }, facts.join(" · ")));
+  if (isChart(a) && a.status !== "expired") li.prepend(chartThumb(a));
   if (a.status === "expired") {
     li.append(h("div", { class: "warn-text" }, `expired ${relative(a.expired_at)}`));
     if (a.can_requery) {
