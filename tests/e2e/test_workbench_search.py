@@ -53,7 +53,7 @@ def test_search_finds_an_old_thread_and_opens_it_at_the_match(server, page) -> N
     hit = page.locator(".search-hit-link").first
     hit.wait_for()
     assert page.locator("#thread-list").is_hidden()
-    assert hit.locator(".hit-title").inner_text() == "Meter review (March)"
+    assert page.locator(".search-thread .hit-title").first.inner_text() == "Meter review (March)"
     assert hit.locator("mark").inner_text().lower().startswith("zeppelinstr")
     shot(page, "search-results")
     hit.click()

@@ -44,6 +44,7 @@ import psycopg
 from datadesk.cluster.database import Database, DatabaseError
 from datadesk.domain.branches import abandoned_stretch
 from datadesk.domain.records import Record
+from datadesk.domain.snippet_text import readable_spans
 from datadesk.store.interfaces.search import BadSearchQuery, SearchHit, SearchTooCostly
 from datadesk.store.search import MAX_LIMIT, PER_THREAD_HITS, QUERY_DEADLINE_S, query_terms, record_text
 
@@ -248,7 +249,7 @@ class PgSearch:
             if per_thread.get(r["thread"], 0) >= PER_THREAD_HITS:
                 continue
             per_thread[r["thread"]] = per_thread.get(r["thread"], 0) + 1
-            snippet, spans = snippet_of(r["text"] or "", terms)
+            snippet, spans = readable_spans(*snippet_of(r["text"] or "", terms))  # rendered text
             hits.append(SearchHit(thread=r["thread"], workspace=r["workspace"], title=r["title"], seq=int(r["seq"]),
                                   role=r["role"], ts=float(r["ts"]), updated=float(r["updated"]),
                                   snippet=snippet, highlights=spans))

@@ -45,6 +45,7 @@ import msgspec
 from datadesk.domain.branches import abandoned_stretch
 from datadesk.domain.ids import check_id
 from datadesk.domain.records import Record
+from datadesk.domain.snippet_text import readable_snippet
 from datadesk.store.interfaces.search import BadSearchQuery, SearchHit, SearchTooCostly
 
 log = logging.getLogger(__name__)
@@ -373,24 +374,6 @@ class FileSearchIndexer:
 
 
 # -- searching a user's threads -------------------------------------------------------------
-def _highlights(marked: str) -> tuple[str, list[tuple[int, int]]]:
-    """Strip the \\x02/\\x03 markers of an FTS5 snippet into (text, [start, end) offsets)."""
-    out: list[str] = []
-    spans: list[tuple[int, int]] = []
-    pos, start = 0, None
-    for ch in marked:
-        if ch == "\x02":
-            start = pos
-        elif ch == "\x03":
-            if start is not None:
-                spans.append((start, pos))
-            start = None
-        else:
-            out.append(ch)
-            pos += 1
-    return "".join(out), spans
-
-
 def _unchanged(tdir: Path, known: tuple | None) -> bool:
     """Whether the thread's log size and meta time are what the index saw."""
     if known is None:
@@ -455,7 +438,7 @@ class ThreadSearch:
             if per_thread.get(tid, 0) >= PER_THREAD_HITS:
                 continue
             per_thread[tid] = per_thread.get(tid, 0) + 1
-            text_, spans = _highlights(snip)
+            text_, spans = readable_snippet(snip)  # rendered text, not Markdown or JSON
             hits.append(SearchHit(thread=tid, workspace=ws, title=title, seq=int(seq), role=role, ts=float(ts),
                                   updated=float(updated), snippet=text_, highlights=spans))
             if len(hits) >= limit:

@@ -1,6 +1,7 @@
 // The chat list: threads grouped by date (today, last 7 days, older) and search across them
-// (GET /api/search): each hit shows its thread and the matching snippet, and opens the thread
-// at the matching record.
+// (GET /api/search): hits are grouped by thread (its title once, its matches under it); each
+// match shows its snippet as rendered text (the server strips Markdown and JSON syntax) and
+// opens the thread at the matching record.
 
 import { api } from "./api.js";
 import { $, h } from "./dom.js";
@@ -67,6 +68,27 @@ function snippetNode(text, spans) {
   return out;
 }
 
+// Hits (best first) grouped by thread, the threads in the order of their best hit.
+export function groupByThread(results) {
+  const groups = new Map();
+  for (const r of results) {
+    if (!groups.has(r.thread)) groups.set(r.thread, { thread: r.thread, title: r.title, hits: [] });
+    groups.get(r.thread).hits.push(r);
+  }
+  return [...groups.values()];
+}
+
+// One thread of the results: its title once, its matches under it (each opens the thread there).
+function threadHits(g, openAt) {
+  return h("li", { class: "search-thread", dataset: { thread: g.thread } },
+    h("div", { class: "hit-title", title: g.title }, g.title),
+    h("ul", { class: "search-thread-hits" }, ...g.hits.map((r) => h("li", {},
+      h("button", { type: "button", class: "search-hit-link", dataset: { thread: r.thread, seq: String(r.seq) },
+        onclick: () => openAt(r.thread, r.seq) },
+      h("span", { class: "hit-meta muted" }, r.seq === 0 ? "title" : `${r.role} · ${new Date(r.ts * 1000).toLocaleDateString()}`),
+      snippetNode(r.snippet, r.highlights))))));
+}
+
 // Wire the search box: results replace the chat list while there is a query.
 export function initSearch(app, openAt) {
   const input = $("#thread-search");
@@ -98,12 +120,7 @@ export function initSearch(app, openAt) {
       return;
     }
     if (mine !== asked) return; // a newer query is on its way
-    const items = body.results.map((r) => h("li", {},
-      h("button", { type: "button", class: "search-hit-link", dataset: { thread: r.thread, seq: String(r.seq) },
-        onclick: () => openAt(r.thread, r.seq) },
-      h("span", { class: "hit-title" }, r.title),
-      h("span", { class: "hit-meta muted" }, r.seq === 0 ? "title" : `${r.role} · ${new Date(r.ts * 1000).toLocaleDateString()}`),
-      snippetNode(r.snippet, r.highlights))));
+    const items = groupByThread(body.results).map((g) => threadHits(g, openAt));
     results.replaceChildren(...(items.length ? items : [h("li", { class: "muted" }, `Nothing found for “${q}”.`)]));
     results.hidden = false;
     list.hidden = true;
