@@ -16,6 +16,15 @@ from typing import Annotated, Any, Literal, Mapping
 import msgspec
 
 
+class ModelPrice(msgspec.Struct, forbid_unknown_fields=True):
+    """What one model costs per million tokens (`[llm.prices."<model>"]`; chat/costs.py)."""
+
+    input_per_mtok: Annotated[float, msgspec.Meta(ge=0)]
+    output_per_mtok: Annotated[float, msgspec.Meta(ge=0)]
+    cached_input_per_mtok: Annotated[float, msgspec.Meta(ge=0)] | None = None  # unset: the input price
+    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}$")] = "USD"
+
+
 class LLMSettings(msgspec.Struct, forbid_unknown_fields=True):
     base_url: str | None = None
     api_key: str | None = None
@@ -25,6 +34,7 @@ class LLMSettings(msgspec.Struct, forbid_unknown_fields=True):
     retry_backoff_s: float = 0.5
     temperature: float | None = None
     provider: str = "auto"  # what the server supports for JSON answers (context.profiles.PROVIDERS)
+    prices: dict[str, ModelPrice] = msgspec.field(default_factory=dict)  # per model name: the cost of a turn
 
 
 class ChatSettings(msgspec.Struct, forbid_unknown_fields=True):

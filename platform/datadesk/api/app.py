@@ -34,6 +34,7 @@ from datadesk.api.sharing.controller import ShareController  # issue 32: sharing
 from datadesk.api.controllers.steps import StepController  # issue 31: user steps
 from datadesk.api.controllers.taskstate import TaskStateController
 from datadesk.api.controllers.threads import ThreadController
+from datadesk.api.usage import UsageController  # issue 32: tokens and cost per turn
 from datadesk.api.controllers.workspace import WorkspaceController
 from datadesk.api.errors import exception_handlers
 from datadesk.api.guards.auth import guard_request, provide_runtime, provide_user
@@ -96,6 +97,7 @@ def create_app(rt: Runtime) -> Litestar:
         route_handlers=[
             SessionController,
             ThreadController,
+            UsageController,  # issue 32: tokens and cost per turn and thread
             StepController,  # issue 31: edit and re-run a step, the SQL scratchpad
             BranchController,  # issue 31: edit a question, regenerate an answer, branches
             TaskStateController,
