@@ -4,8 +4,10 @@ It shows the real flow of the product, not canned text. A suggested question (or
 its topic, `demo_plans.pick_plan`) runs a scripted analysis for real: `sql_query` over the
 demo warehouse (a large result, offloaded to a Parquet artifact), `python` over the full
 artifact (a chart, a Markdown report in /outputs, its numbers printed as `DEMO_RESULT`), and
-a final answer citing those numbers. An uploaded table is profiled the same way. Any other
-question gets one matching canned query and a description of its result (llm/scripted.py).
+a final answer citing those numbers. An uploaded table is profiled the same way. A question on
+the topic of a canned query gets that query and a description of its result (llm/scripted.py);
+any other (an off-script follow-up) gets what the demo can answer and how to connect a model
+(llm/demo_help.py), never an unrelated table.
 
 Each step is decided from the context alone (what the tools answered since the question), so
 the model keeps no state and survives re-attaching, retries and concurrent threads. It says it
@@ -23,7 +25,8 @@ from datadesk.domain.records import ToolCall
 from datadesk.llm.demo_plans import (PLANS, RESULT_MARK, SUGGESTED_QUESTIONS, UPLOAD_CODE, DemoPlan,
                                      pick_plan, plan_code, upload_answer)
 from datadesk.llm.scripted import (DEMO_BANNER, DEMO_NAME, ScriptedModel, ScriptStep, _demo_step, _describe,
-                                   _text, parse_tool_result)
+                                   _text, demo_topic, parse_tool_result)
+from datadesk.llm.demo_help import off_script_answer
 
 __all__ = ["demo_model", "demo_step", "SUGGESTED_QUESTIONS", "PLANS"]
 
@@ -145,6 +148,8 @@ def demo_step(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Sc
         return _plan_step(turn, plan)
     if turn.upload is not None:
         return _upload_step(turn)
+    if not turn.results and demo_topic(turn.question) is None:  # off the script: say what it can do
+        return ScriptStep(text=turn.say(off_script_answer(turn.question, connect=not turn.first_answer)))
     step = _demo_step(messages, tools)  # one canned query, described
     if not turn.first_answer and step.text.startswith(DEMO_BANNER):
         step.text = step.text[len(DEMO_BANNER):].lstrip()

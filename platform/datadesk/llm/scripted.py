@@ -200,6 +200,20 @@ def _text(content: Any) -> str:
     return ""
 
 
+# a question with one of these words is about the default query (the top buildings)
+_DEFAULT_WORDS = ("building", "top", "most", "highest", "largest", "biggest")
+
+
+def demo_topic(question: str) -> str | None:
+    """What the canned query for `question` shows, or None when the question is about none of
+    them (the demo then says what it can answer: llm/demo_help.py)."""
+    q = question.lower()
+    for words, what, _sql in _DEMO_QUERIES:
+        if any(w in q for w in words):
+            return what
+    return _DEFAULT_QUERY[0] if any(w in q for w in _DEFAULT_WORDS) else None
+
+
 def _pick_query(question: str) -> tuple[str, str]:
     q = question.lower()
     for words, what, sql in _DEMO_QUERIES:
