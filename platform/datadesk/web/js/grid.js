@@ -436,14 +436,6 @@ export function currentView() {
     filters: v.filters, grouped: !!v.group };
 }
 
-// The open grid's table and view (report.js pins it to the report), or null when none is open.
-export function currentView() {
-  if (!grid || !grid.aid) return null;
-  const v = grid.view;
-  return { artifact: grid.aid, sort: v.sort.map((s) => `${s.column}:${s.desc ? "desc" : "asc"}`),
-    filters: v.filters, grouped: !!v.group };
-}
-
 // A button that opens the grid (for cards, uploads and the artifacts panel).
 export function gridButton(aid, label) {
   return h("button", { type: "button", class: "open-grid", dataset: { artifact: aid }, onclick: () => openGrid(aid, label) }, "Open in grid");
