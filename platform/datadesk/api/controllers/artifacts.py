@@ -39,6 +39,7 @@ from datadesk.sources.sqllimits import SQLLimits
 from datadesk.store.files import not_saved
 from datadesk.store.threads import Thread
 from datadesk.threads.provenance import artifact_question
+from datadesk.threads.titles import upload_title
 
 
 class ArtifactOut(msgspec.Struct):
@@ -420,6 +421,10 @@ class ArtifactController(Controller):
         arts = [msgspec.to_builtins(artifact_out(rt, handle.id, a)) for a in upload.artifacts]
         out: dict[str, Any] = {"artifact": arts[0], "artifacts": arts,
                                "skipped_sheets": [{"sheet": n, "why": w} for n, w in upload.skipped]}
+        title = upload_title(handle.meta.title, upload.artifacts[0].origin.filename)
+        if title:  # a chat started with an upload is named after its file (threads/titles.py)
+            rt.threads.touch(handle, title=title)
+        out["thread_title"] = handle.meta.title
         warning = upload_warning(upload.artifacts[0], got.get("bytes", 0))
         if warning:
             out["warning"] = warning

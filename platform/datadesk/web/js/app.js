@@ -3,13 +3,16 @@
 import { ApiError, api, attachStream, postStream, setCsrf, upload } from "./api.js";
 import { Conversation, loadThread } from "./chat.js";
 import { $, confirmDialog, h, promptDialog, toast } from "./dom.js";
-import { artifactsPanel, contextPanel, memoryPanel } from "./panels.js";
+import { artifactsPanel, memoryPanel } from "./panels.js";
+import { contextPanel } from "./context.js";
+import { decorateIcons } from "./icons.js";
 import { dataPanel, yourData } from "./datapanel.js";
 import { initDemo } from "./demo.js";
 import { initExport } from "./export.js";
 import { initRefresh } from "./refresh.js";
 import { initReport } from "./report.js";
 import { revealSeq } from "./history.js";
+import { clearRefusal, refuseSend } from "./composer.js";
 import { initSearch, renderThreadList } from "./search.js";
 
 const enc = encodeURIComponent;
@@ -29,6 +32,8 @@ const app = {
 window.datadesk = app; // for debugging from the console
 app.onEmptyChat = (root) => yourData(root, app, () => showPanel("data")); // datapanel.js: "your data"
 app.closePanel = () => closePanel();
+app.showPanel = (name) => showPanel(name); // the "Memory updated" chip, the context panel's links
+decorateIcons(); // icons.js: the page's [data-icon] buttons get their SVG
 
 // ---- start -------------------------------------------------------------------------------
 async function boot() {
@@ -195,8 +200,10 @@ $("#delete-thread").addEventListener("click", async () => {
 });
 
 // ---- sending -----------------------------------------------------------------------------
-function setRunning(ctrl) {
+function setRunning(ctrl, elsewhere = false) {
   app.running = ctrl;
+  app.runningElsewhere = !!ctrl && elsewhere; // followed, not started from this tab (composer.js)
+  if (!ctrl) clearRefusal();
   $("#send").hidden = !!ctrl;
   $("#stop").hidden = !ctrl;
   $("#input").classList.toggle("busy", !!ctrl);
@@ -207,7 +214,8 @@ async function send(again) {
   const input = $("#input");
   const retry = typeof again === "string";
   const text = (retry ? again : input.value).trim();
-  if (!text || app.running) return;
+  if (!text) return;
+  if (app.running) return refuseSend(app.runningElsewhere); // composer.js: say why, keep the text
   if (!app.thread) {
     try {
       await newThread(text.slice(0, 60));
@@ -242,6 +250,7 @@ async function send(again) {
       app.conv.notice(e.message, "error");
       if (!retry && (e.status === 413 || e.status === 409 || e.status === 429)) input.value = text; // nothing was sent: keep it
       setRunning(null);
+      if (e.status === 409) refuseSend(true); // a turn another tab started holds the thread
       afterTurn();
       return;
     }
@@ -269,7 +278,10 @@ function onTurnEvent(type, data, id) {
 }
 
 function afterTurn() {
-  refreshThreads().catch(() => {});
+  refreshThreads().then(() => { // the turn may have named the chat (its first question)
+    const t = app.thread && app.threads.find((x) => x.id === app.thread.id);
+    if (t && t.title !== app.thread.title) $("#thread-title").textContent = app.thread.title = t.title;
+  }).catch(() => {});
   if (app.panel && app.panel !== "memory") showPanel(app.panel);
 }
 
@@ -277,7 +289,7 @@ function afterTurn() {
 // the thread is opened again, or when a stream broke); the turn runs on whatever happens here.
 async function follow(tid, lastId, fresh) {
   const ctrl = new AbortController();
-  setRunning(ctrl);
+  setRunning(ctrl, fresh || app.runningElsewhere); // fresh: a turn this tab did not start
   app.lastEventId = lastId;
   let ended = false;
   for (let attempt = 0; !ended && attempt < REATTACH_TRIES; attempt += 1) {
@@ -369,6 +381,11 @@ async function uploadFile(file) {
     status.classList.toggle("warn", !!r.warning);
     for (const one of all) app.conv.artifacts.set(one.id, one);
     app.conv.userUpload(file.name, all.map((one) => one.id), skipped);
+    if (r.thread_title && app.thread.title !== r.thread_title) { // an untitled chat is named after its file
+      app.thread.title = r.thread_title;
+      $("#thread-title").textContent = r.thread_title;
+      refreshThreads().catch(() => {});
+    }
   } catch (e) {
     status.classList.add("error");
     label.textContent = `${file.name} was not uploaded: ${e.message}`;

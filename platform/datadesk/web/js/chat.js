@@ -10,6 +10,9 @@ import { uploadCard } from "./upload.js";
 import { branchControls } from "./branches.js";
 import { stepControls } from "./steps.js";
 import { refreshControls } from "./refresh.js";
+import { icon } from "./icons.js";
+import { CHIP_TOOLS, chipFor, updateChip } from "./memorychip.js";
+import { showUsage } from "./usage.js";
 
 // what GET /api/artifacts/{id}/view shows in the browser (never SVG)
 export const REPORT_FORMATS = new Set(["md", "markdown", "html", "htm"]);
@@ -50,6 +53,7 @@ function prettyArgs(raw) {
 function pinButton(app, seq) {
   return h("button", {
     type: "button", class: "pin-msg", title: "Pin as a standing constraint (always sent to the model)",
+    "aria-label": "Pin as a standing constraint",
     onclick: async (e) => {
       e.stopPropagation();
       try {
@@ -59,7 +63,7 @@ function pinButton(app, seq) {
         toast(err.message);
       }
     },
-  }, "📌");
+  }, icon("pin")); // icons.js: SVG, not an emoji that may render as an empty box
 }
 
 export class Conversation {
@@ -275,6 +279,7 @@ export class Conversation {
   // The turn ended: a card still running ends as cancelled (or error), never spinning on.
   endTurn(status) {
     setTimeout(() => this.summaryState(), 1500); // the refresh runs after the reply
+    if (this.app && this.app.thread) showUsage(this, this.app.thread.id); // usage.js: tokens and cost
     this.bubble = null;
     for (const card of this.cards.values()) {
       if (!card.el.classList.contains("running")) continue;
@@ -331,9 +336,11 @@ export class Conversation {
       const body = h("div", { class: "tool-body" });
       const el = h("details", { class: "tool-card", dataset: { call: callId, tool: name || "" } }, summary, body);
       const extras = h("div", { class: "tool-extras" });
-      const wrap = h("div", { class: "tool-wrap" }, el, extras);
-      this.root.append(wrap);
-      card = { el, body, status, extras, name, pending: [] };
+      // memorychip.js: a memory or constraint call is one "Memory updated" chip, not a card
+      const chip = CHIP_TOOLS.has(name) ? chipFor(this, el, name) : null;
+      if (!chip) this.root.append(h("div", { class: "tool-wrap" }, el, extras));
+      else if (chip.parentNode !== this.root) this.root.append(chip);
+      card = { el, body, status, extras, name, chip, pending: [] };
       this.cards.set(callId, card);
     }
     if (rawArgs !== null && rawArgs !== undefined && !card.argsShown) {
@@ -376,6 +383,7 @@ export class Conversation {
     else if (meta.artifact && meta.artifact.rows !== undefined && meta.artifact.rows !== null) parts.push(`${num(meta.artifact.rows)} rows`);
     if (duration_ms) parts.push(`${(duration_ms / 1000).toFixed(2)} s`);
     card.status.textContent = parts.join(" · ");
+    if (card.chip) setTimeout(() => updateChip(card.chip)); // after its result is in
 
     const art = meta.artifact;
     if (art) {
@@ -472,6 +480,7 @@ export async function loadThread(conv, tid, replay = true) {
   branchControls(conv, tid, detail.records); // branches.js: Edit, Regenerate, "‹ n / m ›"
   stepControls(conv, tid, detail.records); // steps.js: Edit and re-run a step, the SQL scratchpad
   refreshControls(conv, tid, detail.records); // refresh.js: the last refresh's summary card
+  showUsage(conv, tid); // usage.js: tokens and cost per turn and for the chat
   if (detail.has_more) $("#messages").prepend(earlierButton(conv, tid)); // history.js
   return detail.thread;
 }
