@@ -187,3 +187,19 @@ def test_every_step_is_in_the_audit_trail(shared) -> None:
     entries = share_audit(shared)
     assert entries[2].detail == f"fork into {fork['id']}" and entries[1].workspace == "demo"
     assert entries[1].thread == shared.tid
+
+
+def test_the_report_page_is_shared_with_the_thread(shared) -> None:
+    h, client, sid = shared.h, shared.client, shared.share["id"]
+    r = client.post(f"/api/threads/{shared.tid}/report/items", json={"kind": "chart", "artifact": shared.chart},
+                    headers=h.auth("alice"))
+    assert r.status_code in (200, 201), r.text
+    report = client.get(f"/api/shares/{sid}/report", headers=h.auth("bob"))
+    assert report.status_code == 200, report.text
+    items = report.json()["items"]
+    assert [(i["kind"], i["artifact"]) for i in items] == [("chart", shared.chart)]
+    assert client.get(f"/api/threads/{shared.tid}/report", headers=h.auth("bob")).status_code == 404
+    assert client.post(f"/api/shares/{sid}/report/items", json={"kind": "chart", "artifact": shared.chart},
+                       headers=h.auth("bob")).status_code in (404, 405)
+    client.delete(f"/api/shares/{sid}", headers=h.auth("alice"))
+    assert client.get(f"/api/shares/{sid}/report", headers=h.auth("bob")).status_code == 404

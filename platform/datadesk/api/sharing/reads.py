@@ -14,7 +14,7 @@ from litestar.exceptions import ClientException, HTTPException
 
 from datadesk.api.controllers.artifacts import artifact_out, grid_reader
 from datadesk.api.controllers.threads import record_views
-from datadesk.api.render import markdown_html
+from datadesk.api.report.page import report_json
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.branches import active_newest_first
 from datadesk.domain.ids import check_id
@@ -22,6 +22,7 @@ from datadesk.domain.shares import Share
 from datadesk.offload.artifacts.expired import expired_message
 from datadesk.offload.artifacts.store import regular_file
 from datadesk.offload.grid.pages import GridError, GridLimit, parse_request
+from datadesk.threads.report.view import report_items
 
 SHARED_RECORDS = 500  # the newest records of the active branch a shared view shows
 HIDDEN_FIELDS = ("provider_fields",)  # the model's raw reply fields (reasoning) stay the owner's
@@ -54,15 +55,12 @@ def shared_view(rt: Any, share: Share, thread: Any) -> dict[str, Any]:
 
 
 def shared_report(rt: Any, share: Share, thread: Any) -> dict[str, Any]:
-    """The thread's report page as its owner's shows it (threads/report_view.py), paragraphs rendered."""
-    try:  # the report page (threads/report_view.py) lands beside sharing, in its own commit
-        from datadesk.threads.report_view import report_items
-    except ImportError:  # pragma: no cover
-        raise HTTPException(status_code=404, detail="this version has no report page") from None
-    view = msgspec.to_builtins(report_items(thread, rt.artifacts, grid_reader(rt)))
+    """The thread's report page as its owner's shows it (threads/report/view.py, its JSON as
+    api/report/page.py shapes it), with the paragraphs' artifact URLs through the share."""
+    view = report_json(report_items(thread, rt.artifacts, grid_reader(rt)))
     for item in view.get("items", []):
-        if item.get("text"):
-            item["html"] = share_urls(markdown_html(item["text"]), share.id)
+        if item.get("html"):
+            item["html"] = share_urls(item["html"], share.id)
     return view
 
 

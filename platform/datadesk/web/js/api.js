@@ -6,6 +6,12 @@ export function setCsrf(token) {
   csrf = token;
 }
 
+// a shared chat's view reads artifacts through its share (share.js): `fn(path)` maps each path
+let rewritePath = null;
+export function setPathRewrite(fn) {
+  rewritePath = fn;
+}
+
 export class ApiError extends Error {
   constructor(status, message) {
     super(message);
@@ -36,7 +42,7 @@ export async function api(method, path, body) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
   }
-  const resp = await fetch(path, init);
+  const resp = await fetch(rewritePath ? rewritePath(path) : path, init);
   if (!resp.ok) throw await errorOf(resp);
   if (resp.status === 204) return null;
   return resp.json();

@@ -14,6 +14,7 @@ import { initReport } from "./report.js";
 import { revealSeq } from "./history.js";
 import { clearRefusal, refuseSend } from "./composer.js";
 import { initSearch, renderThreadList } from "./search.js";
+import { initShare, leaveShare, openShare, sharedFromHash } from "./share.js";
 
 const enc = encodeURIComponent;
 const REATTACH_TRIES = 5; // a stream that breaks before `done` is re-attached this many times
@@ -65,7 +66,9 @@ async function boot() {
   initReport(app); // report.js: pins from the chat and the report page (#t=<tid>&view=report)
   app.refreshThreads = () => refreshThreads();
   initDemo(app);
+  initShare(app); // share.js: the Share dialog, and a shared chat opened from its link (#s=)
   await refreshThreads();
+  if (sharedFromHash()) return openShare(app, sharedFromHash());
   const wanted = new URLSearchParams(location.hash.slice(1)).get("t");
   const first = app.threads.find((t) => t.id === wanted) || app.threads[0];
   if (first) await openThread(first.id);
@@ -118,6 +121,7 @@ async function openAt(tid, seq) {
 }
 
 async function openThread(tid) {
+  leaveShare(app); // share.js: back from a shared chat to one's own
   if (app.running) app.running.abort(); // leaving a running turn stops nothing: it runs on
   setRunning(null);
   try {
