@@ -47,22 +47,35 @@ def _axis_name(channel: Any) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def _views(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The spec and its sub-views, depth first (a layer, a concat, a facet's or repeat's spec)."""
+    out, todo = [], [spec]
+    while todo and len(out) < 200:
+        view = todo.pop(0)
+        out.append(view)
+        for key in ("layer", "concat", "hconcat", "vconcat"):
+            todo += [v for v in view.get(key) or [] if isinstance(v, dict)]
+        if isinstance(view.get("spec"), dict):
+            todo.append(view["spec"])
+    return out
+
+
 def chart_title(spec: dict[str, Any]) -> str | None:
-    """The spec's title; else the first sub-view's; else "<y> by <x>" from its encoding."""
-    title = _text(spec.get("title"))
-    if title:
-        return title
-    for key in ("layer", "concat", "hconcat", "vconcat"):
-        for view in spec.get(key) or []:
-            if isinstance(view, dict) and (found := chart_title(view)):
-                return found
-    if isinstance(spec.get("spec"), dict) and (found := chart_title(spec["spec"])):
-        return found
-    enc = spec.get("encoding") if isinstance(spec.get("encoding"), dict) else {}
-    x, y = _axis_name(enc.get("x")), _axis_name(enc.get("y"))
-    if x and y:
-        return f"{y} by {x}"[:MAX_TITLE_CHARS]
-    return x or y
+    """The spec's title, else its first sub-view's; else "<y> by <x>" from the first encoding."""
+    views = _views(spec)
+    for view in views:
+        if title := _text(view.get("title")):
+            return title
+    for view in views:
+        enc = view.get("encoding")
+        if not isinstance(enc, dict):
+            continue
+        x, y = _axis_name(enc.get("x")), _axis_name(enc.get("y"))
+        if x and y:
+            return f"{y} by {x}"[:MAX_TITLE_CHARS]
+        if x or y:
+            return x or y
+    return None
 
 
 def _urls(node: Any, depth: int = 0) -> bool:
