@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCAL = '\n[sources.local]\nurl = "sqlite:///data/shop.sqlite"\ndescription = "A SQLite copy of the shop"\n'
 
 
-def until(fetch, ok, timeout: float = 30.0):
-    """`fetch()` again until `ok(value)` (the file is looked at once a second), else fail with it."""
+def until(fetch, ok, timeout: float = 90.0):
+    """`fetch()` again until `ok(value)` (the file is looked at once a second; an MCP server takes
+    seconds to stop and start on a loaded machine), else fail with it."""
     deadline = time.monotonic() + timeout
     while True:
         value = fetch()
