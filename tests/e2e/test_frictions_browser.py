@@ -137,8 +137,14 @@ def test_upload_title_memory_chip_usage_context_and_icons(priced, page, tmp_path
     shot(page, "frictions-context-1440-light")
     page.locator("#ctx-task-state a.ctx-goto").first.click()  # to the message it was said in
     until(page, "document.querySelector('#messages .msg.user.search-hit')")
+    page.emulate_media(color_scheme="dark")
+    shot(page, "frictions-context-1440-dark")
+    page.emulate_media(color_scheme="light")
     page.set_viewport_size({"width": 390, "height": 844})
     shot(page, "frictions-context-390-light")
+    page.click("#panel-close")
+    assert page.locator(".memory-chip").is_visible() and page.locator(".turn-usage").last.is_visible()
+    shot(page, "frictions-chat-390-light")
     assert not page.js_errors, page.js_errors
 
 
