@@ -175,7 +175,7 @@ class Runtime:
                                         self.artifacts)
         # issue 32: threads shared read-only inside their workspace, and "Copy into my chats"
         self.shares = self.cluster.shares() if self.cluster else FileShares(self.layout, settings.store.fsync != "never")
-        self.sharing = Sharing(self.shares, self.threads, self.artifacts, self.audit)
+        self.sharing = Sharing(self.shares, self.threads, self.artifacts, self.audit, self.users)
 
     def _build_data(self, settings: Settings) -> None:
         """Artifacts and the data tools: SQL, re-query, history, skills, MCP."""

@@ -203,3 +203,11 @@ def test_the_report_page_is_shared_with_the_thread(shared) -> None:
                        headers=h.auth("bob")).status_code in (404, 405)
     client.delete(f"/api/shares/{sid}", headers=h.auth("alice"))
     assert client.get(f"/api/shares/{sid}/report", headers=h.auth("bob")).status_code == 404
+
+
+def test_an_owner_revoked_or_out_of_the_workspace_shares_nothing(shared) -> None:
+    h, client, sid = shared.h, shared.client, shared.share["id"]
+    assert client.get(f"/api/shares/{sid}", headers=h.auth("bob")).status_code == 200
+    h.rt.users.revoke("alice")
+    assert client.get(f"/api/shares/{sid}", headers=h.auth("bob")).status_code == 404
+    assert client.post(f"/api/shares/{sid}/fork", headers=h.auth("bob")).status_code == 404

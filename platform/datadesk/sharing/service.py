@@ -3,8 +3,8 @@
 The rules, in one place (the storage is `store.interfaces.shares.Shares`):
 
 - only a thread's owner shares it, lists their shares and revokes them;
-- a share opens for a signed-in member of the share's workspace, while it is not revoked and
-  the thread still exists; for anyone else it is `ShareNotFound` (the API's 404, the same as an
+- a share opens for a signed-in member of the share's workspace, while it is not revoked, the
+  thread still exists and its owner is still an active member there; for anyone else it is `ShareNotFound` (the API's 404, the same as an
   id that never existed: a share is not revealed to those it is not for);
 - what opens is the owner's thread to read (its records and artifacts): never a turn, a kernel,
   the owner's memory, summary, task state or manifests, and never a write;
@@ -37,8 +37,10 @@ class TooManyShares(ValueError):
 class Sharing:
     """Creates, opens, lists, revokes and forks shares; writes each to the audit trail."""
 
-    def __init__(self, shares: Any, threads: Any, artifacts: Any, audit: Any, clock: Any = time.time) -> None:
+    def __init__(self, shares: Any, threads: Any, artifacts: Any, audit: Any, users: Any = None,
+                 clock: Any = time.time) -> None:
         self.shares = shares
+        self.users = users  # the owner must still be active and a member (None: not checked)
         self.threads = threads
         self.fork_service = ThreadFork(threads, artifacts)
         self.audit = audit
@@ -78,7 +80,7 @@ class Sharing:
         Not audited: the artifact reads of an opened share (images, grid pages) come here."""
         check_id(sid, "share")
         share = self.shares.get(sid, list(user.workspaces))
-        if share is None or not share.active:
+        if share is None or not share.active or not self._owner_member(share):
             raise ShareNotFound(f"share {sid} not found")
         try:
             thread = self.threads.get(share.thread, share.owner, [share.workspace])
@@ -107,6 +109,14 @@ class Sharing:
         copy = self.fork_service.copy(thread, share.workspace, user.id, f"{title} (copy)")
         self._audit("fork", user, share, client, detail=f"fork into {copy.id}")
         return copy
+
+    def _owner_member(self, share: Share) -> bool:
+        """Whether the owner is still an active member of the share's workspace: the shares of
+        someone revoked or moved out of the workspace stop opening with them."""
+        if self.users is None:
+            return True
+        owner = self.users.get(share.owner)
+        return owner is not None and not owner.revoked and share.workspace in owner.workspaces
 
     def _audit(self, what: str, user: Any, share: Share, client: str | None, detail: str | None = None) -> None:
         self.audit.record("share", user=user.id, workspace=share.workspace, thread=share.thread, target=share.id,
