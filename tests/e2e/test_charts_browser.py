@@ -95,7 +95,8 @@ def _check_panel(page, scheme: str) -> None:
     until(page, "document.querySelectorAll('.artifact img.chart-thumb').length === 2")
     names = page.locator(".artifact-name").all_inner_texts()
     assert any("Sales by region" in n for n in names) and any("Energy per day" in n for n in names), names
-    until(page, "[...document.querySelectorAll('.artifact img.chart-thumb')].every((i) => i.complete && i.naturalWidth > 0)", 30)
+    until(page, "[...document.querySelectorAll('.artifact img.chart-thumb')]"
+                ".every((i) => i.complete && i.naturalWidth > 0)", 30)
     assert thumbs.count() == 2
     shot(page, f"chart-artifacts-panel-{scheme}-1440")
 

@@ -125,5 +125,25 @@ def test_the_house_style_keeps_the_idle_kernel_small(tmp_path) -> None:
 def test_matplotlib_house_style_on_the_local_kernel(tmp_path) -> None:
     rt = runtime_with_sandbox(tmp_path / "var", sandbox_settings("local", allow_unsafe_local=True))
     c = ctx(rt, tid="mpl")
-    r = run_with(rt, lambda: py(rt, c, MATPLOTLIB))
-    _figure_checks(rt, c, r)
+
+    async def body():
+        return [await py(rt, c, code) for code in (MATPLOTLIB, SAVE_THEN_SHOW)]
+
+    shown, saved = run_with(rt, body)
+    _figure_checks(rt, c, shown)
+    # save-then-show: the file is the one chart, and it carries the shown figure's title and dark copy
+    assert not saved.is_error, saved.content
+    assert len(saved.meta.images) == 1, saved.content
+    art = rt.artifacts.load(c.thread, saved.meta.images[0])
+    assert art.origin.filename == "daily.png" and art.title == "Daily kWh", art
+    assert art.dark_variant and saved.meta.dark_images == {art.id: art.dark_variant}
+    assert saved.content.count("artifact a") == 1, saved.content  # the dark copy is not named to the model
+
+
+SAVE_THEN_SHOW = """import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.bar(["mon", "tue"], [12_500, 14_200])
+ax.set_title("Daily kWh")
+fig.savefig("/outputs/daily.png")
+plt.show()
+"""

@@ -6,8 +6,9 @@ gives the same chart twice, as the file the code wrote and as the image the kern
 (at another dpi, cropped "tight" by the inline backend, so never the same bytes; the inline
 backend also shows every open figure at the end of a cell, with or without `plt.show()`). The
 file is the one the user asked for, so the displayed copy is dropped when it shows the same
-picture as one of the files (each file accounts for one displayed image). A displayed chart that
-no file shows is always kept: a duplicate is better than a lost chart.
+picture as one of the files (each file accounts for one displayed image); the file then gets
+the displayed figure's title and dark-theme variant (`saved_copies` says which file it is). A
+displayed chart that no file shows is always kept: a duplicate is better than a lost chart.
 
 "The same picture": both are cropped to their content (what is not background), and compared
 at 32x32 in greyscale: aspect ratios within 3%, and the pixel difference under half of the ink
@@ -63,18 +64,23 @@ def _same(a: tuple[float, list[int]], b: tuple[float, list[int]]) -> bool:
     return sum(abs(x - y) for x, y in zip(a[1], b[1])) / ink < MAX_INK_DIFF
 
 
+def saved_copies(images: Sequence[bytes], saved: Sequence[bytes]) -> dict[int, int]:
+    """Which displayed `images` are the picture of one of the `saved` PNG files: {image index:
+    file index} (each file accounts for one displayed image)."""
+    if not images or not saved:
+        return {}
+    files = [(i, s) for i, s in enumerate(_signature(d) for d in saved) if s is not None]
+    copies: dict[int, int] = {}
+    for n, data in enumerate(images):
+        sig = _signature(data) if files else None
+        match = next((k for k, (_, f) in enumerate(files) if sig is not None and _same(sig, f)), None)
+        if match is not None:
+            copies[n] = files.pop(match)[0]
+    return copies
+
+
 def not_saved(images: Sequence[bytes], saved: Sequence[bytes]) -> list[bytes]:
     """The displayed `images` that are not the picture of one of the `saved` PNG files (each
     file accounts for one displayed image)."""
-    if not images or not saved:
-        return list(images)
-    files = [s for s in (_signature(d) for d in saved) if s is not None]
-    kept: list[bytes] = []
-    for data in images:
-        sig = _signature(data) if files else None
-        match = next((i for i, f in enumerate(files) if sig is not None and _same(sig, f)), None)
-        if match is None:
-            kept.append(data)
-        else:
-            files.pop(match)
-    return kept
+    copies = saved_copies(images, saved)
+    return [data for n, data in enumerate(images) if n not in copies]

@@ -35,7 +35,7 @@ from datadesk.sandbox.sessions import ExecutionReport
 from datadesk.settings import Settings
 from datadesk.tools.arguments import ToolArguments
 from datadesk.tools.charts import save_charts
-from datadesk.tools.figures import not_saved
+from datadesk.tools.figures import saved_copies
 from datadesk.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 from datadesk.tools.requery import RequeryService
 
@@ -176,13 +176,9 @@ class PythonTool:
         produced: list[Artifact] = []
         lines: list[str] = [*problems, *ex.notices]
         # save-then-show: a displayed figure that is a PNG the code saved is shown once, as the file
-        saved = [f.data for f in ex.outputs if f.relpath.lower().endswith(".png")]
-        if saved:
-            extras = dict(zip(ex.result.images, ex.result.image_extras))
-            ex.result.images[:] = await asyncio.to_thread(not_saved, ex.result.images, saved)
-            ex.result.image_extras[:] = [extras.get(png, ImageExtras()) for png in ex.result.images]
+        file_extras = await self._shown_files(ex)
         lines += self._body(ex.result, ctx, produced)
-        lines += self._outputs(ex, ctx, produced)  # none when the kernel died
+        lines += self._outputs(ex, ctx, produced, file_extras)  # none when the kernel died
         images = [a.id for a in produced if a.format == "png" and a.kind == "deliverable" and not a.variant_of]
         dark = {a.id: a.dark_variant for a in produced if a.id in images and a.dark_variant}
         charts = [a.id for a in produced if a.format == "vega-lite"]
@@ -206,25 +202,50 @@ class PythonTool:
         self.store.save(ctx.thread, art, ctx.epoch)
         return art
 
-    def _figure(self, ctx: ToolContext, png: bytes, extras: ImageExtras, produced: list[Artifact]) -> str:
-        """Save a displayed figure (and its dark-theme variant): the line for the model."""
+    async def _shown_files(self, ex: ExecutionReport) -> dict[str, ImageExtras]:
+        """Save-then-show: drop each displayed figure that is the picture of a PNG the code saved
+        under /outputs (the file is shown instead); the file gets the figure's title and
+        dark-theme variant: {file's relpath: what came with the figure}."""
+        files = [f for f in ex.outputs if f.relpath.lower().endswith(".png")]
+        r = ex.result
+        if not files or not r.images:
+            return {}
+        copies = await asyncio.to_thread(saved_copies, r.images, [f.data for f in files])
+        extras = [*r.image_extras, *[ImageExtras()] * (len(r.images) - len(r.image_extras))]
+        kept = [n for n in range(len(r.images)) if n not in copies]
+        r.images[:], r.image_extras[:] = [r.images[n] for n in kept], [extras[n] for n in kept]
+        return {files[k].relpath: extras[n] for n, k in copies.items()}
+
+    def _save_figure(self, ctx: ToolContext, png: bytes, extras: ImageExtras, produced: list[Artifact],
+                     filename: str | None = None) -> Artifact:
+        """Save a figure's PNG with its title and dark-theme variant (an artifact of its own,
+        dropped first when the quota has no room for both); QuotaExceeded or OSError when the
+        figure itself cannot be saved."""
         try:
             dark = self._save(ctx, extras.dark, "png", "deliverable", "image/png", None,
                               title=extras.title) if extras.dark else None
-        except QuotaExceeded:
+        except (OSError, QuotaExceeded):
             dark = None  # the figure itself matters more: it is tried alone
         try:
-            art = self._save(ctx, png, "png", "deliverable", "image/png", None, title=extras.title,
+            art = self._save(ctx, png, "png", "deliverable", "image/png", filename, title=extras.title,
                              dark_variant=dark.id if dark else None)
-        except QuotaExceeded as exc:
+        except BaseException:
             if dark is not None:
                 self.store.discard(ctx.thread, dark)
-            return f"an image was produced but not saved: {exc}"
+            raise
         if dark is not None:
             dark.variant_of = art.id
             self.store.save(ctx.thread, dark, ctx.epoch)
             produced.append(dark)
         produced.append(art)
+        return art
+
+    def _figure(self, ctx: ToolContext, png: bytes, extras: ImageExtras, produced: list[Artifact]) -> str:
+        """Save a displayed figure (and its dark-theme variant): the line for the model."""
+        try:
+            art = self._save_figure(ctx, png, extras, produced)
+        except (OSError, QuotaExceeded) as exc:
+            return f"an image was produced but not saved: {exc}"
         named = f" \"{extras.title}\"" if extras.title else ""
         return f"image: artifact {art.id}{named} ({len(png):,} bytes PNG), shown to the user in the chat"
 
@@ -285,9 +306,11 @@ class PythonTool:
                 refs[n] = ref
         return refs
 
-    def _outputs(self, ex: ExecutionReport, ctx: ToolContext, produced: list[Artifact]) -> list[str]:
+    def _outputs(self, ex: ExecutionReport, ctx: ToolContext, produced: list[Artifact],
+                 shown: dict[str, ImageExtras]) -> list[str]:
         """Register the new or changed regular files the execution wrote under /outputs (read by
-        the registry while it still held the kernel) as downloadable artifacts."""
+        the registry while it still held the kernel) as downloadable artifacts; a PNG the code
+        also showed gets the shown figure's title and dark-theme variant (`shown`)."""
         lines = list(ex.output_problems)
         for f in ex.outputs:
             name = f.relpath
@@ -296,11 +319,14 @@ class PythonTool:
                 ext = "bin"
             media = mimetypes.guess_type(name)[0] or "application/octet-stream"
             try:
-                art = self._save(ctx, f.data, ext, "deliverable", media, name)
+                if name in shown:
+                    art = self._save_figure(ctx, f.data, shown[name], produced, name)
+                else:
+                    art = self._save(ctx, f.data, ext, "deliverable", media, name)
+                    produced.append(art)
             except (OSError, QuotaExceeded) as exc:
                 lines.append(f"/outputs/{name} was not saved: {exc}")
                 continue
-            produced.append(art)
             lines.append(f"file: /outputs/{name} saved as artifact {art.id} ({art.bytes:,} bytes), "
                          "downloadable by the user")
         return lines
