@@ -81,3 +81,31 @@ def test_two_hosts_see_each_others_changes(hosts) -> None:
     two.revoke(s.id, "alice", 7.0)
     assert one.get(s.id, ["demo"]).revoked == 7.0
     assert [x.id for x in one.of_owner("alice", ["demo"])] == [s.id]
+
+
+def test_migrate_copies_the_homes_shares(tmp_path, cluster_db) -> None:
+    """`datadesk migrate` (migration/shares.py): the home's shares into the table, once; a rerun
+    writes nothing; a revoke in the home is carried over while the home is the truth."""
+    from datadesk.cluster.migration.report import Report
+    from datadesk.cluster.migration.shares import copy_shares
+    from datadesk.cluster.shares import PgShares
+
+    layout = Layout(tmp_path / "var")
+    files = FileShares(layout)
+    a, b = share(), share(ws="sales", created=2.0)
+    files.add(a)
+    files.add(b)
+    (layout.workspace_dir("demo") / "shares" / f"{new_share_id()}.json").write_text("{not json")
+    report = Report(home=str(layout.home), database="test", storage="none")
+    copy_shares(layout, cluster_db, report, fill=False)
+    rows = PgShares(cluster_db)
+    assert rows.get(a.id, ["demo"]) == a and rows.get(b.id, ["sales"]) == b
+    assert report.counts["shares"] == 2 and report.written["shares"] == 2
+    assert any("unreadable" in n for n in report.notes)
+    files.revoke(a.id, "alice", 9.0)
+    again = Report(home=str(layout.home), database="test", storage="none")
+    copy_shares(layout, cluster_db, again, fill=False)
+    assert again.written["shares"] == 1 and rows.get(a.id, ["demo"]).revoked == 9.0
+    third = Report(home=str(layout.home), database="test", storage="none")
+    copy_shares(layout, cluster_db, third, fill=True)
+    assert third.written["shares"] == 0 and third.kept == []

@@ -14,7 +14,8 @@ copies, reading the home through `migration/filehome.py` (nothing in the home is
 - the thread's artifacts: each available one's data (and an upload's kept original) uploaded
   after its sha256 was checked against its metadata, then its row; tombstones as rows;
 - the thread's `outputs/` files, as objects under `.../o/<name>`;
-- memory documents and their audit.
+- memory documents and their audit;
+- the shares of threads (migration/shares.py).
 
 **Idempotent.** Everything is written by id (upserts), after comparing with what is there
 (hashes of records and lines, decoded documents, object sizes), so a second run writes
@@ -44,6 +45,7 @@ from filelock import FileLock, Timeout
 
 from datadesk.cluster.database import Database, DatabaseError
 from datadesk.cluster.memory import PgMemoryDocs
+from datadesk.cluster.migration.shares import copy_shares
 from datadesk.cluster.migration.filehome import (FileThread, artifact_problem, output_files, read_artifacts,
                                                  read_invitations, read_memories, read_sessions, read_thread,
                                                  read_users, sha256_bytes, thread_dirs)
@@ -199,6 +201,7 @@ def _copy(layout: Layout, db: Database, blobs: BlobStore, report: Report, fill: 
         if progress is not None:
             progress("threads", i, len(threads))
     copy_memory(layout, db, report, fill)
+    copy_shares(layout, db, report, fill)  # migration/shares.py
     if index_search:
         from datadesk.cluster.search import PgSearch
 
