@@ -197,7 +197,7 @@ export function renderReport(root, report, opts = {}) {
 function toolbar(app, tid) {
   const base = `/api/threads/${enc(tid)}/report?format=`;
   return h("div", { class: "report-toolbar", role: "toolbar", "aria-label": "Report" },
-    h("button", { type: "button", id: "report-back", onclick: () => { location.hash = `t=${tid}`; } }, "← Back to the chat"),
+    h("button", { type: "button", id: "report-back", onclick: () => { wanted = null; location.hash = `t=${tid}`; } }, "← Back to the chat"),
     h("span", { class: "spacer" }),
     h("button", { type: "button", id: "report-print", title: "Print, or save as PDF from the print dialog", onclick: () => window.print() }, "Print / PDF"),
     h("a", { id: "report-export-html", class: "button", href: `${base}html`, target: "_blank", rel: "noopener" }, "HTML"),
@@ -224,10 +224,24 @@ function hideReport() {
   document.body.classList.remove("report-open");
 }
 
-function route(app) {
+// The report shows while the hash asks for it (#t=<tid>&view=report). Opening a thread sets
+// the hash to #t=<tid> (app.js): for the thread whose report was asked for, that keeps the
+// report (restored in place); "Back to the chat" or another thread leaves it.
+let wanted = null; // the thread whose report is asked for
+let retry = null;
+
+function route(app, tries = 0) {
+  clearTimeout(retry);
   const q = new URLSearchParams(location.hash.slice(1));
-  if (q.get("view") === "report" && q.get("t") && app.thread && app.thread.id === q.get("t")) showReport(app, q.get("t"));
-  else hideReport();
+  const t = q.get("t");
+  if (q.get("view") === "report" && t) wanted = t;
+  else if (t !== wanted) wanted = null;
+  if (!wanted) return hideReport();
+  if (app.thread && app.thread.id === wanted) {
+    if (q.get("view") !== "report") history.replaceState(null, "", `#t=${enc(wanted)}&view=report`);
+    return showReport(app, wanted);
+  }
+  if (tries < 150) retry = setTimeout(() => route(app, tries + 1), 100); // the thread is still opening
 }
 
 export function initReport(app) {
@@ -235,19 +249,9 @@ export function initReport(app) {
   if (!btn || btn.dataset.wired) return;
   btn.dataset.wired = "1";
   btn.addEventListener("click", () => { if (app.thread) location.hash = `t=${app.thread.id}&view=report`; });
-  const wanted = new URLSearchParams(location.hash.slice(1));
-  if (wanted.get("view") === "report" && wanted.get("t")) { // opened at the report: once its thread is open
-    const tid = wanted.get("t");
-    let tries = 0;
-    const wait = setInterval(() => {
-      tries += 1;
-      if (app.thread && app.thread.id === tid) {
-        clearInterval(wait);
-        location.hash = `t=${tid}&view=report`;
-        route(app);
-      } else if (tries > 100) clearInterval(wait);
-    }, 100);
-  }
+  const list = $("#thread-list");
+  if (list) list.addEventListener("click", () => { wanted = null; }, true); // a thread picked: its chat
+  route(app);
   window.addEventListener("hashchange", () => route(app));
   const messages = $("#messages");
   new MutationObserver(() => decorate(app, messages)).observe(messages, { childList: true, subtree: true });
