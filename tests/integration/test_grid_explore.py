@@ -76,6 +76,10 @@ FILTERS = [
     ({"column": "ts", "op": "between", "value": ["2024-01-01", "2024-01-31"]},
      "ts >= DATE '2024-01-01' AND ts < DATE '2024-02-01'"),  # a date-only high takes in that whole day
     ({"column": "ts", "op": "<=", "value": "2024-01-31"}, "ts < DATE '2024-02-01'"),
+    ({"column": "ts", "op": "=", "value": "2024-03-01"}, "ts >= DATE '2024-03-01' AND ts < DATE '2024-03-02'"),
+    ({"column": "ts", "op": "!=", "value": "2024-03-01"}, "ts < DATE '2024-03-01' OR ts >= DATE '2024-03-02'"),
+    ({"column": "ts", "op": ">", "value": "2024-12-31"}, "ts >= DATE '2025-01-01'"),
+    ({"column": "ts", "op": "=", "value": "2024-03-01 05:00"}, "ts = TIMESTAMP '2024-03-01 05:00'"),
     ({"column": "ts", "op": "between", "value": ["2024-01-01 06:00", "2024-01-01 18:30"]},
      "ts BETWEEN TIMESTAMP '2024-01-01 06:00' AND TIMESTAMP '2024-01-01 18:30'"),
 ]

@@ -7,10 +7,13 @@ columns are checked against the file's own schema and quoted, operators come fro
 table, values travel as bound parameters (cast to the column's type, itself checked against
 a list of scalar types: a STRUCT's field names come from the file and are never pasted).
 
-Each request opens its own in-memory DuckDB, locked down before the query runs: the one
-Parquet file is the only path it may read (`allowed_paths`, external access off), with the
-memory, threads and spill bounds of `limits.sql_*` (sources/sqllimits.py) and a deadline
-(`sql.timeout_s`) that interrupts the statement.
+Each file is read by an in-memory DuckDB of its own, locked down before any query runs: the
+one file is the only path it may read (`allowed_paths`, external access off), with the
+memory, threads and spill bounds of `limits.sql_*` (sources/sqllimits.py), its settings
+locked; each request takes a cursor of it and a deadline (`sql.timeout_s`) that interrupts
+its statement. The database stays warm a minute for the next request on the same file
+(offload/grid/databases.py: making one costs more than a page's query); a CSV stream opens
+one of its own.
 
 Counts (rows matching the filters, non-null values per column) cost a scan; they are
 cached per (file, filters), so paging and sorting a view scan only for its page.
@@ -32,6 +35,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
+from datadesk.offload.grid.databases import GridDatabases, locked_database
 from datadesk.offload.grid.csv_download import CSV_BATCH_ROWS, CSVEncoder, CSVError, one_line, stream
 from datadesk.offload.grid.view import (Column, Filter, GridError, GridView, parse_filters, parse_sorts, quote,
                                         view_out, where_sql)
@@ -153,39 +157,26 @@ class GridReader:
         self._counts: OrderedDict[tuple, tuple[int, list[int]]] = OrderedDict()
         self._columns: OrderedDict[tuple, list[Column]] = OrderedDict()
         self._lock = threading.Lock()
+        self.databases = GridDatabases(limits)  # warm, locked-down databases (offload/grid/databases.py)
 
     def _connect(self, path: Path) -> tuple[duckdb.DuckDBPyConnection, Path]:
-        con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
-                                                 "autoload_known_extensions": False})
-        temp = self.limits.new_temp_dir()
-        try:
-            literal = "'" + str(path).replace("'", "''") + "'"
-            for stmt in ["SET enable_progress_bar=false", *self.limits.statements(temp),
-                         f"SET allowed_paths=[{literal}]", "SET enable_external_access=false",
-                         "SET lock_configuration=true"]:
-                con.execute(stmt)
-        except BaseException:
-            con.close()
-            shutil.rmtree(temp, ignore_errors=True)
-            raise
-        return con, temp
+        """A database of its own (a CSV stream: long-running, it keeps no warm one busy)."""
+        return locked_database(self.limits, path)
 
     def _run(self, path: Path, work: Callable[[duckdb.DuckDBPyConnection], Any], timeout_s: float) -> Any:
-        con, temp = self._connect(path)
-        timer = threading.Timer(timeout_s, con.interrupt)
-        timer.daemon = True
-        timer.start()
-        try:
-            return work(con)
-        except duckdb.InterruptException:
-            raise GridLimit(f"the grid query took longer than {timeout_s:g} s (sql.timeout_s): "
-                            "add a filter, or sort by fewer columns") from None
-        except duckdb.Error as exc:
-            raise self._error(exc) from None
-        finally:
-            timer.cancel()
-            con.close()
-            shutil.rmtree(temp, ignore_errors=True)
+        with self.databases.cursor(path) as con:
+            timer = threading.Timer(timeout_s, con.interrupt)
+            timer.daemon = True
+            timer.start()
+            try:
+                return work(con)
+            except duckdb.InterruptException:
+                raise GridLimit(f"the grid query took longer than {timeout_s:g} s (sql.timeout_s): "
+                                "add a filter, or sort by fewer columns") from None
+            except duckdb.Error as exc:
+                raise self._error(exc) from None
+            finally:
+                timer.cancel()
 
     def query(self, path: Path, work: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
         """`work(con)` on a locked-down connection that may read `path` only, under the grid's

@@ -12,9 +12,12 @@ Filter operators:
 
 - `contains` (text match, any column, case-insensitive), `is null`, `not null`;
 - `=`, `!=`, `<`, `<=`, `>`, `>=` with one value;
-- `between` with `[low, high]` (both included; on a timestamp column a date-only `high` takes
-  in that whole day, so `["2024-01-01", "2024-01-31"]` is January);
-- `in` with a list of 1-MAX_IN values.
+- `between` with `[low, high]` (both included);
+- `in` with a list of 1-MAX_IN values (matched exactly).
+
+On a timestamp column a date-only value (`2024-01-31`) of a comparison or a range stands for
+that whole day: `= 2024-01-31` is any time that day, `<= 2024-01-31` and `between 2024-01-01
+and 2024-01-31` take in the 31st until midnight, `> 2024-01-31` starts on February 1st.
 """
 
 from __future__ import annotations
@@ -195,9 +198,16 @@ def parse_filters(raw: list[str], columns: Mapping[str, Column]) -> tuple[Filter
     return tuple(out)
 
 
-def _upper_day(col_type: str, value: str) -> bool:
-    """Whether `value` is a date-only upper bound on a timestamp column (it takes in that day)."""
+def _whole_day(col_type: str, value: str) -> bool:
+    """Whether `value` is a date-only value on a timestamp column (it stands for that day)."""
     return col_type.startswith("TIMESTAMP") and bool(_DAY.fullmatch(value.strip()))
+
+
+_NEXT_DAY = "CAST(? AS DATE) + INTERVAL 1 DAY"
+# a comparison with a whole day: the SQL over the column `{q}`, then how many times the day is bound
+_DAY_SQL = {"=": ("({q} >= CAST(? AS DATE) AND {q} < " + _NEXT_DAY + ")", 2),
+            "!=": ("({q} < CAST(? AS DATE) OR {q} >= " + _NEXT_DAY + ")", 2),
+            "<=": ("{q} < " + _NEXT_DAY, 1), ">": ("{q} >= " + _NEXT_DAY, 1)}
 
 
 def where_sql(view: GridView, columns: Sequence[Column]) -> tuple[str, list[Any]]:
@@ -216,15 +226,16 @@ def where_sql(view: GridView, columns: Sequence[Column]) -> tuple[str, list[Any]
             params.append(f.value)
         elif f.op == "between":
             low, high = f.value  # type: ignore[misc]
-            upper = f"{q} < CAST(? AS DATE) + INTERVAL 1 DAY" if _upper_day(t, high) else f"{q} <= CAST(? AS {t})"
+            upper = f"{q} < {_NEXT_DAY}" if _whole_day(t, high) else f"{q} <= CAST(? AS {t})"
             parts.append(f"({q} >= CAST(? AS {t}) AND {upper})")
             params += [low, high]
         elif f.op == "in":
             parts.append(f"{q} IN ({', '.join(f'CAST(? AS {t})' for _ in f.value or ())})")
             params += list(f.value or ())
-        elif f.op == "<=" and _upper_day(t, str(f.value)):
-            parts.append(f"{q} < CAST(? AS DATE) + INTERVAL 1 DAY")
-            params.append(f.value)
+        elif f.op in _DAY_SQL and _whole_day(t, str(f.value)):
+            sql, times = _DAY_SQL[f.op]
+            parts.append(sql.format(q=q))
+            params += [f.value] * times
         else:
             parts.append(f"{q} {f.op} CAST(? AS {t})")
             params.append(f.value)
