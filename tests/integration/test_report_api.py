@@ -97,6 +97,10 @@ def test_pin_note_reorder_unpin_and_export(analysed) -> None:
     thread = h.rt.threads.get(api.tid, "alice", ["demo"])
     raw = thread.read_doc("report")
     assert raw and b'"version":1' in raw.replace(b" ", b"")
+    # clearing the chat removes its report with the rest
+    assert api.client.post(f"/api/threads/{api.tid}/clear").status_code == 200
+    assert thread.read_doc("report") is None
+    assert api.client.get(base).json()["items"] == []
 
 
 def test_bad_input_and_permissions(analysed) -> None:

@@ -456,7 +456,8 @@ class ThreadStore:
             for path in (thread.log.path, thread.log.path.with_name("log.torn"), thread.summary_path,
                          thread.summary_revisions_path, thread.manifests_path, thread.events_path,
                          thread.summary_status_path, thread.task_state_path,
-                         thread.dir / DOC_FILES[REFRESH], thread.dir / DOC_FILES[SCHEDULE]):
+                         thread.dir / DOC_FILES[REFRESH], thread.dir / DOC_FILES[SCHEDULE],
+                         thread.dir / DOC_FILES[REPORT]):
                 if path.is_file():
                     removed["bytes"] += path.stat().st_size
                     path.unlink()
