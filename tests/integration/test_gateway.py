@@ -148,6 +148,7 @@ def test_execute_stdout_result_error_and_chart(gateway: Gateway, home: Path, cap
     (img,) = chart.meta.images
     art = rt.artifacts.load(c.thread, img)
     assert (c.thread.artifacts_dir / art.file).read_bytes()[:4] == b"\x89PNG"
+    assert art.title == "t" and chart.meta.dark_images == {img: art.dark_variant}  # the house style
     kernel_env = json.loads(env.content.split("stdout:\n", 1)[1].strip())
     assert kernel_env["KERNEL_DATADESK_DATA_DIR"].startswith(str(kernel_view(home)))
     assert not any(TOKEN in v for v in kernel_env.values()) and "KG_AUTH_TOKEN" not in kernel_env

@@ -57,6 +57,7 @@ from datadesk.sandbox.base import (
     SandboxUnavailable,
 )
 from datadesk.sandbox.execution import INTERRUPT_GRACE_S, ChannelProbe, tell_status
+from datadesk.sandbox.kernel_setup import setup_line
 from datadesk.sandbox.backends.gateway import transfer
 from datadesk.sandbox.backends.gateway.channel import GatewayChannel
 from datadesk.sandbox.backends.gateway.config import GatewayConfig, http_problem, prove_mapping, status_problem
@@ -341,9 +342,14 @@ class GatewayKernel(ChannelProbe, Kernel):
         if self.config.presigned:
             await transfer.set_up(self._channel, self.kernel_data, self.kernel_outputs,
                                   self.settings.start_timeout_s, self.interrupt)
-            return
-        await prove_mapping(self._channel, self.config, self.placement.data_dir, self.kernel_data,
-                            self.kernel_outputs, self.settings.start_timeout_s, self.interrupt)
+        else:
+            await prove_mapping(self._channel, self.config, self.placement.data_dir, self.kernel_data,
+                                self.kernel_outputs, self.settings.start_timeout_s, self.interrupt)
+        # the chart house style, which the other backends pass as a start-up line (kernel_setup.py)
+        styled = await self._channel.run(setup_line(), self.settings.start_timeout_s, self.interrupt, silent=True)
+        if styled.status != "ok":
+            log.warning("gateway kernel %s: the chart house style was not applied (%s)", self.placement.kernel_id,
+                        styled.error.evalue if styled.error else styled.status)
 
     async def _close_http(self) -> None:
         http, self._http = self._http, None
