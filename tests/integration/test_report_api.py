@@ -148,10 +148,21 @@ def test_bad_input_and_permissions(analysed) -> None:
 
 def test_a_cookie_session_needs_the_csrf_token(analysed) -> None:
     api, h = analysed, analysed.h
+    base = f"/api/threads/{api.tid}/report"
     with h.client(signed_in=False, thread=False) as anon:
-        assert anon.client.get(f"/api/threads/{api.tid}/report").status_code == 401
-        r = anon.client.post(f"/api/threads/{api.tid}/report/items", json={"kind": "chart", "artifact": api.chart})
-        assert r.status_code in (401, 403)
+        assert anon.client.get(base).status_code == 401
+        pin = {"kind": "chart", "artifact": api.chart}
+        assert anon.client.post(f"{base}/items", json=pin).status_code in (401, 403)
+        csrf = anon.client.post("/api/login", json={"token": h.tokens["alice"]}).json()["csrf"]
+        for method, url, body in [("POST", f"{base}/items", pin), ("PUT", base, {"title": "x"}),
+                                  ("PUT", f"{base}/order", {"order": []}),
+                                  ("PATCH", f"{base}/items/pin_x", {"note": "x"}),
+                                  ("DELETE", f"{base}/items/pin_x", None)]:
+            r = anon.client.request(method, url, json=body)
+            assert r.status_code == 403 and "X-CSRF-Token" in r.json()["error"], (method, url, r.text)
+        r = anon.client.post(f"{base}/items", json=pin, headers={"X-CSRF-Token": csrf})
+        assert r.status_code == 201, r.text
+        assert anon.client.get(base).json()["items"][0]["kind"] == "chart"  # a GET needs no token
 
 
 def test_a_refresh_marks_what_it_changed(analysed, home) -> None:
