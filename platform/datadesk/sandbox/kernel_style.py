@@ -90,10 +90,16 @@ def _thousands_formatter(ticker):
             super().__init__(useOffset=False)
             self.set_scientific(False)
 
+        def set_locs(self, locs):
+            self.tick_values = [float(v) for v in locs]  # Formatter.locs is deprecated in 3.11
+            super().set_locs(locs)
+
         def __call__(self, x, pos=None):
-            locs = [v for v in self.locs if math.isfinite(v)]
+            locs = [v for v in getattr(self, "tick_values", []) if math.isfinite(v)]
             step = min((abs(b - a) for a, b in zip(locs, locs[1:]) if b != a), default=abs(x) or 1.0)
-            decimals = max(0, min(12, -math.floor(math.log10(step)) if step > 0 else 0))
+            decimals = 0  # as many as the step needs: 2.5 apart is "2.5", "5.0", "7.5"
+            while decimals < 12 and abs(round(step, decimals) - step) > step * 1e-6:
+                decimals += 1
             if abs(x) < step / 1e6:
                 x = 0.0
             return f"{x:,.{decimals}f}"
