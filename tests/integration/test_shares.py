@@ -201,6 +201,12 @@ def test_the_report_page_is_shared_with_the_thread(shared) -> None:
     assert client.get(f"/api/threads/{shared.tid}/report", headers=h.auth("bob")).status_code == 404
     assert client.post(f"/api/shares/{sid}/report/items", json={"kind": "chart", "artifact": shared.chart},
                        headers=h.auth("bob")).status_code in (404, 405)
+    # the copy has the report page too, pointing at its own chart
+    fork = client.post(f"/api/shares/{sid}/fork", headers=h.auth("bob")).json()
+    copied = client.get(f"/api/threads/{fork['id']}/report", headers=h.auth("bob")).json()["items"]
+    assert len(copied) == 1 and copied[0]["kind"] == "chart" and copied[0]["artifact"] != shared.chart
+    arts = {a["id"] for a in client.get(f"/api/threads/{fork['id']}/artifacts", headers=h.auth("bob")).json()}
+    assert copied[0]["artifact"] in arts
     client.delete(f"/api/shares/{sid}", headers=h.auth("alice"))
     assert client.get(f"/api/shares/{sid}/report", headers=h.auth("bob")).status_code == 404
 

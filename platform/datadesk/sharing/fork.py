@@ -7,6 +7,7 @@ The copy is a new thread of the reader's own, independent of the original:
   origin now the reader's thread; the records' references to the old ids (tool results'
   artifact refs, `/data/<aid>.parquet` in code and notices, chart ids) are rewritten to the
   new ones, so the copy's charts, grid and downloads read the copy's files;
+- the report page (its pinned items and notes), its artifact ids rewritten the same way;
 - nothing else: the owner's summary, task state, memory, context manifests, uploads' kept
   originals and kernel stay theirs. The reader's first turn starts a kernel of their own.
 
@@ -28,13 +29,10 @@ import msgspec
 from datadesk.domain.artifacts import Artifact
 from datadesk.domain.records import Record
 from datadesk.offload.artifacts.store import new_artifact_id, regular_file
+from datadesk.store.interfaces.threads import REPORT
 from datadesk.store.tempnames import temp_prefix
 
 MAX_TITLE_CHARS = 200
-
-
-class ForkError(RuntimeError):
-    """The copy could not be made (the message names what failed); the half-made copy is deleted."""
 
 
 class ThreadFork:
@@ -45,7 +43,9 @@ class ThreadFork:
         self.artifacts = artifacts
 
     def copy(self, source: Any, workspace: str, user_id: str, title: str) -> Any:
-        """A new thread of `user_id` in `workspace` holding a copy of `source` (module doc)."""
+        """A new thread of `user_id` in `workspace` holding a copy of `source` (module doc). When
+        the copy fails (the error passes through, its own status in the API), the half-made
+        thread is deleted."""
         target = self.threads.create(workspace, user_id, title[:MAX_TITLE_CHARS] or "Copy")
         try:
             renamed = self._copy_artifacts(source, target, user_id)
@@ -54,11 +54,12 @@ class ThreadFork:
                 copied = _renamed_record(rec, renamed)
                 target.append(lambda seq, c=copied: msgspec.structs.replace(c, seq=seq), epoch)
             target.end_turn()
+            self._copy_report(source, target, renamed, epoch)
             self.threads.touch(target, title=title[:MAX_TITLE_CHARS] or "Copy")
-        except Exception as exc:
+        except BaseException:  # a full disk, the store down: no half-made copy stays behind
             self.artifacts.forget_thread(target)
             self.threads.delete(target)
-            raise ForkError(f"thread {source.id} could not be copied: {exc}") from exc
+            raise
         return target
 
     def _copy_artifacts(self, source: Any, target: Any, user_id: str) -> dict[str, str]:
@@ -81,6 +82,18 @@ class ThreadFork:
             self.artifacts.save(target, copy, target.meta.epoch if target.meta is not None else None)
             renamed[art.id] = new_id
         return renamed
+
+
+    @staticmethod
+    def _copy_report(source: Any, target: Any, renamed: dict[str, str], epoch: int | None) -> None:
+        """The report page (its pinned items and notes), pointing at the copy's artifacts."""
+        raw = source.read_doc(REPORT)
+        if raw is None:
+            return
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        for old, new in renamed.items():
+            text = text.replace(old, new)
+        target.write_doc(REPORT, msgspec.json.decode(text.encode("utf-8")), epoch)
 
 
 def _renamed_record(rec: Record, renamed: dict[str, str]) -> Record:
