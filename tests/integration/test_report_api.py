@@ -41,7 +41,7 @@ def _pin(api, body, status=201):
     return r.json()
 
 
-def test_pin_note_reorder_unpin_and_export(analysed) -> None:
+def test_pin_note_reorder_unpin_and_export(analysed, monkeypatch) -> None:
     api, h = analysed, analysed.h
     base = f"/api/threads/{api.tid}/report"
     empty = api.client.get(base).json()
@@ -89,6 +89,12 @@ def test_pin_note_reorder_unpin_and_export(analysed) -> None:
     assert "<h1>Energy through the year</h1>" in body and body.count('<section class="item') == 3
     assert '<img src="data:image/png;base64,' in body and "/api/" not in body and 'class=num' in body
     assert "break-before:page" in body  # print: a page per item
+    # past the export's image budget, a chart is named, not embedded
+    monkeypatch.setattr("datadesk.api.report.page.MAX_EMBEDDED_BYTES", 10)
+    monkeypatch.setattr("datadesk.threads.report.markdown.MAX_EMBEDDED_BYTES", 10)
+    assert "too large to embed" in api.client.get(f"{base}?format=html").text
+    assert "data:image" not in api.client.get(f"{base}?format=md").text
+    monkeypatch.undo()
     # both exports are audited
     exports = list(h.rt.audit.entries(AuditFilter(action="export", user="alice")))
     assert {"report md", "report html"} <= {e.detail for e in exports}

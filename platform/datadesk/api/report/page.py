@@ -19,7 +19,8 @@ import msgspec
 from datadesk.api.render import markdown_html
 from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.store.threads import Thread
-from datadesk.threads.report.markdown import cell_text, is_numeric, item_image, mark_text, stamp, table_caption
+from datadesk.threads.report.markdown import (MAX_EMBEDDED_BYTES, cell_text, is_numeric, item_image, mark_text,
+                                              stamp, table_caption)
 from datadesk.threads.report.view import ReportView, ShownItem
 
 REPORT_CSS = """
@@ -84,7 +85,7 @@ def table_html(table: dict[str, Any]) -> str:
             f"<tbody>{rows}</tbody></table>")
 
 
-def _item_html(thread: Thread, artifacts: ArtifactStore, n: int, item: ShownItem) -> str:
+def _item_html(thread: Thread, artifacts: ArtifactStore, n: int, item: ShownItem, budget: list[int]) -> str:
     parts = [f'<section class="item {item.kind}"><h2>{n}. {html.escape(item.label or item.kind)}</h2>']
     if item.mark is not None:
         parts.append(f'<p class="mark{"" if item.mark.changed else " same"}">{html.escape(mark_text(item.mark))}</p>')
@@ -93,9 +94,10 @@ def _item_html(thread: Thread, artifacts: ArtifactStore, n: int, item: ShownItem
     elif item.kind == "paragraph":
         parts.append(f'<div class="text">{markdown_html(item.text or "", img_src=_data_image)}</div>')
     elif item.kind == "chart" and item.artifact:
-        img = item_image(thread, artifacts, item.artifact)
+        img = item_image(thread, artifacts, item.artifact, budget)
         if img is None:
-            parts.append(f'<p class="missing">chart {html.escape(item.artifact)} is too large to embed</p>')
+            parts.append(f'<p class="missing">chart {html.escape(item.artifact)} is too large to embed: '
+                         "open it in DataDesk</p>")
         else:
             src = f"data:{img[0]};base64,{base64.b64encode(img[1]).decode('ascii')}"
             parts.append(f'<figure><img src="{src}" alt="{html.escape(item.label)}"></figure>')
@@ -117,6 +119,7 @@ def report_html(view: ReportView, thread: Thread, artifacts: ArtifactStore, expo
            f" · {len(view.items)} item{'s' if len(view.items) != 1 else ''}{refreshed}</p></header><main>"]
     if not view.items:
         out.append("<p>Nothing is pinned to this report yet.</p>")
-    out.extend(_item_html(thread, artifacts, n, item) for n, item in enumerate(view.items, 1))
+    budget = [MAX_EMBEDDED_BYTES]
+    out.extend(_item_html(thread, artifacts, n, item, budget) for n, item in enumerate(view.items, 1))
     out.append("</main></body></html>")
     return "".join(out)

@@ -17,6 +17,7 @@ from datadesk.store.threads import Thread
 from datadesk.threads.report.view import ItemMark, ReportView, ShownItem
 
 MAX_IMAGE_BYTES = 8 << 20  # a larger chart is named, not embedded
+MAX_EMBEDDED_BYTES = 64 << 20  # all the charts of one export together; past it, the rest are named
 NUMERIC_KINDS = frozenset({"number", "integer", "float", "decimal"})
 
 
@@ -24,15 +25,22 @@ def stamp(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts)) + " UTC"
 
 
-def item_image(thread: Thread, artifacts: ArtifactStore, aid: str) -> tuple[str, bytes] | None:
-    """(media type, bytes) of a chart small enough to embed, or None."""
+def item_image(thread: Thread, artifacts: ArtifactStore, aid: str,
+               budget: list[int] | None = None) -> tuple[str, bytes] | None:
+    """(media type, bytes) of a chart small enough to embed (and within what is left of the
+    export's `budget`, which it spends), or None."""
     try:
         art = artifacts.load(thread, aid)
     except ArtifactNotFound:
         return None
     path = artifacts.data_path(thread, art)
-    if not art.available or not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_IMAGE_BYTES:
+    if not art.available or not path.is_file() or path.is_symlink():
         return None
+    size = path.stat().st_size
+    if size > MAX_IMAGE_BYTES or (budget is not None and size > budget[0]):
+        return None
+    if budget is not None:
+        budget[0] -= size
     media = art.media_type if art.media_type.startswith("image/") and "svg" not in art.media_type else "image/png"
     return media, path.read_bytes()
 
@@ -88,7 +96,8 @@ def table_markdown(table: dict[str, Any]) -> str:
     return "\n".join([head, rule, *body]) + f"\n\n_{table_caption(table)}_"
 
 
-def _item_markdown(thread: Thread, artifacts: ArtifactStore, n: int, item: ShownItem) -> list[str]:
+def _item_markdown(thread: Thread, artifacts: ArtifactStore, n: int, item: ShownItem,
+                   budget: list[int]) -> list[str]:
     out = [f"## {n}. {item.label or item.kind}"]
     if item.mark is not None:
         out.append(f"> {mark_text(item.mark)}")
@@ -97,9 +106,9 @@ def _item_markdown(thread: Thread, artifacts: ArtifactStore, n: int, item: Shown
     elif item.kind == "paragraph":
         out.append(item.text or "")
     elif item.kind == "chart" and item.artifact:
-        img = item_image(thread, artifacts, item.artifact)
+        img = item_image(thread, artifacts, item.artifact, budget)
         out.append(f"![{item.label}](data:{img[0]};base64,{base64.b64encode(img[1]).decode('ascii')})"
-                   if img else f"_chart {item.artifact} is too large to embed_")
+                   if img else f"_chart {item.artifact} is too large to embed: open it in DataDesk_")
     elif item.table is not None:
         out.append(table_markdown(item.table))
     if item.note:
@@ -113,6 +122,7 @@ def report_markdown(view: ReportView, thread: Thread, artifacts: ArtifactStore) 
            + (f" · last refreshed {stamp(view.refreshed['at'])}" if view.refreshed else "") + "_"]
     if not view.items:
         out.append("Nothing is pinned to this report yet.")
+    budget = [MAX_EMBEDDED_BYTES]
     for n, item in enumerate(view.items, 1):
-        out.extend(_item_markdown(thread, artifacts, n, item))
+        out.extend(_item_markdown(thread, artifacts, n, item, budget))
     return "\n\n".join(out) + "\n"
