@@ -13,7 +13,6 @@ import pytest
 
 from datadesk.audit import AuditFilter
 from datadesk.llm.scripted import tool_step
-from tests.conftest import parse_sse
 from tests.fakes.sandbox import FakeSandbox
 
 BIG = "SELECT * FROM readings WHERE building_id IN ('B01', 'B02')"
