@@ -304,7 +304,7 @@ def test_another_users_thread_artifact_export_search_and_task_state_stay_hidden(
 
 @pytest.mark.parametrize("query, named", [
     ("export?format=md&format=zip", "'format' is given more than once"),
-    ("export?fromat=zip", "unknown query parameter 'fromat': this endpoint takes download, format"),
+    ("export?fromat=zip", "unknown query parameter 'fromat': this endpoint takes audience, download, format"),
     ("export?download=yes", "query parameter 'download': Expected `bool`"),
     ("?limit=10&limit=20", "'limit' is given more than once"),
     ("?before=0", "query parameter 'before': Expected `int` >= 1"),
