@@ -9,8 +9,9 @@ run on it can change those. Each request takes its own cursor (a connection of t
 cheap) and closes it; the deadline interrupts that cursor only.
 
 A database is keyed by the file's path, mtime and size (a re-run query that rewrote the file
-gets a fresh one), kept for IDLE_S after its last use and at most SIZE of them; one still in
-use is closed only when its last cursor is returned. Its spill directory goes with it.
+gets a fresh one); the next request after one has been idle IDLE_S closes it, and at most
+SIZE are kept (the least recently used goes first); one still in use is closed only when its
+last cursor is returned. Its spill directory goes with it. `close()` ends them all.
 """
 
 from __future__ import annotations
