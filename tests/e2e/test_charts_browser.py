@@ -69,6 +69,8 @@ def _check_chart(page, server, scheme: str) -> None:
     if scheme == "dark":
         assert "dark-theme" in (tip.get_attribute("class") or "")
     shot(page, f"chart-vegalite-hover-{scheme}-1440")
+    if scheme == "light":
+        _zoom_and_legend(page)
     # the actions menu: Download SVG gives an SVG file of the chart
     page.locator("figure.vl-chart .vega-embed summary").click()
     with page.expect_download() as dl:
@@ -87,6 +89,25 @@ def _check_chart(page, server, scheme: str) -> None:
     dark_src = page.locator("picture.chart-picture source").get_attribute("srcset")
     assert (current.endswith(dark_src) if scheme == "dark" else not current.endswith(dark_src)), (current, dark_src)
     assert img.get_attribute("alt") in ("Energy per day", "chart " + img.get_attribute("data-artifact"))
+
+
+def _zoom_and_legend(page) -> None:
+    """The wheel zooms the value axis; a click on a legend entry dims the other series."""
+    labels = ("[...document.querySelectorAll('figure.vl-chart .role-axis-label text')]"
+              ".map((t) => t.textContent).sort().join('|')")
+    before = page.evaluate(f"() => {labels}")
+    bar = page.locator("figure.vl-chart svg .mark-rect path").nth(1).bounding_box()
+    at = (bar["x"] + bar["width"] / 2, bar["y"] + bar["height"] / 2)
+    page.mouse.move(*at)
+    page.mouse.wheel(0, -400)
+    until(page, f"({labels}) !== {before!r}", 10)
+    page.mouse.dblclick(*at)  # back to the full view
+    until(page, f"({labels}) === {before!r}", 10)
+    page.locator("figure.vl-chart .role-legend-label text", has_text="North").click()
+    dimmed = ("[...document.querySelectorAll('figure.vl-chart .mark-rect path')]"
+              ".filter((p) => p.getAttribute('opacity') === '0.15').length")
+    until(page, f"{dimmed} === 2", 10)
+    page.locator("figure.vl-chart .role-legend-label text", has_text="North").dblclick()
 
 
 def _check_panel(page, scheme: str) -> None:

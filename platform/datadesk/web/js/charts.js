@@ -61,7 +61,7 @@ function themeConfig() {
     legend: { labelColor: ink, titleColor: ink },
     header: { labelColor: ink, titleColor: ink },
     title: { color: ink, subtitleColor: muted },
-    view: { stroke: line, step: 32 },
+    view: { stroke: line, step: 32, fill: "transparent" }, // a filled view takes the pointer (zoom, reset)
     mark: { color: PALETTE[0] },
   };
 }
