@@ -45,7 +45,8 @@ function artifactItem(a, app) {
   if (a.rows !== null && a.rows !== undefined) facts.push(`${num(a.rows)} rows`);
   if (a.status === "partial") facts.push(a.partial_by === "source" ? "partial (by the source)" : "partial");
   const li = h("li", { class: `artifact ${a.status}`, dataset: { artifact: a.id } },
-    h("div", { class: "artifact-name" }, name, a.title ? null : h("span", { class: "muted" }, ` ${a.id}`)),
+    // a chart by its title (with its file's name when it is one), anything else with its id
+    h("div", { class: "artifact-name" }, name, h("span", { class: "muted" }, ` ${a.title ? a.origin.filename || "" : a.id}`)),
     h("div", { class: "muted" }, facts.join(" · ")));
   if (isChart(a) && a.status !== "expired") li.prepend(chartThumb(a));
   if (a.status === "expired") {
