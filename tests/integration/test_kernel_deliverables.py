@@ -28,6 +28,27 @@ def test_an_empty_output_file_is_not_offered_and_the_result_says_so(tmp_path) ->
     assert not any(n.endswith("report.md") for n in names), names
 
 
+def test_a_json_file_the_code_writes_keeps_its_bytes_beside_its_metadata(tmp_path) -> None:
+    """`<aid>.json` is an artifact's metadata: a JSON output stored under that name was
+    overwritten by it (the analyst's file lost, its sha256 wrong)."""
+    import hashlib
+
+    rt = runtime_with_sandbox(tmp_path / "var", sandbox_settings("local"))
+    c = ctx(rt, tid="jsonout")
+    code = ("import json\njson.dump({'total_kwh': 1234.5, 'buildings': ['B01', 'B07']}, open('/outputs/summary.json', 'w'))\n"
+            "print('wrote')")
+    r = run_with(rt, lambda: py(rt, c, code))
+    assert not r.is_error, r.content
+    arts = [a for a in rt.artifacts.list(c.thread) if a.origin.filename == "summary.json"]
+    assert len(arts) == 1, [a.file for a in rt.artifacts.list(c.thread)]
+    art = arts[0]
+    data = rt.artifacts.data_path(c.thread, art).read_bytes()
+    assert art.file == f"{art.id}.data.json"
+    assert data == b'{"total_kwh": 1234.5, "buildings": ["B01", "B07"]}'
+    assert hashlib.sha256(data).hexdigest() == art.sha256
+    assert [a.id for a in rt.artifacts.list(c.thread)].count(art.id) == 1  # the data file is no metadata
+
+
 def test_the_empty_rule_holds_for_a_listing_and_a_walk(tmp_path) -> None:
     listing = b"f 0 1700000000.0 empty.md\0f 3 1700000000.0 full.md\0"
     seen: dict = {}

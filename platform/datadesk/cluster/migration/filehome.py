@@ -212,7 +212,8 @@ def read_artifacts(artifacts_dir: Path, notes: list[str]) -> list[Artifact]:
     """Every readable `<aid>.json` of a thread's artifacts folder, oldest first."""
     out: list[Artifact] = []
     try:
-        names = sorted(n for n in os.listdir(artifacts_dir) if n.endswith(".json"))
+        # `<aid>.json` only: a JSON data file is `<aid>.data.json` (offload/artifacts/store.py)
+        names = sorted(n for n in os.listdir(artifacts_dir) if n.endswith(".json") and n.count(".") == 1)
     except (FileNotFoundError, NotADirectoryError):
         return out
     for name in names:

@@ -44,14 +44,26 @@ def new_artifact_id() -> str:
 def write_artifact_file(folder: Path, data: bytes, ext: str, kind: str, media_type: str,
                         origin: ArtifactOrigin) -> Artifact:
     """`data` written atomically as `<new id>.<ext>` in `folder` (a thread's artifacts folder),
-    and the Artifact that describes it, for the caller's store to save."""
+    and the Artifact that describes it, for the caller's store to save. A JSON file is written as
+    `<new id>.data.json`: `<id>.json` is the artifact's metadata, which would overwrite it."""
     aid = new_artifact_id()
-    path = folder / f"{aid}.{ext}"
+    path = folder / data_file_name(aid, ext)
     write_atomic(path, data)
     now = time.time()
     return Artifact(id=aid, kind=kind, format="jpeg" if ext == "jpg" else ext, file=path.name,
                     origin=origin, created=now, last_used=now, bytes=len(data),
                     sha256=hashlib.sha256(data).hexdigest(), media_type=media_type)
+
+
+def data_file_name(aid: str, ext: str) -> str:
+    """The name of an artifact's data file: never `<aid>.json`, the name of its metadata."""
+    return f"{aid}.data.json" if ext.lower() == "json" else f"{aid}.{ext}"
+
+
+def is_metadata_name(name: str) -> bool:
+    """`<aid>.json` (an artifact's metadata), not a data file such as `<aid>.data.json`."""
+    stem, dot, ext = name.partition(".")
+    return bool(dot) and ext == "json" and bool(stem)
 
 
 def regular_file(path: Path) -> bool:
@@ -234,7 +246,7 @@ class ArtifactStore:
             return []
         out = []
         for p in d.glob("*.json"):
-            if regular_file(p):
+            if is_metadata_name(p.name) and regular_file(p):
                 try:
                     out.append(msgspec.convert(read_json(p), Artifact))
                 except (msgspec.ValidationError, msgspec.DecodeError):
