@@ -14,7 +14,11 @@ import pytest
 from datadesk.audit.event import AuditFilter
 from datadesk.llm.demo import demo_model
 from datadesk.llm.demo_plans import PLANS
+from datadesk.domain.artifacts import ArtifactOrigin
+from datadesk.offload.artifacts.store import write_artifact_file
+from datadesk.sandbox.base import ChartOutput
 from datadesk.threads.report.pins import MAX_NOTE_CHARS, MAX_PINS
+from datadesk.tools.charts import CHART_EXT, CHART_FORMAT, chart_title, checked_spec
 from tests.conftest import make_harness, parse_sse
 
 
@@ -202,3 +206,46 @@ def test_a_refresh_marks_what_it_changed(analysed, home) -> None:
     assert p["mark"]["stale"]
     md = api.client.get(f"{base}?format=md").text
     assert "updated by refresh at" in md and "rows " in md
+
+
+def _vega_artifact(api, rows: int = 30, columns: int = 10) -> str:
+    """A `vega-lite` chart artifact as the python tool saves one (tools/charts.py), written to the
+    thread's artifact store directly (the local kernel has no Altair)."""
+    thread = api.h.rt.threads.get(api.tid, "alice", ["demo"])
+    values = [{"month": f"2024-{m % 12 + 1:02d}", "kwh": 1000 * m, "note": "long " * 40,
+               **{f"extra{k}": k for k in range(columns - 3)}} for m in range(rows)]
+    spec = {"title": "Monthly kWh", "data": {"values": values}, "mark": "bar",
+            "encoding": {"x": {"field": "month", "type": "ordinal"}, "y": {"field": "kwh", "type": "quantitative"}}}
+    data, spec = checked_spec(ChartOutput(mime="application/vnd.vegalite.v5+json", spec=spec))
+    origin = ArtifactOrigin(source="python", user="alice", thread=api.tid, workspace="demo", tool="python")
+    art = write_artifact_file(thread.artifacts_dir, data, CHART_EXT, "deliverable",
+                              "application/vnd.vegalite.v5+json", origin)
+    art.format, art.title = CHART_FORMAT, chart_title(spec)
+    api.h.rt.artifacts.save(thread, art)
+    return art.id
+
+
+def test_a_vega_lite_chart_pins_and_exports_as_its_data(analysed) -> None:
+    api = analysed
+    base = f"/api/threads/{api.tid}/report"
+    aid = _vega_artifact(api)
+    item = _pin(api, {"kind": "chart", "artifact": aid, "note": "Interactive."})["item"]
+    assert item["kind"] == "chart" and item["artifact"] == aid
+    shown = api.client.get(base).json()["items"][0]
+    assert shown["format"] == "vega-lite" and shown["title"] == "Monthly kWh" and shown["artifact"] == aid
+    assert shown["media_type"] == "application/vnd.vegalite.v5+json" and shown["note"] == "Interactive."
+    assert _pin(api, {"kind": "chart", "artifact": aid, "view": {"sort": []}}, 400)
+
+    md = api.client.get(f"{base}?format=md").text
+    assert "**Monthly kWh**" in md and "Interactive chart: open the thread in DataDesk to explore it" in md
+    head = next(line for line in md.splitlines() if line.startswith("| month"))
+    assert head.count("|") == 9  # 8 columns of the 10
+    rows = [line for line in md.splitlines() if line.startswith("| 2024-")]
+    assert len(rows) == 20 and "20 of 30 rows" in md and "long " * 20 not in md  # cells cut
+    assert "| 29,000 |" not in md and "| 19,000 |" in md and "---:" in md
+    page = api.client.get(f"{base}?format=html").text
+    assert '<figure class="vega-lite">' in page and "<strong>Monthly kWh</strong>" in page
+    assert "Interactive chart: open the thread in DataDesk to explore it" in page
+    assert page.count("<tr>") == 21 and "<script" not in page and "/api/" not in page
+    # a vega-lite artifact is a chart, not a table
+    assert "not a table" in api.client.post(f"{base}/items", json={"kind": "table", "artifact": aid}).text

@@ -21,6 +21,8 @@ from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.store.threads import Thread
 from datadesk.threads.report.markdown import (MAX_EMBEDDED_BYTES, cell_text, is_numeric, item_image, mark_text,
                                               stamp, table_caption)
+from datadesk.threads.report.pins import VEGA_FORMAT
+from datadesk.threads.report.vega import INTERACTIVE_LINE, vega_table
 from datadesk.threads.report.view import ReportView, ShownItem
 
 REPORT_CSS = """
@@ -85,6 +87,16 @@ def table_html(table: dict[str, Any]) -> str:
             f"<tbody>{rows}</tbody></table>")
 
 
+def _vega_html(thread: Thread, artifacts: ArtifactStore, aid: str) -> str:
+    """A Vega-Lite chart in a page without script: its title, its inline data's first rows."""
+    got = vega_table(thread, artifacts, aid)
+    if got is None:
+        return f'<p class="missing">chart {html.escape(aid)} cannot be read: open it in DataDesk</p>'
+    title = f'<p class="vl-title"><strong>{html.escape(got["title"])}</strong></p>' if got["title"] else ""
+    table = table_html(got) if got["columns"] else ""
+    return f'<figure class="vega-lite">{title}{table}<p class="missing">{INTERACTIVE_LINE}</p></figure>'
+
+
 def _item_html(thread: Thread, artifacts: ArtifactStore, n: int, item: ShownItem, budget: list[int]) -> str:
     parts = [f'<section class="item {item.kind}"><h2>{n}. {html.escape(item.label or item.kind)}</h2>']
     if item.mark is not None:
@@ -93,6 +105,8 @@ def _item_html(thread: Thread, artifacts: ArtifactStore, n: int, item: ShownItem
         parts.append(f'<p class="missing">{html.escape(item.missing)}</p>')
     elif item.kind == "paragraph":
         parts.append(f'<div class="text">{markdown_html(item.text or "", img_src=_data_image)}</div>')
+    elif item.kind == "chart" and item.artifact and item.format == VEGA_FORMAT:
+        parts.append(_vega_html(thread, artifacts, item.artifact))
     elif item.kind == "chart" and item.artifact:
         img = item_image(thread, artifacts, item.artifact, budget)
         if img is None:

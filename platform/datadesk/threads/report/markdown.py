@@ -1,6 +1,7 @@
 """A thread's report as one Markdown file (`GET /api/threads/{tid}/report?format=md`): the title,
-each pinned item in order with the analyst's note, charts embedded as `data:` images, tables as
-Markdown tables (numbers right-aligned), the refresh marks. The HTML export is rendered in
+each pinned item in order with the analyst's note, charts embedded as `data:` images (a Vega-Lite
+chart as its title and a table of its data, threads/report/vega.py), tables as Markdown tables
+(numbers right-aligned), the refresh marks. The HTML export is rendered in
 api/report/page.py (it needs the API's sanitizing Markdown renderer); both read
 `report_items` (threads/report/view.py) and `item_image` below.
 """
@@ -14,6 +15,8 @@ from typing import Any
 from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.store.interfaces.artifacts import ArtifactNotFound
 from datadesk.store.threads import Thread
+from datadesk.threads.report.pins import VEGA_FORMAT
+from datadesk.threads.report.vega import INTERACTIVE_LINE, vega_table
 from datadesk.threads.report.view import ItemMark, ReportView, ShownItem
 
 MAX_IMAGE_BYTES = 8 << 20  # a larger chart is named, not embedded
@@ -96,6 +99,17 @@ def table_markdown(table: dict[str, Any]) -> str:
     return "\n".join([head, rule, *body]) + f"\n\n_{table_caption(table)}_"
 
 
+def _vega_markdown(thread: Thread, artifacts: ArtifactStore, aid: str) -> list[str]:
+    """A Vega-Lite chart without script: its title, its inline data's first rows, the way back."""
+    got = vega_table(thread, artifacts, aid)
+    if got is None:
+        return [f"_chart {aid} cannot be read: open it in DataDesk_"]
+    out = [f"**{_md_cell(got['title'])}**"] if got["title"] else []
+    if got["columns"]:
+        out.append(table_markdown(got))
+    return [*out, f"_{INTERACTIVE_LINE}_"]
+
+
 def _item_markdown(thread: Thread, artifacts: ArtifactStore, n: int, item: ShownItem,
                    budget: list[int]) -> list[str]:
     out = [f"## {n}. {item.label or item.kind}"]
@@ -105,6 +119,8 @@ def _item_markdown(thread: Thread, artifacts: ArtifactStore, n: int, item: Shown
         out.append(f"_{item.missing}_")
     elif item.kind == "paragraph":
         out.append(item.text or "")
+    elif item.kind == "chart" and item.artifact and item.format == VEGA_FORMAT:
+        out.extend(_vega_markdown(thread, artifacts, item.artifact))
     elif item.kind == "chart" and item.artifact:
         img = item_image(thread, artifacts, item.artifact, budget)
         out.append(f"![{item.label}](data:{img[0]};base64,{base64.b64encode(img[1]).decode('ascii')})"

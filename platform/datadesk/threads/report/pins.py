@@ -7,7 +7,7 @@ atomically under the thread's guard, like the task state):
     {"version": 1, "title": "...", "updated": <ts>,
      "items": [{"id": "pin_...", "kind": "chart" | "table" | "paragraph", "pinned_at": <ts>,
                 "pinned_by": "<uid>", "note": "...", "artifact": "<aid>", "seq": <record>,
-                "image": <index in the call's charts>, "file": "<the /outputs file>",
+                "image": <index in the call's images, or in its Vega-Lite charts>, "file": "<the /outputs file>",
                 "paragraph": <block index>, "text": "<the paragraph's Markdown>",
                 "view": {"sort": ["col:desc"], "filter": "[{...}]"}}]}
 
@@ -43,6 +43,7 @@ MAX_NOTE_CHARS = 2_000
 MAX_TITLE_CHARS = 200
 MAX_TEXT_CHARS = 20_000  # a pinned paragraph's Markdown
 CHART_FORMATS = frozenset({"png", "jpeg", "jpg", "gif", "webp"})  # never SVG (it could carry script)
+VEGA_FORMAT = "vega-lite"  # an interactive chart (tools/charts.py): a spec, drawn by the page
 TABLE_FORMATS = frozenset({"parquet", "csv", "tsv"})  # what the grid reads
 Kind = Literal["chart", "table", "paragraph"]
 
@@ -137,10 +138,13 @@ def find_origin(records: Iterable[Record], aid: str) -> tuple[int, int | None, s
             continue
         meta = rec.meta or {}
         images = [str(i) for i in meta.get("images") or ()]
+        charts = [str(i) for i in meta.get("charts") or ()]
         files = {str(f.get("id")): f.get("file") for f in meta.get("artifacts") or ()}
         ref = meta.get("artifact") or {}
         if aid in images:
             return rec.seq, images.index(aid), files.get(aid)
+        if aid in charts:  # a Vega-Lite chart: its index among the call's charts
+            return rec.seq, charts.index(aid), files.get(aid)
         if aid in files or (isinstance(ref, dict) and ref.get("id") == aid):
             return rec.seq, None, files.get(aid)
     return None
@@ -206,9 +210,9 @@ class ThreadReport:
         if not art.available:
             raise ReportError("artifact", f"artifact {art.id} is {art.status}: re-run its query first")
         fmt = art.format.lower()
-        if req.kind == "chart" and fmt not in CHART_FORMATS:
+        if req.kind == "chart" and fmt not in CHART_FORMATS and fmt != VEGA_FORMAT:
             raise ReportError("artifact", f"artifact {art.id} is {art.format}, not a chart image "
-                                          f"({', '.join(sorted(CHART_FORMATS))})")
+                                          f"({', '.join(sorted(CHART_FORMATS))}) or a {VEGA_FORMAT} chart")
         if req.kind == "table" and fmt not in TABLE_FORMATS:
             raise ReportError("artifact", f"artifact {art.id} is {art.format}, not a table "
                                           f"({', '.join(sorted(TABLE_FORMATS))})")

@@ -31,7 +31,7 @@ from datadesk.offload.grid.pages import GridError, GridLimit, GridReader, parse_
 from datadesk.store.interfaces.artifacts import ArtifactNotFound
 from datadesk.store.threads import Thread
 from datadesk.threads.refresh import last_report
-from datadesk.threads.report.pins import PinnedItem, ReportDoc, read_report
+from datadesk.threads.report.pins import VEGA_FORMAT, PinnedItem, ReportDoc, read_report
 
 TABLE_ROWS = 20  # rows of a pinned table shown on the page and in its exports
 LABEL_CHARS = 90  # the question quoted in an item's label
@@ -56,6 +56,8 @@ class ShownItem(msgspec.Struct, omit_defaults=True):
     artifact: str | None = None  # what is shown now (a chart's or table's newest version)
     pinned_artifact: str | None = None  # what was pinned, when that is not what is shown
     media_type: str | None = None  # a chart
+    format: str | None = None  # a chart: "vega-lite" for an interactive one (drawn by the page)
+    title: str | None = None  # a chart's own title
     text: str | None = None  # a paragraph's Markdown
     table: dict[str, Any] | None = None  # {columns, data, rows (matching), total_rows, sort, filters}
     missing: str | None = None  # why the item cannot be shown (expired, removed)
@@ -113,7 +115,9 @@ def _current(log: _Log, item: PinnedItem) -> tuple[str, Record | None]:
         return aid, None
     meta = rec.meta or {}
     if item.image is not None:
-        images = [str(i) for i in meta.get("images") or ()]
+        pinned = (log.by_seq.get(item.seq or -1) or rec).meta or {}
+        listed = "charts" if aid in [str(i) for i in pinned.get("charts") or ()] else "images"  # Vega-Lite
+        images = [str(i) for i in meta.get(listed) or ()]
         if item.image < len(images):
             return images[item.image], rec
     if item.file:
@@ -180,7 +184,9 @@ def _resolve(thread: Thread, artifacts: ArtifactStore, reader: GridReader | None
     if not art.available:
         shown.missing = f"artifact {aid} is {art.status}: re-run its query in the chat"
         return shown
-    if item.kind == "chart":
+    if item.kind == "chart" and art.format == VEGA_FORMAT:
+        shown.media_type, shown.format, shown.title = art.media_type, VEGA_FORMAT, art.title
+    elif item.kind == "chart":
         shown.media_type = art.media_type if art.media_type.startswith("image/") else "image/png"
     else:
         got = _table(reader, artifacts.data_path(thread, art), item, rows)

@@ -7,6 +7,7 @@
 import { api } from "./api.js";
 import { $, h, num, promptDialog, setHtml, toast } from "./dom.js";
 import { currentView } from "./grid.js";
+import { vegaChart } from "./charts.js";
 
 const enc = encodeURIComponent;
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -71,6 +72,12 @@ function decorate(app, root) {
     img.dataset.pinnable = "1";
     img.after(pinButton("Pin chart", "Pin this chart to the report", () => pin(app, { kind: "chart", artifact: m[1] }, "the chart")));
   }
+  for (const fig of root.querySelectorAll("figure.vl-chart[data-artifact]:not([data-pinnable])")) {
+    if (fig.closest(".report-page")) continue; // a chart already on the report page
+    fig.dataset.pinnable = "1";
+    const aid = fig.dataset.artifact;
+    fig.after(pinButton("Pin chart", "Pin this chart to the report", () => pin(app, { kind: "chart", artifact: aid }, "the chart")));
+  }
   for (const box of root.querySelectorAll(".tool-notice.info[data-artifact]:not([data-pinnable])")) {
     box.dataset.pinnable = "1";
     if (!box.querySelector(".open-grid")) continue; // a table (Parquet) result: the grid reads it
@@ -126,6 +133,7 @@ function tableOf(t) {
 
 function itemBody(item) {
   if (item.missing) return h("p", { class: "notice warn" }, item.missing);
+  if (item.kind === "chart" && item.format === "vega-lite") return vegaChart(item.artifact, item.title); // drawn interactively
   if (item.kind === "chart") return h("img", { class: "report-chart", src: `/api/artifacts/${enc(item.artifact)}/view`, alt: item.label || "chart" });
   if (item.kind === "table" && item.table) return tableOf(item.table);
   const div = h("div", { class: "report-text markdown" });
