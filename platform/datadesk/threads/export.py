@@ -37,6 +37,7 @@ from datadesk.domain.branches import active_records
 from datadesk.domain.records import Record, ToolCall
 from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.store.threads import Thread
+from datadesk.threads.chart_table import ChartTable, chart_table
 
 MAX_RESULT_CHARS = 4_000  # a tool result's head in Markdown and HTML (the notebook has the data)
 MAX_IMAGE_BYTES = 8 << 20  # an image larger than this is named, not embedded
@@ -135,10 +136,20 @@ class ThreadDocument:
         ref = entry.meta.get("artifact")
         return self.artifacts.get(ref["id"]) if isinstance(ref, dict) and ref.get("id") else None
 
+    def charts_of(self, entry: Entry) -> list[str]:
+        """The Vega-Lite charts a python call displayed, in order."""
+        return [str(a) for a in entry.meta.get("charts") or []]
+
+    def chart(self, aid: str) -> ChartTable:
+        """A Vega-Lite chart as a static export shows it (title and a small table of its data)."""
+        art = self.artifacts.get(aid)
+        return chart_table(self.data_file(aid), art.title if art is not None else None)
+
     def files_of(self, entry: Entry) -> list[dict[str, Any]]:
-        """The files a python call wrote (reports, CSVs), not its charts."""
-        images = set(self.images_of(entry))
-        return [f for f in entry.meta.get("artifacts") or [] if f.get("id") not in images and f.get("file")]
+        """The files a python call wrote (reports, CSVs), not its charts, their dark-theme
+        variants or its Vega-Lite charts."""
+        shown = {*self.images_of(entry), *self.charts_of(entry), *(entry.meta.get("dark_images") or {}).values()}
+        return [f for f in entry.meta.get("artifacts") or [] if f.get("id") not in shown and f.get("file")]
 
     # -- Markdown ------------------------------------------------------------------------------
     def to_markdown(self) -> str:
@@ -181,6 +192,8 @@ class ThreadDocument:
             img = self.image(aid)
             lines += [f"![chart {aid}](data:{img[0]};base64,{base64.b64encode(img[1]).decode()})" if img
                       else f"_(chart {aid} is no longer available)_", ""]
+        for aid in self.charts_of(e):
+            lines += [self.chart(aid).markdown(), ""]
         for f in self.files_of(e):
             img = self.image(str(f["id"])) if str(f.get("format")) in ("png", "jpeg", "gif", "webp") else None
             lines += [f"![{f['file']}](data:{img[0]};base64,{base64.b64encode(img[1]).decode()})" if img

@@ -4,7 +4,8 @@ The full export (threads/export.py) is a transcript: every tool call with its SQ
 text the model read, including the offload notice ("NOTICE: this is a preview of 10 rows, NOT
 the full data…") and sandbox paths (`/data/…`, `/outputs/…`). A page handed to a manager needs
 none of that. `reader_turns(doc)` keeps, per question, the answers and the images the turn's
-python calls produced (figures and image files written to /outputs), and scrubs from the
+python calls produced (figures and image files written to /outputs; a Vega-Lite chart as its
+title and a table of its data, threads/chart_table.py), and scrubs from the
 answers what was meant for the model: notice lines, the offload header, and the sandbox folders
 of paths (`/outputs/report.md` reads `report.md`). `reader_markdown(doc)` writes them as one
 Markdown file; api/controllers/export.py renders the same turns as a printable page.
@@ -17,6 +18,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from datadesk.threads.chart_table import ChartTable
 from datadesk.threads.export import Entry, ThreadDocument
 
 # lines meant for the model: the offload notice and header, the preview's row counts, tool-only notes
@@ -46,10 +48,11 @@ class ReaderTurn:
     asked: float
     answers: list[str] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
+    charts: list[ChartTable] = field(default_factory=list)  # Vega-Lite charts, as a static page shows them
 
     @property
     def empty(self) -> bool:
-        return not self.answers and not self.figures
+        return not self.answers and not self.figures and not self.charts
 
 
 def for_readers(text: str) -> str:
@@ -91,6 +94,7 @@ def reader_turns(doc: ThreadDocument) -> list[ReaderTurn]:
             turns[-1].answers.append(text)
         elif e.kind == "call" and e.status == "ok":
             turns[-1].figures.extend(_figures(doc, e))
+            turns[-1].charts.extend(doc.chart(aid) for aid in doc.charts_of(e))
     return [t for t in turns if not t.empty]
 
 
@@ -108,4 +112,6 @@ def reader_markdown(doc: ThreadDocument) -> str:
             out += [text, ""]
         for fig in turn.figures:
             out += [f"![{fig.caption}]({fig.uri})", ""]
+        for chart in turn.charts:
+            out += [chart.markdown(), ""]
     return "\n".join(out).rstrip() + "\n"

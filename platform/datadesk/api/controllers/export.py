@@ -32,6 +32,7 @@ from datadesk.api.controllers.audit import client_of
 from datadesk.api.guards.access import find_thread
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.render import code_html, markdown_html, plain_html, tool_html
+from datadesk.threads.chart_table import ChartTable
 from datadesk.threads.export import MAX_RESULT_CHARS, Entry, ThreadDocument, call_source, safe_name
 from datadesk.threads.notebook import notebook_for, write_bundle
 from datadesk.threads.reader_export import reader_markdown, reader_turns
@@ -126,6 +127,8 @@ def _call_html(doc: ThreadDocument, e: Entry, budget: list[int]) -> str:
         else:
             src = f"data:{img[0]};base64,{base64.b64encode(img[1]).decode('ascii')}"
             parts.append(f'<figure><img src="{src}" alt="chart {html.escape(aid)}"></figure>')
+    for aid in doc.charts_of(e):
+        parts.append(_chart_html(doc.chart(aid), budget))
     for f in doc.files_of(e):
         img = doc.image(str(f["id"])) if str(f.get("format")) in EMBEDDED_IMAGES else None
         if img is not None:  # a chart the code saved to /outputs
@@ -135,6 +138,11 @@ def _call_html(doc: ThreadDocument, e: Entry, budget: list[int]) -> str:
         else:
             parts.append(f"<p>File: <code>{html.escape(str(f['file']))}</code> (artifact {html.escape(str(f['id']))})</p>")
     return "".join(parts)
+
+
+def _chart_html(table: ChartTable, budget: list[int]) -> str:
+    """A Vega-Lite chart in a page that runs no script: its title and a table of its data."""
+    return f'<figure class="chart-table">{_rendered(table.markdown(), budget, markdown_html)}</figure>'
 
 
 def thread_html(doc: ThreadDocument) -> str:
@@ -191,6 +199,8 @@ def readers_html(doc: ThreadDocument) -> str:
         for fig in turn.figures:
             out.append(f'<figure><img src="{fig.uri}" alt="{html.escape(fig.caption)}">'
                        f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>")
+        for chart in turn.charts:
+            out.append(_chart_html(chart, budget))
         out.append("</section>")
     out.append("</body></html>")
     return "".join(out)
