@@ -14,7 +14,7 @@ import pytest
 
 from datadesk.llm.demo_plans import PLANS
 from tests.e2e.conftest import login, open_page, run_server, shot
-from tests.e2e.test_web import api, until
+from tests.e2e.test_web import api, ask, new_chat, until
 
 pytestmark = pytest.mark.browser
 
@@ -144,3 +144,33 @@ def test_pins_show_on_the_report_page_and_in_its_export(demo_server, browser) ->
         assert not page.js_errors, page.js_errors
     with httpx.Client(base_url=server.base, timeout=30) as anon:
         assert anon.get(f"/api/threads/{tid}/report").status_code == 401
+
+
+VEGA_CODE = """\
+from IPython.display import display
+display({"application/vnd.vegalite.v5+json": {
+    "title": "Sales by region",
+    "data": {"values": [{"region": "North", "sales": 1250000}, {"region": "South", "sales": 980000}]},
+    "mark": "bar",
+    "encoding": {"x": {"field": "region", "type": "nominal"}, "y": {"field": "sales", "type": "quantitative"}}}},
+    raw=True)
+"""
+
+
+def test_a_pinned_vega_lite_chart_draws_on_the_report_page(server, browser) -> None:
+    server.llm.clear()
+    server.llm.add_tool_calls([{"id": "call_vl", "name": "python", "arguments": {"code": VEGA_CODE}}])
+    server.llm.add_text("Here are the sales by region.")
+    with open_page(browser) as page:
+        login(page, server)
+        new_chat(page)
+        ask(page, "Chart sales by region.")
+        page.wait_for_selector("#messages figure.vl-chart + .report-pin svg.icon")
+        page.click("#messages figure.vl-chart + .report-pin")
+        until(page, "document.querySelector('#toast').textContent.includes('Pinned the chart')")
+        page.click("#open-report")
+        page.wait_for_selector("#report-view:not([hidden]) .report-item.chart figure.vl-chart")
+        until(page, "document.querySelector('#report-view .report-item.chart figure.vl-chart.drawn svg')", 30)
+        assert page.locator("#report-view .report-item.chart figure.vl-chart svg .mark-rect path").count() == 2
+        shot(page, "report-page-vegalite")
+        assert not page.js_errors, page.js_errors
