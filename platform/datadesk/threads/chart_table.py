@@ -1,6 +1,7 @@
 """A Vega-Lite chart as a static export shows it: its title and a small table of its data.
 
-Exports (Markdown, the printable page, the copy for readers) run no script, so an interactive
+Exports (Markdown, the printable page, the copy for readers, the report page's exports in
+threads/report/vega.py) run no script, so an interactive
 chart cannot be drawn there. Its spec carries its data inline (tools/charts.py refuses a `url`),
 so the export shows the first rows of that data under the chart's title, with a line saying the
 chart itself is interactive in DataDesk. Bounded: at most `MAX_ROWS` rows, `MAX_COLS` columns,
@@ -58,7 +59,7 @@ def _cell(value: Any) -> str:
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
-def _values(spec: dict[str, Any]) -> list[Any]:
+def inline_rows(spec: dict[str, Any]) -> list[Any]:
     """The chart's inline rows: its own `data.values`, else a view's, else the first dataset."""
     for node in (spec, *(v for k in ("layer", "concat", "hconcat", "vconcat") for v in spec.get(k) or []
                          if isinstance(v, dict))):
@@ -85,7 +86,7 @@ def chart_table(path: Path | None, title: str | None) -> ChartTable:
         spec = json.loads(path.read_bytes())
     except (OSError, ValueError, RecursionError):
         return table
-    rows = [r for r in _values(spec) if isinstance(r, dict)] if isinstance(spec, dict) else []
+    rows = [r for r in inline_rows(spec) if isinstance(r, dict)] if isinstance(spec, dict) else []
     if not rows:
         return table
     columns: list[str] = []

@@ -1,6 +1,6 @@
 """A pinned Vega-Lite chart as the static exports show it (issue 32): the exports carry no script,
-so a chart is its title and a small table of its inline data (the spec's `data.values`, else the
-first dataset of `datasets`), bounded: at most `MAX_ROWS` rows and `MAX_COLUMNS` columns, each
+so a chart is its title and a small table of its inline data (`chart_table.inline_rows`, the same
+rows and bounds as the thread's exports), bounded: at most `MAX_ROWS` rows and `MAX_COLUMNS` columns, each
 cell cut to `MAX_CELL_CHARS`. The app's report page draws the chart itself (web/js/charts.js).
 """
 
@@ -12,24 +12,12 @@ from typing import Any
 from datadesk.offload.artifacts.store import ArtifactStore
 from datadesk.store.interfaces.artifacts import ArtifactNotFound
 from datadesk.store.threads import Thread
+from datadesk.threads.chart_table import MAX_CELL as MAX_CELL_CHARS
+from datadesk.threads.chart_table import MAX_COLS as MAX_COLUMNS
+from datadesk.threads.chart_table import MAX_ROWS, NOTE, inline_rows
 from datadesk.tools.charts import CHART_FORMAT, MAX_SPEC_BYTES, chart_title
 
-MAX_ROWS = 20
-MAX_COLUMNS = 8
-MAX_CELL_CHARS = 60
-INTERACTIVE_LINE = "Interactive chart: open the thread in DataDesk to explore it"
-
-
-def _values(spec: dict[str, Any]) -> list[Any]:
-    data = spec.get("data")
-    if isinstance(data, dict) and isinstance(data.get("values"), list):
-        return data["values"]
-    datasets = spec.get("datasets")
-    if isinstance(datasets, dict):
-        for values in datasets.values():
-            if isinstance(values, list):
-                return values
-    return []
+INTERACTIVE_LINE = NOTE.rstrip(".")
 
 
 def _cell(value: Any) -> Any:
@@ -49,7 +37,7 @@ def _kind(values: list[Any]) -> str:
 def spec_table(spec: dict[str, Any]) -> dict[str, Any]:
     """{title, columns, data, rows} of a spec's inline data (module docstring); `columns` is
     empty when the spec has none."""
-    values = _values(spec)
+    values = inline_rows(spec)
     head = values[:MAX_ROWS]
     names: list[str] = []
     for row in head:
