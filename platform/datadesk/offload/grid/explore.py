@@ -135,9 +135,10 @@ def _histogram(con: duckdb.DuckDBPyConnection, path: Path, columns: Sequence[Col
     value = f"epoch_us({q})" if dated else f"CAST({q} AS DOUBLE)"
     width, bins = _histogram_edges(lo, hi, req.bins)
     where, params = _where(req.view, columns, f"{q} IS NOT NULL")
+    # grouped and ordered by position: a column named b or n must not stand in for the alias
     found = dict(con.execute(
         f"SELECT least(CAST(floor(({value} - ?) / ?) AS BIGINT), ?) AS b, count(*) FROM {source_sql(path, False)}"
-        f"{where} GROUP BY b", [lo, width, bins - 1, str(path), *params]).fetchall())
+        f"{where} GROUP BY 1", [lo, width, bins - 1, str(path), *params]).fetchall())
 
     def edge(x: float) -> Any:
         if not dated:
@@ -153,8 +154,8 @@ def _top(con: duckdb.DuckDBPyConnection, path: Path, columns: Sequence[Column], 
          non_null: int) -> tuple[list[dict[str, Any]], int]:
     q = quote(req.column.name)
     where, params = _where(req.view, columns, f"{q} IS NOT NULL")
-    found = con.execute(f"SELECT {q}, count(*) AS n FROM {source_sql(path, False)}{where} GROUP BY {q} "
-                        f"ORDER BY n DESC, {q} LIMIT {TOP_VALUES}", [str(path), *params]).fetchall()
+    found = con.execute(f"SELECT {q}, count(*) AS n FROM {source_sql(path, False)}{where} GROUP BY 1 "
+                        f"ORDER BY 2 DESC, 1 LIMIT {TOP_VALUES}", [str(path), *params]).fetchall()
     top = [{"value": cell(v), "count": int(n)} for v, n in found]
     return top, non_null - sum(t["count"] for t in top)
 
