@@ -216,3 +216,81 @@ def test_an_owner_revoked_or_out_of_the_workspace_shares_nothing(shared) -> None
     h.rt.users.revoke("alice")
     assert client.get(f"/api/shares/{sid}", headers=h.auth("bob")).status_code == 404
     assert client.post(f"/api/shares/{sid}/fork", headers=h.auth("bob")).status_code == 404
+
+
+def save_output(api, tid: str, data: bytes, ext: str, media: str, filename: str):
+    """A file alice's code wrote to /outputs in thread `tid` (a python deliverable)."""
+    from datadesk.domain.artifacts import ArtifactOrigin
+
+    handle = api.h.rt.threads.get(tid, "alice", ["demo"])
+    origin = ArtifactOrigin(source="python", user="alice", thread=tid, workspace="demo", filename=filename)
+    return api.h.rt.artifacts.save_bytes(handle, data, ext, "deliverable", media, origin)
+
+
+def test_the_grid_explorer_reads_through_the_share(shared) -> None:
+    h, client, sid, table = shared.h, shared.client, shared.share["id"], shared.table
+    base = f"/api/shares/{sid}/artifacts/{table}"
+    prof = client.get(f"{base}/profile?column=kwh&bins=5", headers=h.auth("bob"))
+    assert prof.status_code == 200, prof.text
+    own = client.get(f"/api/artifacts/{table}/profile?column=kwh&bins=5", headers=h.auth("alice"))
+    assert prof.json() == own.json() and prof.json()["rows"] == 2 * 24 * 397
+    groups = client.get(f"{base}/groups?by=building_id&agg=count", headers=h.auth("bob"))
+    assert groups.status_code == 200, groups.text
+    assert [row[:2] for row in groups.json()["data"]] == [["B01", 24 * 397], ["B02", 24 * 397]]
+    # the same bounds and errors as the owner's endpoints
+    bad = client.get(f"{base}/profile?column=nope", headers=h.auth("bob"))
+    assert bad.status_code == 400 and "nope" in bad.text and bad.json()["extra"]["param"] == "column"
+    assert client.get(f"{base}/groups?limit=5000&by=building_id", headers=h.auth("bob")).status_code == 400
+    assert client.get(f"/api/shares/{sid}/artifacts/{shared.chart}/profile?column=x",
+                      headers=h.auth("bob")).status_code == 400  # a chart has no columns
+    # no way into the owner's endpoints, nor to an artifact of another thread through this share
+    assert client.get(f"/api/artifacts/{table}/profile?column=kwh", headers=h.auth("bob")).status_code == 404
+    other = shared.new_thread()
+    csv = client.post(f"/api/threads/{other}/uploads", files={"file": ("t.csv", b"a,b,n\n1,2,x\n3,4,y\n", "text/csv")},
+                      headers=h.auth("alice")).json()
+    oid = csv["artifacts"][0]["id"] if "artifacts" in csv else csv["artifact"]["id"]
+    for col in ("a", "n"):  # columns named as the profile's own aliases (b, n) do not stand in for them
+        r = client.get(f"/api/artifacts/{oid}/profile?column={col}", headers=h.auth("alice"))
+        assert r.status_code == 200 and r.json()["rows"] == 2, r.text
+    for what in ("profile?column=a", "groups?by=a"):
+        assert client.get(f"/api/shares/{sid}/artifacts/{oid}/{what}", headers=h.auth("bob")).status_code == 404
+    # outsiders (a share of a workspace bob is not in) and everyone after a revoke: 404
+    tid = shared.new_thread(workspace="sales")
+    sales = client.post(f"/api/threads/{tid}/shares", headers=h.auth("alice")).json()["id"]
+    for path in (f"/api/shares/{sales}/artifacts/{table}/profile?column=kwh",
+                 f"/api/shares/{sales}/artifacts/{table}/groups?by=building_id"):
+        assert client.get(path, headers=h.auth("bob")).status_code == 404, path
+    client.delete(f"/api/shares/{sid}", headers=h.auth("alice"))
+    for user in ("bob", "alice"):
+        assert client.get(f"{base}/profile?column=kwh", headers=h.auth(user)).status_code == 404
+        assert client.get(f"{base}/groups?by=building_id", headers=h.auth(user)).status_code == 404
+
+
+def test_a_report_file_opens_as_the_owners_sanitized_page(shared) -> None:
+    h, client, sid, tid = shared.h, shared.client, shared.share["id"], shared.tid
+    save_output(shared, tid, png(3, 3), "png", "image/png", "figs/daily.png")
+    md = save_output(shared, tid, b"# Readings\n\n![d](figs/daily.png)\n![far](https://evil.example/p.png)\n"
+                     b"<script>alert(1)</script>", "md", "text/markdown", "report.md")
+    html_rep = save_output(shared, tid, b"<h1>H</h1><script>x()</script><img src=\"/outputs/figs/daily.png\">",
+                           "html", "text/html", "report.html")
+    for art in (md, html_rep):
+        r = client.get(f"/api/shares/{sid}/artifacts/{art.id}/view", headers=h.auth("bob"))
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("text/html")
+        assert r.headers["content-security-policy"].startswith("sandbox; default-src 'none'")
+        assert r.headers["x-content-type-options"] == "nosniff"
+        own = client.get(f"/api/artifacts/{art.id}/view", headers=h.auth("alice"))
+        assert r.text == own.text  # the owner's page, not a copy of its code
+        assert r.text.count("data:image/png;base64,") == 1 and "<script>" not in r.text
+    page = client.get(f"/api/shares/{sid}/artifacts/{md.id}/view", headers=h.auth("bob")).text
+    assert "<h1>Readings</h1>" in page and "evil.example" not in page and "&lt;script&gt;" in page
+    assert "<h1>H</h1>" in r.text  # the HTML report, its image from the thread's outputs embedded
+    # a report of another thread through this share; a share bob is outside of; a revoked one: 404
+    other = shared.new_thread()
+    far = save_output(shared, other, b"# elsewhere", "md", "text/markdown", "far.md")
+    assert client.get(f"/api/shares/{sid}/artifacts/{far.id}/view", headers=h.auth("bob")).status_code == 404
+    stid = shared.new_thread(workspace="sales")
+    sales = client.post(f"/api/threads/{stid}/shares", headers=h.auth("alice")).json()["id"]
+    assert client.get(f"/api/shares/{sales}/artifacts/{md.id}/view", headers=h.auth("bob")).status_code == 404
+    client.delete(f"/api/shares/{sid}", headers=h.auth("alice"))
+    assert client.get(f"/api/shares/{sid}/artifacts/{md.id}/view", headers=h.auth("bob")).status_code == 404

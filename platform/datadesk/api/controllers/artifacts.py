@@ -167,10 +167,11 @@ MAX_VIEW_BYTES = 20 << 20
 MAX_EMBED_BYTES = 30 << 20  # all images embedded in one report page
 
 
-def _report_page(rt: Runtime, handle: Thread, art: Artifact, path: Path) -> str:
+def report_file_page(rt: Runtime, handle: Thread, art: Artifact, path: Path) -> str:
     """A report file as a standalone page. Images it names (`chart.png`, `/outputs/chart.png`,
     `figs/a.png`) are looked up among the same thread's python outputs and embedded as data: URIs;
-    anything else (other hosts, other threads, paths with '..') is dropped."""
+    anything else (other hosts, other threads, paths with '..') is dropped. Reads only (a shared
+    thread's reader gets the same page, api/sharing/controller.py)."""
     text = read_regular(path, MAX_VIEW_BYTES).decode("utf-8", "replace")
     by_name: dict[str, Artifact] = {}
     for other in sorted(rt.artifacts.list(handle), key=lambda a: a.created):
@@ -395,7 +396,7 @@ class ArtifactController(Controller):
             raise HTTPException(status_code=415, detail=(
                 f"artifact {aid} is {art.format}: it cannot be shown in the browser, download it instead "
                 f"(/api/artifacts/{aid}/download)"))
-        page = await asyncio.to_thread(_report_page, rt, handle, art, path)
+        page = await asyncio.to_thread(report_file_page, rt, handle, art, path)
         rt.artifacts.touch(handle, [aid])
         return Response(page.encode(), media_type="text/html; charset=utf-8",
                         headers={**headers, "Content-Security-Policy": SANDBOX_CSP})

@@ -4,7 +4,9 @@ The owner: `POST /api/threads/{tid}/shares` (a new link), `GET /api/shares` (the
 `?thread=` one thread's), `DELETE /api/shares/{sid}` (revoke). A member of the workspace:
 `GET /api/shares/{sid}` (the thread as it is: records rendered, artifacts listed),
 `GET /api/shares/{sid}/report` (its report page), `GET .../artifacts/{aid}/view|rows|download`
-(charts, the grid, the files: reads only), `POST /api/shares/{sid}/fork` (Copy into my chats).
+(charts and report files, the grid, the files), `GET .../artifacts/{aid}/profile|groups` (the
+grid's column profile and group-by, under the reader's query slot): reads only, none of them
+touching the owner's artifacts. `POST /api/shares/{sid}/fork` (Copy into my chats).
 Anyone else, and everyone once it is revoked: 404, as for an id that never existed. No other
 endpoint takes a share id, so nothing writes through one (sharing/service.py holds the rules).
 """
@@ -19,11 +21,14 @@ from litestar.exceptions import HTTPException, NotFoundException
 from litestar.params import FromPath, FromQuery
 from litestar.response import Response, Stream
 
-from datadesk.api.controllers.artifacts import INLINE_IMAGES, attachment_header, download_stem
+from datadesk.api.controllers.artifacts import (INLINE_IMAGES, REPORT_FORMATS, attachment_header, download_stem,
+                                                report_file_page)
 from datadesk.api.controllers.audit import client_of
+from datadesk.api.controllers.grid.explore import explore
 from datadesk.api.controllers.threads import thread_out
 from datadesk.api.guards.access import find_thread
 from datadesk.api.guards.auth import CurrentUser, RuntimeDep
+from datadesk.api.guards.security import SANDBOX_CSP
 from datadesk.api.offloop import run_off_loop
 from datadesk.api.sharing.reads import grid_page, shared_report, shared_view, table_file
 from datadesk.domain.ids import check_id
@@ -48,6 +53,10 @@ class ShareOut(msgspec.Struct):
 def share_out(share: Share) -> ShareOut:
     return ShareOut(id=share.id, thread=share.thread, workspace=share.workspace, title=share.title,
                     created=share.created, active=share.active, link=f"/#s={share.id}", revoked=share.revoked)
+
+
+def _params(request: Request) -> dict[str, list[str]]:
+    return {k: request.query_params.getall(k) for k in request.query_params}
 
 
 def _not_found(exc: ShareNotFound) -> NotFoundException:
@@ -106,25 +115,45 @@ class ShareController(Controller):
     @get("/shares/{sid:str}/artifacts/{aid:str}/view")
     async def shared_artifact_view(self, sid: FromPath[str], aid: FromPath[str], user: CurrentUser,
                                    rt: RuntimeDep) -> Response[bytes]:
-        """A chart of the shared thread (raster images only)."""
+        """A chart of the shared thread (raster images inline), or a Markdown/HTML report file as
+        the owner's view shows it: sanitized, sandboxed, its images found among the thread's outputs."""
         share, thread = self._find(rt, sid, user)
         art, path = table_file(rt, thread, aid)
+        headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
+        if art.format in REPORT_FORMATS:
+            page = await run_off_loop(user.id, report_file_page, rt, thread, art, path)
+            return Response(page.encode(), media_type="text/html; charset=utf-8",
+                            headers={**headers, "Content-Security-Policy": SANDBOX_CSP})
         if art.format not in INLINE_IMAGES:
             raise HTTPException(status_code=415, detail=(
-                f"artifact {aid} is {art.format}: a shared view shows charts inline; download it instead "
-                f"(/api/shares/{sid}/artifacts/{aid}/download)"))
+                f"artifact {aid} is {art.format}: a shared view shows charts and reports inline; download it "
+                f"instead (/api/shares/{sid}/artifacts/{aid}/download)"))
         data = await run_off_loop(user.id, read_regular, path, MAX_VIEW_BYTES)
         return Response(data, media_type=INLINE_IMAGES[art.format], headers={
-            "X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store",
-            "Content-Security-Policy": "sandbox; default-src 'none'"})
+            **headers, "Content-Security-Policy": "sandbox; default-src 'none'"})
 
     @get("/shares/{sid:str}/artifacts/{aid:str}/rows")
     async def shared_rows(self, sid: FromPath[str], aid: FromPath[str], request: Request, user: CurrentUser,
                           rt: RuntimeDep) -> dict[str, Any]:
         """A page of a table of the shared thread for the read-only grid (as /api/artifacts/{aid}/rows)."""
         share, thread = self._find(rt, sid, user)
-        params = {k: request.query_params.getall(k) for k in request.query_params}
-        return await grid_page(rt, user, thread, aid, params)
+        return await grid_page(rt, user, thread, aid, _params(request))
+
+    @get("/shares/{sid:str}/artifacts/{aid:str}/profile")
+    async def shared_profile(self, sid: FromPath[str], aid: FromPath[str], request: Request, user: CurrentUser,
+                             rt: RuntimeDep) -> dict[str, Any]:
+        """A column's profile of a table of the shared thread (as /api/artifacts/{aid}/profile)."""
+        share, thread = self._find(rt, sid, user)
+        art, path = table_file(rt, thread, aid)
+        return await explore(rt, user, art, path, _params(request), "profile")
+
+    @get("/shares/{sid:str}/artifacts/{aid:str}/groups")
+    async def shared_groups(self, sid: FromPath[str], aid: FromPath[str], request: Request, user: CurrentUser,
+                            rt: RuntimeDep) -> dict[str, Any]:
+        """A group-by of a table of the shared thread (as /api/artifacts/{aid}/groups)."""
+        share, thread = self._find(rt, sid, user)
+        art, path = table_file(rt, thread, aid)
+        return await explore(rt, user, art, path, _params(request), "groups")
 
     @get("/shares/{sid:str}/artifacts/{aid:str}/download")
     async def shared_download(self, sid: FromPath[str], aid: FromPath[str], request: Request, user: CurrentUser,

@@ -206,7 +206,7 @@ export async function openShare(app, sid) {
     shared = { sid, observer: null };
     return true;
   }
-  setPathRewrite(rewrite); // the grid's pages come through the share too
+  setPathRewrite(rewrite); // the grid (pages, column profiles, group-bys) reads through the share too
   const observer = new MutationObserver((changes) => {
     for (const c of changes) {
       if (c.type === "attributes") pointAll(c.target, rewrite);

@@ -3,14 +3,15 @@ a table artifact's full data (offload/grid/explore.py, chart_step.py).
 
 Each query runs off the event loop (a worker thread) under a query slot, on the grid's
 locked-down DuckDB with its time and memory bounds: 400 naming a bad parameter, 422 at a bound,
-503 when no slot came free, 404 for another user's artifact, 410 for an expired one.
+503 when no slot came free, 404 for another user's artifact, 410 for an expired one. A shared
+thread's reader gets the profile and the group-by through the share (`explore`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from litestar import Controller, Request, get
 from litestar.exceptions import ClientException, HTTPException
@@ -39,13 +40,17 @@ def _bad(exc: GridError) -> ClientException:
 
 async def _table(rt: Runtime, user: User, aid: str) -> tuple[Thread, Artifact, Path, list[Column]]:
     handle, art, path = data_file(rt, user, aid)
+    return handle, art, path, await _columns(rt, art, path)
+
+
+async def _columns(rt: Runtime, art: Artifact, path: Path) -> list[Column]:
     if art.format not in GRID_FORMATS:
-        raise ClientException(f"artifact {aid} is {art.format}, not a table: it has no columns to explore")
+        raise ClientException(f"artifact {art.id} is {art.format}, not a table: it has no columns to explore")
     try:
         columns = await asyncio.to_thread(grid_reader(rt).columns, path)
     except GridLimit as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from None
-    return handle, art, path, columns
+    return columns
 
 
 async def _query(rt: Runtime, user: User, work: Callable[[], Any]) -> Any:
@@ -59,6 +64,24 @@ async def _query(rt: Runtime, user: User, work: Callable[[], Any]) -> Any:
         raise HTTPException(status_code=422, detail=str(exc)) from None
     finally:
         release_slot(slot)
+
+
+async def explore(rt: Runtime, user: User, art: Artifact, path: Path, params: Mapping[str, list[str]],
+                  kind: Literal["profile", "groups"]) -> dict[str, Any]:
+    """A column's profile or a group-by of table `art` (its data file `path`), under one of
+    `user`'s query slots: the owner's endpoints here and a shared thread's reader
+    (api/sharing/controller.py) get the same answer, limits and errors. Writes nothing."""
+    columns = await _columns(rt, art, path)
+    try:
+        if kind == "profile":
+            req = parse_profile(params, columns)
+            out = await _query(rt, user, lambda: profile(grid_reader(rt), path, columns, req))
+        else:
+            groups = parse_groups(params, columns)
+            out = await _query(rt, user, lambda: group_by(grid_reader(rt), path, columns, groups))
+    except GridError as exc:
+        raise _bad(exc) from None
+    return {"artifact": art.id, **out}
 
 
 def _chart_request(params: Mapping[str, list[str]], columns: list[Column]) -> tuple[GridView, Any, Column | None]:
@@ -87,27 +110,19 @@ class GridExploreController(Controller):
         """The profile of one column (`column`, `bins`, optional `filter` as for /rows): rows,
         nulls, distinct; min/max/mean and a histogram for numbers, a range and a histogram for
         dates, the most frequent values for text."""
-        handle, _, path, columns = await _table(rt, user, aid)
-        try:
-            req = parse_profile(_params(request), columns)
-        except GridError as exc:
-            raise _bad(exc) from None
-        out = await _query(rt, user, lambda: profile(grid_reader(rt), path, columns, req))
+        handle, art, path = data_file(rt, user, aid)
+        out = await explore(rt, user, art, path, _params(request), "profile")
         rt.artifacts.touch(handle, [aid])
-        return {"artifact": aid, **out}
+        return out
 
     @get("/{aid:str}/groups")
     async def groups(self, aid: FromPath[str], request: Request, user: CurrentUser, rt: RuntimeDep) -> dict[str, Any]:
         """The matching rows grouped `by` 1-3 columns (`col` or `col:hour|day|week|month|year`)
         with `agg` count | sum:<col> | mean:<col> per group; `sort`, `limit` (1-1000), `filter`."""
-        handle, _, path, columns = await _table(rt, user, aid)
-        try:
-            req = parse_groups(_params(request), columns)
-        except GridError as exc:
-            raise _bad(exc) from None
-        out = await _query(rt, user, lambda: group_by(grid_reader(rt), path, columns, req))
+        handle, art, path = data_file(rt, user, aid)
+        out = await explore(rt, user, art, path, _params(request), "groups")
         rt.artifacts.touch(handle, [aid])
-        return {"artifact": aid, **out}
+        return out
 
     @get("/{aid:str}/chart-step")
     async def chart_step(self, aid: FromPath[str], request: Request, user: CurrentUser,
