@@ -1,6 +1,6 @@
 """Sharing a chat in a real browser (issue 32, part 3): the owner shares a chat with a table and a
 chart from the Share dialog; a colleague of the workspace opens the link read-only (banner, no
-composer, the chart and the grid through the share) and copies it into their chats; a user of
+composer, the chart and the grid, its profiles and group-bys, through the share) and copies it into their chats; a user of
 another workspace gets "not found"; a revoked link stops working. Screenshots at 390 and 1440 px,
 light and dark."""
 
@@ -107,6 +107,21 @@ def test_a_colleague_opens_read_only_and_forks_outsider_404_revoke(browser, peop
             page.locator("#messages .open-grid").first.click()
             page.wait_for_selector("dialog[open] table td")
             shot(page, "share-colleague-grid-light-1440")
+            # its column profile and group-by read through the share too; nothing that writes is offered
+            assert page.locator("#grid-chart").is_hidden() and page.locator("#grid-ask").is_hidden()
+            with page.expect_response(lambda r: f"/api/shares/{sid}/artifacts/" in r.url and "/profile" in r.url
+                                      and r.status == 200):
+                page.click("#grid-table button.profile-btn[data-column='kwh']")
+            until(page, "document.querySelector('#grid-profile[data-column=\"kwh\"]') && "
+                        "!document.querySelector('#grid-profile').hidden")
+            assert page.locator("#grid-profile .profile-hist rect.bar").count() > 0
+            page.select_option("#grid-group-by", "building_id")
+            with page.expect_response(lambda r: f"/api/shares/{sid}/artifacts/" in r.url and "/groups" in r.url
+                                      and r.status == 200):
+                page.click("#grid-group-form button[type=submit]")
+            until(page, "document.querySelector('#grid-count').textContent.includes('groups')")
+            assert page.inner_text("#grid-count").startswith("2 groups"), page.inner_text("#grid-count")
+            shot(page, "share-colleague-grid-groups-light-1440")
             page.keyboard.press("Escape")
             # Copy into my chats: a thread of bob's own, with the chart, and the composer back
             page.click("#share-fork")
