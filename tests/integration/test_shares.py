@@ -294,3 +294,21 @@ def test_a_report_file_opens_as_the_owners_sanitized_page(shared) -> None:
     assert client.get(f"/api/shares/{sales}/artifacts/{md.id}/view", headers=h.auth("bob")).status_code == 404
     client.delete(f"/api/shares/{sid}", headers=h.auth("alice"))
     assert client.get(f"/api/shares/{sid}/artifacts/{md.id}/view", headers=h.auth("bob")).status_code == 404
+
+
+def test_a_vega_lite_chart_is_drawn_from_its_spec_through_the_share(shared) -> None:
+    import json
+
+    import msgspec
+
+    h, client, sid, tid = shared.h, shared.client, shared.share["id"], shared.tid
+    spec = {"title": "kWh", "data": {"values": [{"b": "B01", "kwh": 3}]}, "mark": "bar"}
+    art = save_output(shared, tid, json.dumps(spec).encode(), "vljson", "application/json", None)
+    handle = h.rt.threads.get(tid, "alice", ["demo"])
+    h.rt.artifacts.save(handle, msgspec.structs.replace(art, format="vega-lite", title="kWh"))
+    r = client.get(f"/api/shares/{sid}/artifacts/{art.id}/view", headers=h.auth("bob"))
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json") and r.json() == spec
+    assert r.headers["content-security-policy"].startswith("sandbox")
+    client.delete(f"/api/shares/{sid}", headers=h.auth("alice"))
+    assert client.get(f"/api/shares/{sid}/artifacts/{art.id}/view", headers=h.auth("bob")).status_code == 404

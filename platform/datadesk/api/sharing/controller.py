@@ -115,8 +115,9 @@ class ShareController(Controller):
     @get("/shares/{sid:str}/artifacts/{aid:str}/view")
     async def shared_artifact_view(self, sid: FromPath[str], aid: FromPath[str], user: CurrentUser,
                                    rt: RuntimeDep) -> Response[bytes]:
-        """A chart of the shared thread (raster images inline), or a Markdown/HTML report file as
-        the owner's view shows it: sanitized, sandboxed, its images found among the thread's outputs."""
+        """A chart of the shared thread (raster images inline, a Vega-Lite chart as its spec), or a
+        Markdown/HTML report file as the owner's view shows it: sanitized, sandboxed, its images
+        found among the thread's outputs."""
         share, thread = self._find(rt, sid, user)
         art, path = table_file(rt, thread, aid)
         headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
@@ -124,6 +125,10 @@ class ShareController(Controller):
             page = await run_off_loop(user.id, report_file_page, rt, thread, art, path)
             return Response(page.encode(), media_type="text/html; charset=utf-8",
                             headers={**headers, "Content-Security-Policy": SANDBOX_CSP})
+        if art.format == "vega-lite":  # the spec, for the chat's renderer (web/js/charts.js)
+            spec = await run_off_loop(user.id, read_regular, path, MAX_VIEW_BYTES)
+            return Response(spec, media_type="application/json", headers={
+                **headers, "Content-Security-Policy": "sandbox; default-src 'none'"})
         if art.format not in INLINE_IMAGES:
             raise HTTPException(status_code=415, detail=(
                 f"artifact {aid} is {art.format}: a shared view shows charts and reports inline; download it "
