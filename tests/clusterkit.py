@@ -100,6 +100,10 @@ def start_cluster_postgres(root: Path) -> ClusterPG:
     with (home.data / "postgresql.conf").open("a") as f:
         f.write(f"listen_addresses = '127.0.0.1'\nport = {srv.port}\nunix_socket_directories = '{home.sock}'\n"
                 "fsync = off\nfull_page_writes = off\nmax_connections = 300\n"
+                # a connection a test abandoned mid-handshake (an async connect on a loop that
+                # asyncio.run has closed) holds its backend in `authentication` until this runs
+                # out, and DROP DATABASE ... WITH (FORCE) waits for it: 60 s by default
+                "authentication_timeout = '3s'\n"
                 "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = top\n")
     srv.pid = home.start()
     return srv
