@@ -233,7 +233,10 @@ def test_the_grid_explorer_reads_through_the_share(shared) -> None:
     prof = client.get(f"{base}/profile?column=kwh&bins=5", headers=h.auth("bob"))
     assert prof.status_code == 200, prof.text
     own = client.get(f"/api/artifacts/{table}/profile?column=kwh&bins=5", headers=h.auth("alice"))
-    assert prof.json() == own.json() and prof.json()["rows"] == 2 * 24 * 397
+    # the same answer as the owner's; a mean summed by DuckDB's threads may differ in its last digits
+    got, owners = prof.json(), own.json()
+    assert got.pop("mean") == pytest.approx(owners.pop("mean"), rel=1e-9)
+    assert got == owners and got["rows"] == 2 * 24 * 397
     groups = client.get(f"{base}/groups?by=building_id&agg=count", headers=h.auth("bob"))
     assert groups.status_code == 200, groups.text
     assert [row[:2] for row in groups.json()["data"]] == [["B01", 24 * 397], ["B02", 24 * 397]]
