@@ -33,6 +33,7 @@ from datadesk.store.files import StoreWriteError
 from datadesk.store.threads import ThreadNotFound, TooManyThreads
 from datadesk.store.users import UserError
 from datadesk.store.workspaces import WorkspaceConfigError
+from datadesk.threads.report.pins import PinNotFound, ReportError
 
 log = logging.getLogger(__name__)
 ID_RULE = "[A-Za-z0-9_-]{1,64}"  # domain/ids.py ID_PATTERN, as the error says it
@@ -43,10 +44,12 @@ ERROR_STATUS: dict[type[Exception], int] = {
     UserError: 400,
     MemoryInputError: 400,
     UploadError: 400,
+    ReportError: 400,  # a pin, note, title or order the report page cannot take
     ToolError: 400,  # a re-query the UI asked for that cannot run: the reason, as the model would read it
     ThreadNotFound: 404,
     ArtifactNotFound: 404,
     FactNotFound: 404,
+    PinNotFound: 404,
     DuplicateFact: 409,
     FactStateError: 409,
     TurnConflict: 409,
@@ -67,6 +70,7 @@ ERROR_STATUS: dict[type[Exception], int] = {
 # What an error adds to its body beside the message.
 ERROR_EXTRA: dict[type[Exception], Callable[[Any], Any]] = {
     DuplicateFact: lambda exc: {"fact": exc.fact_id},
+    ReportError: lambda exc: {"field": exc.field},
 }
 
 

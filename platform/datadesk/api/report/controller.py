@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, patch, post, put
-from litestar.exceptions import ClientException, NotFoundException
+from litestar.exceptions import ClientException
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from datadesk.api.controllers.artifacts import grid_reader
@@ -35,7 +35,7 @@ from datadesk.api.guards.auth import CurrentUser, RuntimeDep
 from datadesk.api.report.page import REPORT_CSP, report_html, report_json
 from datadesk.domain.ids import check_id
 from datadesk.threads.export import safe_name
-from datadesk.threads.report.pins import PinNotFound, PinRequest, ReportError, ThreadReport
+from datadesk.threads.report.pins import PinRequest, ThreadReport
 from datadesk.threads.report.markdown import report_markdown
 from datadesk.threads.report.view import report_items
 
@@ -53,10 +53,6 @@ class TitleEdit(msgspec.Struct, forbid_unknown_fields=True):
 
 class OrderEdit(msgspec.Struct, forbid_unknown_fields=True):
     order: list[str]
-
-
-def _refused(exc: ReportError) -> ClientException:
-    return ClientException(str(exc), extra={"field": exc.field})
 
 
 class ReportController(Controller):
@@ -102,10 +98,7 @@ class ReportController(Controller):
                         rt: RuntimeDep) -> dict[str, Any]:
         """Set the report's title ("": the thread's title)."""
         report = self._report(rt, user, tid)
-        try:
-            await asyncio.to_thread(report.retitle, data.title)
-        except ReportError as exc:
-            raise _refused(exc) from None
+        await asyncio.to_thread(report.retitle, data.title)
         return await self._shown(rt, report)
 
     @post("/items", status_code=201, request_max_body_size=MAX_BODY)
@@ -113,10 +106,7 @@ class ReportController(Controller):
                   rt: RuntimeDep) -> dict[str, Any]:
         """Pin a chart, a table (or a grid view of one) or a paragraph of an answer."""
         report = self._report(rt, user, tid)
-        try:
-            item = await asyncio.to_thread(report.pin, data, user.id)
-        except ReportError as exc:
-            raise _refused(exc) from None
+        item = await asyncio.to_thread(report.pin, data, user.id)
         return {"item": msgspec.to_builtins(item), "report": await self._shown(rt, report)}
 
     @patch("/items/{pin_id:str}", status_code=200, request_max_body_size=MAX_BODY)
@@ -125,12 +115,7 @@ class ReportController(Controller):
         """Set (or clear, with "") the analyst's note on a pinned item."""
         report = self._report(rt, user, tid)
         check_id(pin_id, "pinned item")
-        try:
-            await asyncio.to_thread(report.note, pin_id, data.note)
-        except PinNotFound as exc:
-            raise NotFoundException(str(exc)) from None
-        except ReportError as exc:
-            raise _refused(exc) from None
+        await asyncio.to_thread(report.note, pin_id, data.note)
         return await self._shown(rt, report)
 
     @delete("/items/{pin_id:str}", status_code=200)
@@ -139,10 +124,7 @@ class ReportController(Controller):
         """Take an item off the report."""
         report = self._report(rt, user, tid)
         check_id(pin_id, "pinned item")
-        try:
-            await asyncio.to_thread(report.unpin, pin_id)
-        except PinNotFound as exc:
-            raise NotFoundException(str(exc)) from None
+        await asyncio.to_thread(report.unpin, pin_id)
         return await self._shown(rt, report)
 
     @put("/order", status_code=200, request_max_body_size=MAX_BODY)
@@ -150,8 +132,5 @@ class ReportController(Controller):
                       rt: RuntimeDep) -> dict[str, Any]:
         """Put the items in a new order (every pinned id once)."""
         report = self._report(rt, user, tid)
-        try:
-            await asyncio.to_thread(report.reorder, data.order)
-        except ReportError as exc:
-            raise _refused(exc) from None
+        await asyncio.to_thread(report.reorder, data.order)
         return await self._shown(rt, report)
