@@ -258,18 +258,7 @@ class Grid {
     for (const el of [this.nav.first, this.nav.prev, this.nav.next, this.nav.last, this.size]) el.hidden = false;
     this.download.hidden = false;
     const head = h("tr", {}, h("th", { class: "rownum", scope: "col" }, "#"), ...cols.map((c, i) => this.headCell(c, i)));
-    const body = h("tbody", {});
-    p.data.forEach((row, r) => {
-      body.append(h("tr", {}, h("th", { class: "rownum", scope: "row" }, num(p.offset + r + 1)),
-        ...row.map((v, c) => {
-          const text = show(v);
-          return h("td", { class: `${cols[c].kind}${text === null ? " null" : ""}`, dataset: { r, c } }, text === null ? "null" : text);
-        })));
-    });
-    this.table.replaceChildren(h("thead", {}, head), body);
-    this.sel = null;
-    this.bindSelection(body);
-    this.drawChips();
+    this.drawRows(head, cols, p.data, p.offset);
   }
 
   headCell(c, i) {
@@ -333,9 +322,14 @@ class Grid {
     const cols = res.columns;
     const head = h("tr", {}, h("th", { class: "rownum", scope: "col" }, "#"),
       ...cols.map((c) => h("th", { scope: "col", class: c.kind }, h("span", { class: "group-col" }, c.name))));
+    this.drawRows(head, cols, res.data, 0);
+  }
+
+  // The table's rows under `head` (row numbers from `offset + 1`), selectable, with the filter chips.
+  drawRows(head, cols, data, offset) {
     const body = h("tbody", {});
-    res.data.forEach((row, r) => {
-      body.append(h("tr", {}, h("th", { class: "rownum", scope: "row" }, num(r + 1)),
+    data.forEach((row, r) => {
+      body.append(h("tr", {}, h("th", { class: "rownum", scope: "row" }, num(offset + r + 1)),
         ...row.map((v, c) => {
           const text = show(v);
           return h("td", { class: `${cols[c].kind}${text === null ? " null" : ""}`, dataset: { r, c } }, text === null ? "null" : text);
