@@ -4,7 +4,7 @@
 // window, the cache) and the summary it carried.
 
 import { api } from "./api.js";
-import { h, num, toast, when } from "./dom.js";
+import { acting, h, num, when } from "./dom.js";
 import { revealSeq } from "./history.js";
 
 const enc = encodeURIComponent;
@@ -35,14 +35,7 @@ async function taskStateSection(app, rerender) {
   } catch (e) {
     return [h("p", { class: "error" }, e.message)];
   }
-  const act = async (fn) => {
-    try {
-      await fn();
-    } catch (e) {
-      toast(e.message);
-    }
-    await rerender();
-  };
+  const act = acting(rerender);
   const s = data.summary;
   const state = h("p", { id: "ctx-summary-state", class: s.state === "failed" ? "warn-text" : "muted", dataset: { state: s.state } },
     `Summary state: ${SUMMARY_STATES[s.state] || s.state}${s.reason ? ` — ${s.reason}` : ""}`,

@@ -59,6 +59,18 @@ export function relative(ts) {
   return s >= 0 ? `in ${unit[0]} ${unit[1]}` : `${unit[0]} ${unit[1]} ago`;
 }
 
+// An action of a panel's button: run `fn` (its error shown as a toast), then redraw the panel.
+export function acting(rerender) {
+  return async (fn) => {
+    try {
+      await fn();
+    } catch (e) {
+      toast(e.message);
+    }
+    await rerender();
+  };
+}
+
 let toastTimer = null;
 export function toast(message, kind = "error") {
   const el = $("#toast");

@@ -2,7 +2,7 @@
 
 import { api } from "./api.js";
 import { IMAGE_FORMATS, REPORT_FORMATS } from "./chat.js";
-import { bytes, confirmDialog, h, num, promptDialog, relative, toast, when } from "./dom.js";
+import { acting, bytes, confirmDialog, h, num, promptDialog, relative, when } from "./dom.js";
 import { GRID_FORMATS, gridButton } from "./grid.js";
 import { chartThumb } from "./charts.js";
 
@@ -86,14 +86,7 @@ export async function memoryPanel(body, app) {
     return;
   }
   const rerender = () => memoryPanel(body, app);
-  const act = async (fn) => {
-    try {
-      await fn();
-    } catch (e) {
-      toast(e.message);
-    }
-    await rerender();
-  };
+  const act = acting(rerender);
   const toggle = h("input", { type: "checkbox", id: "memory-switch", checked: data.enabled });
   toggle.addEventListener("change", () => act(() => api("PUT", "/api/memory/settings", { enabled: toggle.checked })));
   const out = [
