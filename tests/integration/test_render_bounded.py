@@ -18,9 +18,10 @@ pytestmark = pytest.mark.security
 
 def big_table(min_chars: int) -> str:
     rows = ["| id | name | value | note |", "|---:|---|---:|---|"]
-    i = 0
-    while sum(len(r) + 1 for r in rows) < min_chars:
+    i, total = 0, sum(len(r) + 1 for r in rows)  # kept as it grows (summing each time was quadratic)
+    while total < min_chars:
         rows.append(f"| {i} | sensor-{i % 97} | {i * 3.25:.2f} | reading number {i} of the day |")
+        total += len(rows[-1]) + 1
         i += 1
     return "Here are all rows:\n\n" + "\n".join(rows) + "\n\nThat is all.\n"
 
