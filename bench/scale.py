@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -174,6 +175,52 @@ def fake_model(args: argparse.Namespace) -> Iterator[str]:
             proc.wait(10)
 
 
+def control_main(args: argparse.Namespace) -> int:
+    """`--control-server`: a bare asyncio HTTP responder (no framework, no work) that answers every
+    request with a small JSON 200. Probed beside `/api/health`, its latency is what the loaded
+    host alone costs a process that does nothing: the floor under the app's figure."""
+    body = b'{"status":"ok"}'
+    reply = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+             + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(reply)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def run() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        Path(args.ready_file).write_text(str(server.sockets[0].getsockname()[1]))
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(run())
+    return 0
+
+
+@contextmanager
+def control_server() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="ddscale-control-") as tmp:
+        ready = Path(tmp) / "port"
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--control-server",
+                                 "--ready-file", str(ready)], cwd=ROOT)
+        try:
+            deadline = time.time() + 30
+            while not ready.exists() or not ready.read_text():
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("the control server did not start")
+                time.sleep(0.05)
+            yield f"http://127.0.0.1:{ready.read_text()}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
 # -- the app and its process tree --------------------------------------------------------------
 
 @contextmanager
@@ -253,10 +300,12 @@ async def user_loop(base: str, token: str, tid: str, tag: str, turns: int, jitte
         return [await one_turn(c, tid, f"{tag} {tid} turn {i}: how did consumption move?") for i in range(turns)]
 
 
-def probe_main(base: str, every: float, stop: Any, out: Any) -> None:
+def probe_main(base: str, control: str | None, every: float, stop: Any, out: Any) -> None:
     """The prober's own process: `/api/health` every `every` s on one client (building one costs
-    ~10 ms), a new connection each probe; its latencies never wait on the load generator's GIL."""
+    ~10 ms), a new connection each probe; its latencies never wait on the load generator's GIL.
+    Right after each, the same request to the control server (`control_main`), when there is one."""
     latencies: list[float] = []
+    controls: list[float] = []
     loops: list[tuple[float, dict[str, Any]]] = []
     errors = 0
     with httpx.Client(base_url=base, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as c:
@@ -270,21 +319,27 @@ def probe_main(base: str, every: float, stop: Any, out: Any) -> None:
                     loops.append((time.perf_counter(), loop))  # CLOCK_MONOTONIC: one clock for every process
             except (httpx.HTTPError, ValueError):
                 errors += 1
+            if control:
+                t1 = time.perf_counter()
+                with contextlib.suppress(httpx.HTTPError):
+                    c.get(f"{control}/api/health")
+                    controls.append(time.perf_counter() - t1)
             stop.wait(max(0.0, every - (time.perf_counter() - t0)))
-    out.put((latencies, loops, errors))
+    out.put((latencies, controls, loops, errors))
 
 
 class Prober:
     """`/api/health` probes from a process of its own; `latencies`, `loops` (per worker pid) and
     `errors` once joined."""
 
-    def __init__(self, base: str, every: float = 0.1) -> None:
+    def __init__(self, base: str, control: str | None = None, every: float = 0.1) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         self.stop, self._out = ctx.Event(), ctx.Queue()
-        self._proc = ctx.Process(target=probe_main, args=(base, every, self.stop, self._out), daemon=True)
+        self._proc = ctx.Process(target=probe_main, args=(base, control, every, self.stop, self._out), daemon=True)
         self.latencies: list[float] = []
+        self.controls: list[float] = []
         self.loops: dict[int, list[tuple[float, dict[str, Any]]]] = {}
         self.errors = 0
 
@@ -292,7 +347,7 @@ class Prober:
         self._proc.start()
 
     def join(self, timeout: float) -> None:
-        latencies, loops, self.errors = self._out.get(timeout=timeout)
+        latencies, self.controls, loops, self.errors = self._out.get(timeout=timeout)
         self._proc.join(timeout)
         self.latencies = latencies
         for t, loop in loops:
@@ -361,7 +416,8 @@ def setup_users(home: Path, n: int) -> list[str]:
     return [store.add(f"analyst{i:03d}", ["demo"], ["code_execution"])[1] for i in range(n)]
 
 
-def run_config(args: argparse.Namespace, model_url: str, users: int, workers: int, rnd: int) -> dict[str, Any]:
+def run_config(args: argparse.Namespace, model_url: str, control_url: str | None, users: int, workers: int,
+               rnd: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ddscale-") as tmp:
         home = Path(tmp) / "var"
         tokens = setup_users(home, users)
@@ -375,7 +431,7 @@ def run_config(args: argparse.Namespace, model_url: str, users: int, workers: in
             tag = f"r{rnd}u{users}w{workers}"
             # one warm-up turn per user (code paths, the kernel pool, DuckDB's caches), not measured
             warm = asyncio.run(_all(base, tokens, tids, f"warm-{tag}", 1, 0.5))
-            prober, sampler = Prober(base), Sampler(proc.pid)
+            prober, sampler = Prober(base, control_url), Sampler(proc.pid)
             prober.start()
             sampler.start()
             time.sleep(1.5)  # the prober's process is up and its first loop report lies before the window
@@ -422,6 +478,8 @@ def run_config(args: argparse.Namespace, model_url: str, users: int, workers: in
         "health_ms_p99": round(pct(inside, 0.99) * 1000, 1) if inside else None,
         "health_ms_max": round(max(inside) * 1000, 1) if inside else None,
         "health_probes": len(inside), "health_errors": prober.errors,
+        "control_ms_p50": round(statistics.median(prober.controls) * 1000, 1) if prober.controls else None,
+        "control_ms_p99": round(pct(prober.controls, 0.99) * 1000, 1) if prober.controls else None,
         "loop_lag_ms_p99": lag_p99, "loop_lag_ms_max": lag_max,
         "tool_calls": sum(r["tools"] for r in rows), "offloaded": sum(r["offloaded"] for r in rows),
         "waits_slot": sum(r["waited_slot"] for r in rows), "waits_writer": sum(r["waited_writer"] for r in rows),
@@ -460,7 +518,7 @@ def median_of(rows: list[dict[str, Any]], key: str) -> Any:
 
 KEYS = ("turns_per_min", "overhead_s_p50", "overhead_s_p95", "wall_s_p50", "wall_s_p95", "cpu_s_per_turn",
         "cpu_share", "peak_rss_mb", "health_ms_p50", "health_ms_p99", "health_ms_max", "loop_lag_ms_p99",
-        "loop_lag_ms_max", "refused", "failed")
+        "loop_lag_ms_max", "control_ms_p99", "refused", "failed")
 
 
 def main() -> int:
@@ -477,11 +535,15 @@ def main() -> int:
     ap.add_argument("--toml", default="", help="settings added to the defaults, e.g. '[limits]\\noffload_writers = 1'")
     ap.add_argument("--profile", type=Path, default=None,
                     help="py-spy the server over each measured window into this file (one configuration)")
+    ap.add_argument("--no-control", action="store_true", help="no control server beside /api/health")
     ap.add_argument("--fake-model", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--control-server", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--ready-file", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.fake_model:
         return fake_model_main(args)
+    if args.control_server:
+        return control_main(args)
     if args.tiny:
         args.users, args.workers, args.rounds, args.turns = "1,3", "1,2", 1, 1
     users = [int(u) for u in args.users.split(",")]
@@ -490,10 +552,11 @@ def main() -> int:
         else [(u, w) for w in workers for u in users]
     out = args.out or ROOT / "bench" / "results" / ("scale-tiny.json" if args.tiny else "scale.json")
     runs: list[dict[str, Any]] = []
-    with fake_model(args) as model_url:
+    with fake_model(args) as model_url, \
+            (contextlib.nullcontext(None) if args.no_control else control_server()) as control_url:
         for rnd in range(args.rounds):
             for users_n, workers_n in configs:
-                row = run_config(args, model_url, users_n, workers_n, rnd)
+                row = run_config(args, model_url, control_url, users_n, workers_n, rnd)
                 runs.append(row)
                 print(f"  round {rnd + 1}: {users_n} users / {workers_n} worker(s): "
                       + ", ".join(f"{k}={row[k]}" for k in KEYS), flush=True)
@@ -508,13 +571,15 @@ def main() -> int:
     print(f"\n{args.turns} turns per user: a {SQL!r} call offloaded, then a {args.answer_tokens}-token answer; "
           f"model: {args.first_delay:g} s first delay, {args.token_rate:g} tokens/s; medians of {args.rounds} round(s)")
     head = (f"{'users/workers':>14}{'turns/min':>10}{'ovh p50':>9}{'ovh p95':>9}{'CPU/turn':>9}{'cores':>7}"
-            f"{'RSS MB':>8}{'health p50':>11}{'p99':>7}{'max':>8}{'lag p99':>8}{'lag max':>8}{'refused':>8}{'failed':>7}")
+            f"{'RSS MB':>8}{'health p50':>11}{'p99':>7}{'max':>8}{'lag p99':>8}{'lag max':>8}{'ctl p99':>8}"
+            f"{'refused':>8}{'failed':>7}")
     print(head)
     for t in table:
         print(f"{str(t['users']) + ' / ' + str(t['workers']):>14}{t['turns_per_min']:>10}{t['overhead_s_p50']:>9}"
               f"{t['overhead_s_p95']:>9}{t['cpu_s_per_turn']:>9}{t['cpu_share']:>7}{t['peak_rss_mb']:>8}"
               f"{t['health_ms_p50']:>11}{t['health_ms_p99']:>7}{t['health_ms_max']:>8}{t['loop_lag_ms_p99']:>8}"
-              f"{t['loop_lag_ms_max']:>8}{str(t['refused_all']):>8}{str(t['failed_all']):>7}")
+              f"{t['loop_lag_ms_max']:>8}{str(t['control_ms_p99']):>8}{str(t['refused_all']):>8}"
+              f"{str(t['failed_all']):>7}")
     speed = {}
     for users_n in users:
         one = next((t for t in table if t["users"] == users_n and t["workers"] == 1), None)

@@ -183,7 +183,7 @@ def idle_rate_s(pids: list[int], seconds: float) -> float:
 
 # -- the run ------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def servers(tmp: Path) -> Iterator[tuple[dict[str, str], list[int], str]]:
+def servers(tmp: Path, extra_toml: str = "") -> Iterator[tuple[dict[str, str], list[int], str]]:
     from datadesk.store.layout import Layout
     from datadesk.store.users import UserStore
     from datadesk.store.workspaces import ensure_demo_workspace
@@ -193,7 +193,7 @@ def servers(tmp: Path) -> Iterator[tuple[dict[str, str], list[int], str]]:
     home = tmp / "var"
     home.mkdir()
     (home / "datadesk.toml").write_text('[sandbox]\nbackend = "none"\n[summary]\nenabled = false\n'
-                                        "[chat]\nmax_turns_per_user = 4\n")
+                                        "[chat]\nmax_turns_per_user = 4\n" + extra_toml)
     ensure_demo_workspace(Layout(home))
     _, token = UserStore(Layout(home)).add("bench", ["demo"], [])
     path = os.pathsep.join([str(ROOT / "platform"), str(ROOT)])
@@ -218,14 +218,14 @@ def servers(tmp: Path) -> Iterator[tuple[dict[str, str], list[int], str]]:
         fake.wait(30)
 
 
-def run(runs: list[tuple[int, float]], followers: list[int], reps: int) -> dict[str, Any]:
+def run(runs: list[tuple[int, float]], followers: list[int], reps: int, extra_toml: str = "") -> dict[str, Any]:
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     cases: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        with servers(Path(tmp)) as (bases, pids, token):
-            one_case(bases, pids, token, 50, 1.0, 1, "other", 0.0)  # warm up both workers
+        with servers(Path(tmp), extra_toml) as (bases, pids, token):
+            one_case(bases, pids, token, 50, 10.0, 1, "other", 0.0)  # warm up both workers (0.5 s: B attaches in time)
             idle = idle_rate_s(pids, 3.0)
             for deltas, ms in runs:
                 base = median_case(reps, bases, pids, token, deltas, ms, 0, "same", idle)
@@ -281,13 +281,14 @@ def main() -> int:
     ap.add_argument("--followers", default="1,5", help="follower counts")
     ap.add_argument("--reps", type=int, default=1, help="turns per case (the median counts)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "streaming.json")
+    ap.add_argument("--toml", default="", help="settings added to the defaults, e.g. '[llm]\\nhttp_client = \"httpx\"'")
     args = ap.parse_args()
     if args.tiny:
         runs, followers = [(200, 5.0), (400, 5.0)], [1]
     else:
         runs = [(int(d), float(ms)) for d, ms in (part.split(":") for part in args.runs.split(","))]
         followers = [int(k) for k in args.followers.split(",")]
-    result = run(runs, followers, 1 if args.tiny else args.reps)
+    result = run(runs, followers, 1 if args.tiny else args.reps, args.toml.replace("\\n", "\n"))
     print_table(result, followers)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"tiny": args.tiny, **result, "python": sys.version.split()[0],

@@ -112,6 +112,7 @@ class Runtime:
                  summary_model: ChatModel | None = None) -> None:
         self.settings = settings
         self.model: ChatModel = model or configured_model(settings)  # the configured LLM, else the demo
+        self._owns_model = model is None  # closed at stop (its HTTP client); a caller's model is the caller's
         self.summary_model = summary_model or self.model  # the same LLM unless told otherwise
         self.layout = Layout(settings.home)
         # the state set, chosen once: the files of this home (embedded) or PostgreSQL + an object
@@ -261,6 +262,9 @@ class Runtime:
             await self.kernels.stop()
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.close)
+        close = getattr(self.model, "aclose", None) if self._owns_model else None
+        if close is not None:
+            await close()
 
     async def _sweep_forever(self) -> None:
         """The cache sweeper: TTL and quotas, enforced while the app runs; at start (and every

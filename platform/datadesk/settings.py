@@ -35,6 +35,7 @@ class LLMSettings(msgspec.Struct, forbid_unknown_fields=True):
     temperature: float | None = None
     provider: str = "auto"  # what the server supports for JSON answers (context.profiles.PROVIDERS)
     prices: dict[str, ModelPrice] = msgspec.field(default_factory=dict)  # per model name: the cost of a turn
+    http_client: Literal["auto", "aiohttp", "httpx"] = "auto"  # under the SDK (llm.client.http_client)
 
 
 class ChatSettings(msgspec.Struct, forbid_unknown_fields=True):

@@ -1,4 +1,6 @@
-"""OpenAIChatModel against a real fake OpenAI server over real HTTP (no mocks of the SDK)."""
+"""OpenAIChatModel against a real fake OpenAI server over real HTTP (no mocks of the SDK), each
+test under both HTTP clients the SDK can use (`llm.http_client`: aiohttp, the default where it is
+installed, and httpx)."""
 
 from __future__ import annotations
 
@@ -22,14 +24,25 @@ from datadesk.llm.base import (
     ModelStreamBroken,
     ModelUnavailable,
 )
-from datadesk.llm.client import OpenAIChatModel, _retry_after
-from datadesk.settings import LLMSettings
+from datadesk.llm.client import OpenAIChatModel, _retry_after, http_client
+from datadesk.settings import LLMSettings, SettingsError, load_settings
 from tests.fakes.openai_server import FakeOpenAIServer
 
 KEY = "sk-test-SECRET-0123456789"
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "sql_query", "description": "run SQL",
                                            "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}}]
+
+
+TRANSPORT = {"http_client": "aiohttp"}
+
+
+@pytest.fixture(autouse=True, params=["aiohttp", "httpx"])
+def transport(request):
+    """Every test once per HTTP client under the SDK."""
+    TRANSPORT["http_client"] = request.param
+    yield request.param
+    TRANSPORT["http_client"] = "aiohttp"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +60,7 @@ def srv(server):
 
 def settings(srv: FakeOpenAIServer, **kw: Any) -> LLMSettings:
     base = dict(base_url=srv.base_url, api_key=KEY, model="fake-model", retry_backoff_s=0.01,
-                max_retries=2, timeout_s=5.0)
+                max_retries=2, timeout_s=5.0, http_client=TRANSPORT["http_client"])
     base.update(kw)
     return LLMSettings(**base)
 
@@ -293,7 +306,8 @@ def test_endpoint_down_names_the_url():
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there now
     url = f"http://127.0.0.1:{port}/v1"
-    _, reply, error = collect(LLMSettings(base_url=url, api_key=KEY, model="m", retry_backoff_s=0.01, max_retries=1))
+    _, reply, error = collect(LLMSettings(base_url=url, api_key=KEY, model="m", retry_backoff_s=0.01, max_retries=1,
+                                          http_client=TRANSPORT["http_client"]))
     assert reply is None and isinstance(error, ModelUnavailable)
     assert url in str(error) and "DATADESK_LLM_BASE_URL" in str(error) and KEY not in str(error)
 
@@ -356,3 +370,18 @@ def test_fake_server_non_streaming_and_models(srv):
     assert "fake-model" in {m["id"] for m in models["data"]}
     r = httpx.post(f"http://127.0.0.1:{srv.port}/chat/completions", json={"model": "fake-model", "messages": []})
     assert r.json()["choices"][0]["message"]["content"] == srv.default_text
+
+
+def test_the_http_client_is_the_one_configured(transport):
+    client = http_client(transport)
+    if transport == "httpx":
+        assert client is None  # the SDK's own default
+    else:
+        assert type(client).__name__.endswith("AioHttpClient")
+    assert type(http_client("auto")) is type(http_client("aiohttp"))  # installed here: auto takes it
+
+
+def test_a_bad_http_client_setting_names_the_key(tmp_path):
+    (tmp_path / "datadesk.toml").write_text('[llm]\nhttp_client = "curl"\n')
+    with pytest.raises(SettingsError, match=r"llm\.http_client"):
+        load_settings({"DATADESK_HOME": str(tmp_path)})

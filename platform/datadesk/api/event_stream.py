@@ -32,6 +32,7 @@ from datadesk.chat.turns import Attachment, RunningTurn
 log = logging.getLogger(__name__)
 
 HTML_EVERY_S = 0.25  # while an answer streams, its rendered Markdown is refreshed this often (per turn)
+INLINE_RENDER_CHARS = 512  # a refresh of at most this much new text renders on the loop (0.6 ms mean, 2 ms at most)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
 
@@ -62,7 +63,9 @@ class TurnRendering:
     turn and worker, shared by all its clients (api/turn_feed.py). Bounded and off the event
     loop: `LiveMarkdown` renders each finished block once and only the open tail again (plain
     text past its limit), in a worker thread within the user's share (`key`, see
-    api/offloop.py), and the next rendering waits at least twice as long as the last one took.
+    api/offloop.py) unless it is at most INLINE_RENDER_CHARS of text (about a millisecond, less
+    than handing it to a thread and waking up for its result costs), and the next rendering waits at least twice as long as
+    the last one took.
     The thread's artifacts (the images it may show) are listed again only after a new one."""
 
     def __init__(self, artifact_ids: Callable[[], Iterable[str]] = tuple, key: str = "") -> None:
@@ -90,7 +93,10 @@ class TurnRendering:
 
     async def _render(self) -> str:
         start = time.monotonic()
-        out = await run_off_loop(self.key, self._render_now)
+        if self._img_src is not None and self.live.pending_chars() <= INLINE_RENDER_CHARS:
+            out = self._render_now()  # about a millisecond: a thread's hand-off and wake-ups cost more
+        else:
+            out = await run_off_loop(self.key, self._render_now)
         self.rendered_at = time.monotonic()
         self.wait_s = max(HTML_EVERY_S, 2 * (self.rendered_at - start))
         self.stale = False

@@ -257,6 +257,11 @@ class LiveMarkdown:
     def _block(self, text: str) -> str:
         return markdown_html(text, img_src=self.img_src, limit=self._limit)
 
+    def pending_chars(self) -> int:
+        """How much text the next `render` renders: the blocks finished since the last one and
+        the open tail."""
+        return len(self._open)
+
     def render(self) -> str:
         """The HTML of everything fed so far."""
         start = 0

@@ -37,6 +37,7 @@ from typing import Any, AsyncIterator, Callable
 
 import msgspec
 
+from datadesk.chat.wakeups import sleep_to_grid
 from datadesk.store.interfaces.journal import EventSink, JournalEvent, KeptTurn
 from datadesk.store.jsonl import last_newline_end
 from datadesk.store.files import write_all
@@ -437,7 +438,7 @@ async def follow_file(path: Path, turn_id: str,
                 if time.monotonic() - quiet_since >= IDLE_S:
                     quiet_since = time.monotonic()
                     yield None
-                await asyncio.sleep(FOLLOW_POLL_S)
+                await sleep_to_grid(FOLLOW_POLL_S)  # with the loop monitor's wake-ups (chat/wakeups.py)
                 continue
             quiet_since = time.monotonic()
             buf += chunk

@@ -56,7 +56,25 @@ except ImportError:  # another SDK version: `create` as it is
 # the SDK and its transport log request URLs (httpx: "HTTP Request: POST https://user:pass@...")
 # (filters do not reach child loggers, so each is named; openai may bundle httpx as httpx2)
 SDK_LOGGERS = ("openai", "openai._base_client", *(f"{core}{sub}" for core in ("httpcore", "httpcore2")
-               for sub in ("", ".connection", ".http11", ".http2", ".proxy")), "httpx", "httpx2")
+               for sub in ("", ".connection", ".http11", ".http2", ".proxy")), "httpx", "httpx2",
+               "aiohttp.client", "aiohttp.internal")
+
+
+def http_client(kind: str) -> Any | None:
+    """The HTTP client under the SDK for `llm.http_client`: "aiohttp" (the SDK's own aiohttp
+    transport, `openai[aiohttp]`), "httpx" (the SDK's default, None here), "auto": aiohttp where
+    it is installed. Each streamed chunk arrives as its own read; aiohttp's C parser and its
+    asyncio protocol cost about half the CPU per read of httpx's stack (anyio, httpcore, h11),
+    which is most of what a streamed delta costs the app (docs/benchmarks.md, streaming)."""
+    if kind == "httpx":
+        return None
+    try:
+        return openai.DefaultAioHttpClient()
+    except (AttributeError, RuntimeError) as exc:  # an SDK without it, or aiohttp missing
+        if kind == "aiohttp":
+            raise ModelError(f"llm.http_client = \"aiohttp\" needs the aiohttp extra of the openai "
+                             f"package (pip install 'openai[aiohttp]'): {exc}") from None
+        return None
 
 
 class RedactURLSecrets(logging.Filter):
@@ -235,6 +253,20 @@ async def _chunks(sdk_stream: Any) -> AsyncIterator[Any]:
         yield obj
 
 
+def _connection_lost(exc: BaseException) -> BaseException | None:
+    """The aiohttp error under an SDK error when it is a lost or refused connection, not a timeout:
+    the SDK's aiohttp adapter maps every `aiohttp.ClientConnectionError` (a refused connection, a
+    server that hung up) to httpx's ConnectTimeout, which the SDK reports as a timeout."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain: SDK error <- httpx2 error <- aiohttp error
+        seen = seen.__cause__ or seen.__context__ if seen is not None else None
+        if seen is None:
+            return None
+        if type(seen).__module__.startswith("aiohttp"):
+            return None if isinstance(seen, TimeoutError) else seen
+    return None
+
+
 def _usage(u: Any) -> Usage:
     def num(v: Any) -> int:
         return v if isinstance(v, int) else 0
@@ -282,6 +314,7 @@ class OpenAIChatModel:
             api_key=settings.api_key or "not-needed",  # local servers accept anything
             max_retries=0,
             timeout=settings.timeout_s,
+            http_client=http_client(settings.http_client),
         )
         self.base_url = self._safe_url(str(self._client.base_url))
         parts = urlsplit(settings.base_url or "")
@@ -340,11 +373,11 @@ class OpenAIChatModel:
                     _retry_after(exc.response.headers),
                 )
             return ModelError(f"The LLM endpoint {url} rejected the request ({status}: {detail}).")
-        if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc, openai.APITimeoutError) and not _connection_lost(exc):
             return _Retriable(ModelUnavailable(
                 f"The LLM endpoint {url} did not answer within {self.settings.timeout_s:g} s (timeout)."))
         if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc.__context__
+            cause = _connection_lost(exc) or exc.__cause__ or exc.__context__
             why = f": {self._redact(str(cause))[:200]}" if cause and str(cause) else ""
             if started:
                 return _Retriable(ModelUnavailable(
