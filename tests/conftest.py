@@ -329,8 +329,9 @@ def _xdist_group(item: pytest.Item) -> str | None:
         return "serial"  # even in a lane that forgot `-m "not serial"`: one after the other
     if item.get_closest_marker("databases") or {"pg", "maria"} & set(getattr(item, "fixturenames", ())):
         return "databases"  # one PostgreSQL and one MariaDB (session fixtures) for the whole run
-    if item.get_closest_marker("cluster"):
-        return "cluster"  # one PostgreSQL and one SeaweedFS (session fixtures) for the whole run
+    # the cluster tests are not one group: a worker's first one starts that worker's PostgreSQL
+    # and SeaweedFS (a few seconds), and their 660 tests on one worker kept it busy for most of
+    # the lane; only a module with a module-scoped fixture stays together, as below
     fixtures = getattr(item, "_fixtureinfo", None)
     defs = fixtures.name2fixturedefs.values() if fixtures else ()
     if any(d and d[-1].scope in _ONCE_PER_MODULE for d in defs):
