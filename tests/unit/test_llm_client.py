@@ -385,3 +385,21 @@ def test_a_bad_http_client_setting_names_the_key(tmp_path):
     (tmp_path / "datadesk.toml").write_text('[llm]\nhttp_client = "curl"\n')
     with pytest.raises(SettingsError, match=r"llm\.http_client"):
         load_settings({"DATADESK_HOME": str(tmp_path)})
+
+
+def test_credentials_in_the_base_url_are_sent_as_basic_auth(srv, transport):
+    """httpx turns `user:secret@` into Basic auth; aiohttp refuses it next to the key's header, so
+    `auto` sends such a URL with httpx and an explicit `aiohttp` says why it cannot."""
+    url = srv.base_url.replace("http://", "http://dduser:s3cret-pw@")
+    if transport == "aiohttp":
+        with pytest.raises(ModelError, match=r"llm\.http_client = \"aiohttp\" cannot send a base URL with credentials"):
+            OpenAIChatModel(settings(srv, base_url=url))
+        cfg = settings(srv, base_url=url, http_client="auto")
+    else:
+        cfg = settings(srv, base_url=url)
+    srv.add_text("hello there", chunks=2)
+    deltas, reply, error = collect(cfg)
+    assert error is None and "".join(deltas) == "hello there"
+    import base64
+    assert srv.request_headers[-1]["authorization"] == "Basic " + base64.b64encode(b"dduser:s3cret-pw").decode()
+    assert http_client("auto", url) is None and http_client("httpx", url) is None

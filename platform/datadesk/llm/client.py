@@ -60,13 +60,24 @@ SDK_LOGGERS = ("openai", "openai._base_client", *(f"{core}{sub}" for core in ("h
                "aiohttp.client", "aiohttp.internal")
 
 
-def http_client(kind: str) -> Any | None:
+def http_client(kind: str, base_url: str = "") -> Any | None:
     """The HTTP client under the SDK for `llm.http_client`: "aiohttp" (the SDK's own aiohttp
     transport, `openai[aiohttp]`), "httpx" (the SDK's default, None here), "auto": aiohttp where
     it is installed. Each streamed chunk arrives as its own read; aiohttp's C parser and its
     asyncio protocol cost about half the CPU per read of httpx's stack (anyio, httpcore, h11),
-    which is most of what a streamed delta costs the app (docs/benchmarks.md, streaming)."""
+    which is most of what a streamed delta costs the app (docs/benchmarks.md, streaming).
+
+    A base URL with credentials in it (`https://user:secret@host/v1`) is sent with httpx: httpx
+    turns them into Basic auth (in place of the bearer key, as it always did here), while aiohttp
+    refuses a request that has both an Authorization header and URL credentials."""
     if kind == "httpx":
+        return None
+    if urlsplit(base_url).username is not None:
+        if kind == "aiohttp":
+            raise ModelError("llm.http_client = \"aiohttp\" cannot send a base URL with credentials in it "
+                             "(user:password@host): aiohttp will not combine them with the API key's "
+                             "Authorization header. Use llm.http_client = \"auto\" or \"httpx\", which send "
+                             "them as Basic auth.")
         return None
     try:
         return openai.DefaultAioHttpClient()
@@ -314,7 +325,7 @@ class OpenAIChatModel:
             api_key=settings.api_key or "not-needed",  # local servers accept anything
             max_retries=0,
             timeout=settings.timeout_s,
-            http_client=http_client(settings.http_client),
+            http_client=http_client(settings.http_client, settings.base_url),
         )
         self.base_url = self._safe_url(str(self._client.base_url))
         parts = urlsplit(settings.base_url or "")
