@@ -216,6 +216,39 @@ def test_a_replay_keeps_only_the_newest_rendering_at_its_place(monkeypatch: pyte
         assert [d["html"] for _, e, d in events if "html" in d][-1] == markdown_html(part)
 
 
+def test_a_replay_drops_the_rendering_a_final_one_before_the_tool_call_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The text after the last refresh gets its final rendering just before the tool call (a busy
+    worker renders less often): the replay keeps that one, not the older refresh as well."""
+    from datadesk.api import event_stream
+
+    monkeypatch.setattr(event_stream, "HTML_EVERY_S", 0.0)
+    rendering = TurnRendering()
+
+    async def run() -> bytes:
+        j = TurnJournal("t1", None)
+        feed = TurnFeeds().start("t1", j.subscribe(), rendering)
+        live = feed.subscribe(0)
+        j.add("message.delta", {"text": "alpha "})
+        while not rendering.rendered_at:  # that one is rendered at once
+            await asyncio.sleep(0.005)
+        monkeypatch.setattr(event_stream, "HTML_EVERY_S", 60.0)
+        rendering.wait_s = 60.0  # the next ones wait: stale until the tool call
+        for word in ("beta ", "gamma"):
+            j.add("message.delta", {"text": word})
+        j.add("tool.started", {"call_id": "c", "name": "python", "arguments": "{}"})
+        j.add("message.delta", {"text": "after"})
+        await asyncio.sleep(0.05)
+        replay = feed.subscribe(0)
+        j.add("done", {"turn_id": "t1", "status": "ok"})
+        await _drain(live)
+        return await _drain(replay)
+
+    replay = parse(asyncio.run(run()))
+    assert text(replay) == "alpha beta gammaafter"
+    assert [d["html"] for _, e, d in replay if e == "message.delta" and "html" in d] == [
+        markdown_html("alpha beta gamma"), markdown_html("after")]
+
+
 def test_a_feed_of_the_event_file_is_shared_and_stops_when_its_last_client_leaves(tmp_path) -> None:
     path = tmp_path / "events.jsonl"
 

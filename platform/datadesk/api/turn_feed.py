@@ -57,6 +57,7 @@ class Frame:
     live: bytes
     replay: bytes
     done: bool = False
+    rendered_first: bool = False  # it starts with a final rendering of the text before it
 
 
 class TurnFeed:
@@ -103,7 +104,7 @@ class TurnFeed:
         replay = live
         if type_ == "message.delta" and "html" in data:  # superseded by the next rendering
             replay = head + sse_message(type_, {k: v for k, v in data.items() if k != "html"}, eid)
-        return Frame(ev.n, live, replay, ev.type == "done")
+        return Frame(ev.n, live, replay, ev.type == "done", any("html" in d for _, d in before))
 
     def _publish(self, frame: Frame, ev: JournalEvent | None) -> None:
         fan_out(self._subscribers, frame)
@@ -123,7 +124,8 @@ class TurnFeed:
                 self._latest.live = self._latest.replay
             self._latest = frame
         elif ev.type in SEGMENT_ENDS and self._latest is not None:
-            self._latest.replay = self._latest.live  # the last rendering of that part of the answer
+            if not frame.rendered_first:  # else this frame carries that part's last rendering
+                self._latest.replay = self._latest.live  # the last rendering of that part of the answer
             self._latest = None
         self.kept.append(frame)
         self.kept_bytes += size
