@@ -137,6 +137,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         return _serve_workers(settings)
     from datadesk.api.logs import uvicorn_log_config
 
+    sys.setswitchinterval(settings.server.gil_switch_interval_ms / 1000)
     config = uvicorn.Config(create_app(rt), host=host, port=port, proxy_headers=False, log_level="info",
                             log_config=uvicorn_log_config(settings.server.log_format))
     uvicorn.Server(config).run()
@@ -256,6 +257,7 @@ def worker_app():
     settings = worker_settings()
     configure_logging(settings.server.log_format)  # text or JSON lines, the secret filter on the handler
     count_tokens("warm up")
+    sys.setswitchinterval(settings.server.gil_switch_interval_ms / 1000)
     return create_app(Runtime(settings))
 
 

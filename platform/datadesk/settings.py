@@ -219,6 +219,10 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True):
     # the bearer token a Prometheus scraper sends to `/metrics` (DATADESK_METRICS_TOKEN); unset: no /metrics (404)
     metrics_token: str | None = None
     log_format: Literal["text", "json"] = "text"  # "json": one JSON object a line, with the turn and thread ids
+    # how long a thread may hold the interpreter before another one that waits for it gets it
+    # (sys.setswitchinterval; Python's own is 5): the event loop waits about this long to run again
+    # after each blocking call while a worker thread is busy in Python
+    gil_switch_interval_ms: Annotated[float, msgspec.Meta(gt=0, le=100)] = 1.0
 
 
 class ClusterSettings(msgspec.Struct, forbid_unknown_fields=True):

@@ -45,3 +45,13 @@ def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
 def test_tests_build_settings_directly(tmp_path: Path) -> None:
     s = Settings(home=tmp_path)
     assert s.chat.max_steps == 12 and s.chat.max_turns_per_user == 2
+
+
+def test_the_gil_switch_interval_is_read_and_bounded(tmp_path: Path) -> None:
+    assert load_settings({"DATADESK_HOME": str(tmp_path)}).server.gil_switch_interval_ms == 1.0
+    (tmp_path / "datadesk.toml").write_text('[server]\ngil_switch_interval_ms = 5\n')
+    assert load_settings({"DATADESK_HOME": str(tmp_path)}).server.gil_switch_interval_ms == 5.0
+    for bad in ("0", "-1", "1000"):
+        (tmp_path / "datadesk.toml").write_text(f'[server]\ngil_switch_interval_ms = {bad}\n')
+        with pytest.raises(SettingsError, match="gil_switch_interval_ms"):
+            load_settings({"DATADESK_HOME": str(tmp_path)})
