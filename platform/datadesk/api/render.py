@@ -53,6 +53,8 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
+from datadesk.api.table_html import plain_table_html
+
 URL_SCHEMES = {"http", "https", "mailto"}
 _TAGS = set(nh3.ALLOWED_TAGS) - {"area", "map"}
 _ATTRS: dict[str, set[str]] = {
@@ -293,7 +295,9 @@ def tool_html(content: str) -> str:
     first = end = starts[0]
     while end < len(lines) and _TABLE_LINE.match(lines[end]):
         end += 1
-    table = markdown_html("\n".join(lines[first:end]), limit=LIVE_BLOCK_CHARS)
+    plain = plain_table_html(lines[first:end], _NUMBER_CELL)  # a data preview: no markdown-it needed
+    table = (sanitize(plain, img_src=model_img_src()) if plain is not None
+             else markdown_html("\n".join(lines[first:end]), limit=LIVE_BLOCK_CHARS))
     told = markdown_html("\n".join([*lines[:first], "*(the preview table above)*", *lines[end:]]),
                          limit=LIVE_BLOCK_CHARS)
     return f'<div class="preview-table">{table}</div><div class="model-note">{told}</div>'
