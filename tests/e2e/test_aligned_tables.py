@@ -105,7 +105,8 @@ def test_right_aligned_columns_in_an_answer_a_report_and_the_export(server, brow
     shot(export, "export-for-readers", full_page=True)
     export.close()
     until(page, "document.querySelector('#export-readers-html')")
-    page.click("#export-menu summary")
+    page.click("#export-menu summary")  # the links point at the thread on the menu's toggle event, a task later
+    until(page, "document.querySelector('#export-readers-html').getAttribute('href') !== '#'")
     href = page.get_attribute("#export-readers-html", "href")
     assert href.endswith(f"/api/threads/{tid}/export?format=html&audience=readers"), href
     assert page.js_errors == []
