@@ -62,10 +62,11 @@ class ClusterPG:
             cur = conn.execute(sql, params)
             return cur.fetchall() if cur.description else []
 
-    def new_database(self) -> str:
-        """A fresh empty database; returns its URL."""
+    def new_database(self, template: str | None = None) -> str:
+        """A fresh database, empty or a copy of the database at URL `template` (which no session
+        may be connected to); returns its URL."""
         name = "t_" + secrets.token_hex(6)
-        self.admin(f'CREATE DATABASE "{name}"')
+        self.admin(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template.rsplit("/", 1)[1]}"' if template else ""))
         return self.url(name)
 
     def drop_database(self, url: str) -> int:

@@ -29,7 +29,7 @@ from tests.e2e.conftest import shot
 from tests.e2e.test_web import until, wait_idle
 from tests.fakes.openai_server import FakeReply
 
-# cluster: on the worker of the cluster group (one PostgreSQL and one SeaweedFS); not serial:
+# cluster: on its worker's PostgreSQL and SeaweedFS (session fixtures); not serial:
 # the killed host is not started again, so no port is held across a restart
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 
