@@ -71,7 +71,7 @@ def test_health_reports_the_loop_and_the_disk(api):
     assert again["disk"] == body["disk"]
 
 
-def test_health_never_waits_long_for_a_file_system_that_hangs(tmp_path):
+def test_health_never_waits_long_for_a_file_system_that_hangs(tmp_path, monkeypatch):
     from datadesk.store import diskspace
 
     class Hanging(diskspace.DiskRoom):
@@ -90,10 +90,39 @@ def test_health_never_waits_long_for_a_file_system_that_hangs(tmp_path):
         second = await room.recent_status()
         return first, second, time.perf_counter() - t0
 
+    monkeypatch.setattr(diskspace, "FRESH_S", 0.0)  # every probe measures again
     first, second, waited = asyncio.run(main())
     assert first == {"free_mb": 1234, "min_free_mb": 10, "low": False}
     assert waited < 1.5  # the last figure, marked stale, instead of the hanging call
     assert second["free_mb"] == 1234 and second["stale_s"] >= 0
+
+
+def test_a_fresh_disk_figure_is_given_at_once_and_measured_again_behind_it(tmp_path, monkeypatch):
+    from datadesk.store import diskspace
+
+    monkeypatch.setattr(diskspace, "FRESH_S", 0.2)
+    measured: list[float] = []
+
+    class Counting(diskspace.DiskRoom):
+        def free_mb(self) -> float:
+            measured.append(time.monotonic())
+            return 1000.0 + len(measured)
+
+    async def main() -> list[dict]:
+        room = Counting(tmp_path, 10)
+        got = [await room.recent_status()]  # the first one waits for its measurement
+        got.append(await room.recent_status())  # fresh: the same figure, no new measurement
+        assert len(measured) == 1
+        await asyncio.sleep(0.12)  # past half of FRESH_S: given at once, measured again behind it
+        got.append(await room.recent_status())
+        await asyncio.sleep(0.05)
+        got.append(await room.recent_status())
+        await asyncio.sleep(0.25)  # past FRESH_S: this probe waits for a new figure
+        got.append(await room.recent_status())
+        return got
+
+    got = [g["free_mb"] for g in asyncio.run(main())]
+    assert got == [1001, 1001, 1001, 1002, 1003] and len(measured) == 3
 
 
 def test_a_stalled_loop_is_logged_with_where_its_thread_is(monkeypatch, caplog):

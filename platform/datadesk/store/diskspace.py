@@ -20,6 +20,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 STATUS_WAIT_S = 0.5  # /api/health waits at most this long for the file system, then gives the last figure
+FRESH_S = 1.0  # a figure younger than this is given at once (measured again in the background after half of it)
 _STATVFS = ThreadPoolExecutor(1, thread_name_prefix="datadesk-statvfs")  # never behind turn work
 
 
@@ -80,14 +81,24 @@ class DiskRoom:
         """`status()` for /api/health, measured in a thread of its own (never queued behind turn
         work in the shared threads); concurrent probes share one measurement, and when the file
         system does not answer within STATUS_WAIT_S the last figure is given (a slow network
-        file system never makes the health answer wait long)."""
-        if self._measuring is None or self._measuring.done():
-            self._measuring = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(_STATVFS, self._measure))
+        file system never makes the health answer wait long). A figure younger than FRESH_S is
+        given at once: a probe of a busy server then waits for one turn of its event loop, not
+        three (the hand-off to the thread and back each wait for the loop as well)."""
+        last = self._last
+        if last is not None and (age := time.monotonic() - last[0]) < FRESH_S:
+            if age >= FRESH_S / 2:
+                self._start_measuring()  # the next probe finds a new figure; this one does not wait for it
+            return last[1]
+        self._start_measuring()
         try:
             return await asyncio.wait_for(asyncio.shield(self._measuring), STATUS_WAIT_S if self._last else None)
         except asyncio.TimeoutError:
             assert self._last is not None
             return {**self._last[1], "stale_s": round(time.monotonic() - self._last[0], 1)}
+
+    def _start_measuring(self) -> None:
+        if self._measuring is None or self._measuring.done():
+            self._measuring = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(_STATVFS, self._measure))
 
     def _measure(self) -> dict[str, Any]:
         with self._lock:
