@@ -465,6 +465,8 @@ class Topology:
                f"frontend app\n    bind 127.0.0.1:{p['lb']}\n    default_backend apps\n"
                f"frontend app-a\n    bind 127.0.0.1:{p['lb-a']}\n    default_backend apps-a\n"
                "backend apps\n    balance uri path-only depth 3\n    hash-type consistent\n"
+               # which host answered (tests/cluster/test_multihost.py spreads its threads evenly with it)
+               "    http-response set-header X-Served-By %[srv_name]\n"
                f"    option httpchk GET /api/health\n{servers}"
                f"backend apps-a\n    server a {self.net.addr('a')}:{p['host']}\n"
                f"listen s3\n    mode tcp\n    bind {bridge}:{p['s3-fwd']}\n    server s 127.0.0.1:{self.weed.port}\n"
