@@ -43,6 +43,28 @@ def test_pid_alive_knows_a_reused_pid_and_a_dead_one() -> None:
     assert not pid_alive(proc.pid) and not pid_alive(None) and not pid_alive(0)
 
 
+def test_this_worker_is_this_process_and_a_fork_makes_its_own() -> None:
+    """Turn claims and event files record `this_worker().pid_start` on the event loop once per
+    turn each: read once per process, and again in a forked child."""
+    mine = this_worker()
+    assert mine.pid == os.getpid() and mine.pid_start is not None and mine.pid_start == proc_start(os.getpid())
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own pid and start time, not the cached parent's
+        try:
+            child = this_worker()
+            ok = child.pid == os.getpid() and child.pid_start == proc_start(os.getpid()) and child.id != mine.id
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.waitpid(pid, 0)
+    os.close(r)
+    assert got == b"1"
+    assert this_worker() is mine
+
+
 def test_owner_alive_needs_a_fresh_heartbeat_and_a_live_pid(tmp_path: Path) -> None:
     assert owner_alive(tmp_path, this_worker().id, 1)  # ourselves, always
     assert not owner_alive(tmp_path, "w1-abcdef", 60)  # no heartbeat at all

@@ -38,10 +38,11 @@ from typing import Any, AsyncIterator, Callable
 import msgspec
 
 from datadesk.chat.wakeups import sleep_to_grid
+from datadesk.sandbox.ownership import this_worker
 from datadesk.store.interfaces.journal import EventSink, JournalEvent, KeptTurn
 from datadesk.store.jsonl import last_newline_end
 from datadesk.store.files import write_all
-from datadesk.store.tempnames import host_hash, own_start, temp_prefix
+from datadesk.store.tempnames import host_hash, temp_prefix
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ class FileSink:
     def create(cls, turn_id: str, path: Path) -> "FileSink | None":
         try:
             # who writes it (host, pid and its start time): a finisher can tell a dead writer
-            fd = _replace_file(path, {"turn": turn_id, "pid": os.getpid(), "pid_start": own_start(),
+            fd = _replace_file(path, {"turn": turn_id, "pid": os.getpid(), "pid_start": this_worker().pid_start,
                                       "host": host_hash(), "started": time.time()})
         except OSError as exc:  # the thread may be gone: the turn still streams to its clients
             log.warning("no event file for turn %s: %s", turn_id, exc)

@@ -55,11 +55,11 @@ from filelock import Timeout
 from datadesk.chat.journal import Cursor, FileEventJournal, JournalEvent, TurnJournal
 from datadesk.domain.events import EventPayload, MessageDelta
 from datadesk.domain.ids import check_id, new_id
-from datadesk.sandbox.ownership import acquire_async, file_lock, pid_alive, try_lock
+from datadesk.sandbox.ownership import acquire_async, file_lock, pid_alive, this_worker, try_lock
 from datadesk.store.interfaces.journal import EventJournal
 from datadesk.store.interfaces.turns import Claim, TooManyTurns, TurnConflict, TurnDirectory, TurnInfo, conflict, too_many
 from datadesk.store.files import read_json_object, write_json
-from datadesk.store.tempnames import host_hash, own_start
+from datadesk.store.tempnames import host_hash
 from datadesk.telemetry import turn_context
 
 __all__ = ["Attachment", "FileTurnDirectory", "RunningTurn", "TooManyTurns", "TurnConflict", "TurnRegistry"]
@@ -172,7 +172,7 @@ class FileTurnDirectory:
     def announce(self, claim: Claim) -> None:
         # after the journal: a turn that runs has its event file
         write_json(self._path(claim.thread_id, "turn"), {
-            "turn_id": claim.turn_id, "pid": os.getpid(), "pid_start": own_start(),
+            "turn_id": claim.turn_id, "pid": os.getpid(), "pid_start": this_worker().pid_start,
             "started": time.time(), "events": claim.events, "fence": claim.fence}, sync=False)
 
     def current(self, thread_id: str) -> TurnInfo | None:

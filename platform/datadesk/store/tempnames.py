@@ -47,19 +47,6 @@ def proc_start(pid: int) -> int | None:
     return _start_of(_stat_fields(pid))
 
 
-_own_start: tuple[int, int | None] | None = None
-
-
-def own_start() -> int | None:
-    """`proc_start` of this process, read once (again after a fork): turn claims and event
-    files record it on the event loop, once per turn each."""
-    global _own_start
-    pid = os.getpid()
-    if _own_start is None or _own_start[0] != pid:
-        _own_start = (pid, proc_start(pid))
-    return _own_start[1]
-
-
 def pid_alive(pid: int | None, start: int | None = None) -> bool:
     """True while `pid` runs (not a zombie) and, given `start`, is still that same process."""
     fields = _stat_fields(pid)
@@ -80,7 +67,7 @@ def owner_tag() -> str:
     global _tag_cache
     pid = os.getpid()
     if _tag_cache is None or _tag_cache[0] != pid:
-        _tag_cache = (pid, f"~{host_hash()}-{pid}-{own_start() or 0}~")
+        _tag_cache = (pid, f"~{host_hash()}-{pid}-{proc_start(pid) or 0}~")
     return _tag_cache[1]
 
 
