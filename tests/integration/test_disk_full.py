@@ -8,7 +8,6 @@ import errno
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -101,7 +100,9 @@ def test_below_min_free_new_turns_and_uploads_are_refused_and_health_says_so(sma
         tid = c.post("/api/threads", json={}, headers=h.auth("alice")).json()["id"]
         assert c.get("/api/health").json()["disk"]["low"] is False
         filler = fill(small_disk, 8 * 1024 * 1024)
-        health = health_once(c, low=True)
+        # health gives a disk figure up to store/diskspace.py FRESH_S old
+        wait_until(lambda: c.get("/api/health").json()["disk"]["low"], timeout=5)
+        health = c.get("/api/health").json()
         assert health["status"] == "degraded" and health["disk"]["low"] and health["disk"]["min_free_mb"] == 20
         r = c.post(f"/api/threads/{tid}/messages", json={"content": "hi"}, headers=h.auth("alice"))
         assert r.status_code == 507 and "store.min_free_mb = 20" in r.json()["detail"], r.text
@@ -112,16 +113,8 @@ def test_below_min_free_new_turns_and_uploads_are_refused_and_health_says_so(sma
         events = parse_sse(c.post(f"/api/threads/{tid}/messages", json={"content": "hi"},
                                   headers=h.auth("alice")).text)
         assert [d["content"] for e, d in events if e == "message.completed"] == ["fine"]
-        assert health_once(c, low=False)["status"] == "ok"
-
-
-def health_once(c: TestClient, low: bool) -> dict:
-    """/api/health once its disk figure says `low` (it gives a figure up to store/diskspace.py
-    FRESH_S old), or after 5 s whatever it says."""
-    deadline = time.monotonic() + 5
-    while (health := c.get("/api/health").json())["disk"]["low"] is not low and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return health
+        wait_until(lambda: not c.get("/api/health").json()["disk"]["low"], timeout=5)
+        assert c.get("/api/health").json()["status"] == "ok"
 
 
 def test_an_upload_on_a_full_disk_is_507_and_its_temp_file_is_gone_at_once(small_disk) -> None:
